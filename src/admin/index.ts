@@ -1,0 +1,86 @@
+// The admin controller (/admin/v1): create, list, read, top up and revoke keys, behind the admin token.
+import { timingSafeEqual } from 'node:crypto';
+import { TypeCompiler } from '@sinclair/typebox/compiler';
+import { Elysia } from 'elysia';
+import type { Gateway } from '../gateway.ts';
+import { parseJsonBody, readBodyText } from '../http/body.ts';
+import { GatewayError } from '../http/errors.ts';
+import { bearerToken, createKey, creditKey, creditsToMicro, findKey, keyView, revokeKey } from '../keys/store.ts';
+import { paramPath } from '../chat/model.ts';
+import { CreateKeySchema, CreditKeySchema, type CreateKeyBody, type CreditKeyBody } from './model.ts';
+
+const CreateKeyCheck = TypeCompiler.Compile(CreateKeySchema);
+const CreditKeyCheck = TypeCompiler.Compile(CreditKeySchema);
+
+function checkAdmin(gateway: Gateway, authorization: string | null): void {
+  const token = bearerToken(authorization);
+  if (token === null) {
+    throw new GatewayError('invalid_api_key', 'Admin calls need Authorization: Bearer <admin token>.', { fields: { reason: 'missing' } });
+  }
+  const given = Buffer.from(token);
+  const expected = Buffer.from(gateway.adminToken);
+  if (given.length !== expected.length || !timingSafeEqual(given, expected)) {
+    throw new GatewayError('invalid_api_key', 'The admin token is not valid.', { fields: { reason: 'unknown' } });
+  }
+}
+
+async function readJson<T>(gateway: Gateway, request: Request, check: { Check(v: unknown): v is T; Errors(v: unknown): any }): Promise<T> {
+  const json = parseJsonBody(await readBodyText(request, gateway.config.limits.max_body_bytes));
+  if (!check.Check(json)) {
+    const first = check.Errors(json).First();
+    const param = paramPath(first?.path ?? '') || null;
+    throw new GatewayError('invalid_request_error', `${param ?? 'body'}: ${first?.message ?? 'invalid'}`, { param });
+  }
+  return json;
+}
+
+export function adminController(gateway: Gateway) {
+  const defaultRpm = gateway.config.limits.default_rate_limit_rpm;
+  return new Elysia({ name: 'admin', prefix: '/admin/v1' })
+    .onBeforeHandle(({ request }) => checkAdmin(gateway, request.headers.get('authorization')))
+    .post(
+      '/keys',
+      async ({ request }) => {
+        const body = await readJson<CreateKeyBody>(gateway, request, CreateKeyCheck);
+        const { account, secret } = await createKey(
+          gateway.store,
+          {
+            name: body.name,
+            services: body.services ?? ['chat', 'decision'],
+            creditsMicro: creditsToMicro(body.credits ?? 0, 'credits'),
+            tokenWallet: body.token_wallet ?? 0,
+            dailyDecisionBudgetMicro:
+              body.daily_decision_budget === undefined || body.daily_decision_budget === null
+                ? null
+                : creditsToMicro(body.daily_decision_budget, 'daily_decision_budget'),
+            rateLimitRpm: body.rate_limit_rpm ?? null,
+            secret: body.key,
+          },
+          gateway.config.limits.max_keys,
+        );
+        return new Response(JSON.stringify({ ...keyView(account, defaultRpm), key: secret }), {
+          status: 201,
+          headers: { 'content-type': 'application/json' },
+        });
+      },
+      { parse: 'none' },
+    )
+    .get('/keys', () => Response.json({ object: 'list', data: [...gateway.store.state.keys.values()].map((a) => keyView(a, defaultRpm)) }))
+    .get('/keys/:id', ({ params }) => Response.json(keyView(findKey(gateway.store, params.id), defaultRpm)))
+    .post(
+      '/keys/:id/credits',
+      async ({ request, params }) => {
+        findKey(gateway.store, params.id);
+        const body = await readJson<CreditKeyBody>(gateway, request, CreditKeyCheck);
+        if (body.credits === undefined && body.tokens === undefined) {
+          throw new GatewayError('invalid_request_error', 'Send {"credits": n} or {"tokens": n}.', { param: 'credits' });
+        }
+        const account = await creditKey(gateway.store, params.id, creditsToMicro(body.credits ?? 0, 'credits'), body.tokens ?? 0);
+        return Response.json(keyView(account, defaultRpm));
+      },
+      { parse: 'none' },
+    )
+    .post('/keys/:id/revoke', async ({ params }) => Response.json(keyView(await revokeKey(gateway.store, params.id), defaultRpm)), {
+      parse: 'none',
+    });
+}

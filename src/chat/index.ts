@@ -1,0 +1,226 @@
+// The chat controller (/api/v1): completions (JSON and SSE), models, request status and cancel.
+import { Elysia } from 'elysia';
+import { countPromptTokens } from '../billing/tokens.ts';
+import { statusUrl, type Gateway } from '../gateway.ts';
+import { parseJsonBody, readBodyText } from '../http/body.ts';
+import { errorResponse, GatewayError } from '../http/errors.ts';
+import { parseIdempotencyKey } from '../idempotency/store.ts';
+import { requestFingerprint } from '../idempotency/fingerprint.ts';
+import { authenticate, microToCredits } from '../keys/store.ts';
+import type { RequestRecord } from '../state/apply.ts';
+import { newChatRequestId } from '../util/ids.ts';
+import { validateChatRequest } from './model.ts';
+import { admitChat, runChat, type ChatResult, type ChatSink } from './service.ts';
+import { ChunkEncoder, completionBody, DONE_FRAME, errorFrame } from './stream.ts';
+
+const COMPLETIONS_PATH = '/api/v1/chat/completions';
+const JSON_HEADERS = { 'content-type': 'application/json' };
+/** Bytes a slow reader may leave queued before the run loop waits (backpressure). */
+const STREAM_QUEUE_BYTES_MAX = 64 * 1024;
+
+/** Collects a non-stream completion; `result` resolves when the terminal state is durable. */
+class CollectSink implements ChatSink {
+  readonly result = Promise.withResolvers<ChatResult>();
+  begin(): void {}
+  text(): void {}
+  toolCall(): void {}
+  end(result: ChatResult): void {
+    this.result.resolve(result);
+  }
+}
+
+/**
+ * Relays a stream as SSE. `opened` resolves when the first output is ready (then the caller answers
+ * 200 with `body`), or with the error when the run failed before any output (then a plain error reply).
+ */
+class SseSink implements ChatSink {
+  readonly opened = Promise.withResolvers<GatewayError | null>();
+  readonly body: ReadableStream<Uint8Array>;
+  private controller!: ReadableStreamDefaultController<Uint8Array>;
+  private wake: (() => void) | null = null;
+  private closed = false;
+  private started = false;
+
+  constructor(
+    private readonly encoder: ChunkEncoder,
+    onCancel: () => void,
+  ) {
+    this.body = new ReadableStream<Uint8Array>(
+      {
+        start: (controller) => {
+          this.controller = controller;
+        },
+        pull: () => this.resume(),
+        cancel: () => {
+          this.closed = true;
+          this.resume();
+          onCancel();
+        },
+      },
+      { highWaterMark: STREAM_QUEUE_BYTES_MAX, size: (chunk) => chunk?.byteLength ?? 0 },
+    );
+  }
+
+  private resume(): void {
+    const wake = this.wake;
+    this.wake = null;
+    wake?.();
+  }
+
+  private async write(bytes: Uint8Array): Promise<void> {
+    if (this.closed) return;
+    this.controller.enqueue(bytes);
+    if ((this.controller.desiredSize ?? 1) <= 0) await new Promise<void>((resolve) => (this.wake = resolve));
+  }
+
+  begin(): Promise<void> {
+    this.started = true;
+    this.opened.resolve(null);
+    return this.write(this.encoder.role());
+  }
+
+  text(text: string): Promise<void> {
+    return this.write(this.encoder.text(text));
+  }
+
+  toolCall(index: number, id: string | null, name: string | null, args: string): Promise<void> {
+    return this.write(this.encoder.toolCall(index, id, name, args));
+  }
+
+  end(result: ChatResult): void {
+    if (!this.started) {
+      this.opened.resolve(result.ok ? null : result.error);
+      if (!result.ok) return;
+    }
+    if (this.closed) return;
+    if (result.ok) {
+      this.controller.enqueue(this.encoder.finish(result.finishReason));
+      this.controller.enqueue(this.encoder.usage(result.usage));
+      this.controller.enqueue(DONE_FRAME);
+    } else {
+      this.controller.enqueue(errorFrame(result.error));
+    }
+    this.closed = true;
+    this.controller.close();
+  }
+}
+
+async function completions(gateway: Gateway, request: Request): Promise<Response> {
+  const requestId = newChatRequestId();
+  const idHeader = { 'x-request-id': requestId };
+  try {
+    if (gateway.draining) throw new GatewayError('service_unavailable', 'The gateway is shutting down; retry shortly.');
+    const unavailable = gateway.store.unavailableReason;
+    if (unavailable) throw new GatewayError('service_unavailable', 'The gateway cannot record requests right now; retry later.');
+    const text = await readBodyText(request, gateway.config.limits.max_body_bytes);
+    const account = authenticate(gateway.store, request.headers.get('authorization'), 'chat');
+    const json = parseJsonBody(text);
+    const chat = validateChatRequest(json, gateway.config);
+    const idempotencyKey = parseIdempotencyKey(request.headers.get('idempotency-key'));
+    const idempotency = idempotencyKey ? { key: idempotencyKey, fingerprint: requestFingerprint('POST', COMPLETIONS_PATH, json) } : null;
+    // Counted before admission so that admission itself stays synchronous (check and bind are atomic).
+    const promptTokens = countPromptTokens(chat.messages, chat.tools);
+    const admission = admitChat(gateway, account, requestId, chat, idempotency, promptTokens);
+    const { actor } = admission;
+    if (idempotency) {
+      // A request with an Idempotency-Key must not reach the provider before its binding is durable.
+      await admission.durable;
+    }
+    const onClientGone = () => actor.abort('disconnected');
+    request.signal.addEventListener('abort', onClientGone, { once: true });
+    void actor.settled.then(() => request.signal.removeEventListener('abort', onClientGone));
+
+    if (chat.stream) {
+      const sink = new SseSink(new ChunkEncoder(requestId, admission.createdS, chat.modelId), onClientGone);
+      void runChat(gateway, admission, chat, sink);
+      const early = await sink.opened.promise;
+      if (early) return errorResponse(early, idHeader);
+      return new Response(sink.body, {
+        status: 200,
+        headers: { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', ...idHeader },
+      });
+    }
+    const sink = new CollectSink();
+    void runChat(gateway, admission, chat, sink);
+    const result = await sink.result.promise;
+    if (!result.ok) return errorResponse(result.error, idHeader);
+    const body = completionBody(requestId, admission.createdS, chat.modelId, result.content, result.toolCalls, result.finishReason, result.usage);
+    return new Response(JSON.stringify(body), { status: 200, headers: { ...JSON_HEADERS, ...idHeader } });
+  } catch (error) {
+    if (error instanceof GatewayError) return errorResponse(error, idHeader);
+    throw error;
+  }
+}
+
+function statusView(gateway: Gateway, record: RequestRecord): Record<string, unknown> {
+  return {
+    object: 'request.status',
+    request_id: record.id,
+    request_status: record.status,
+    status_url: statusUrl(gateway.config, 'chat', record.id),
+    model: record.model,
+    stream: record.stream,
+    created: Math.floor(record.createdAtMs / 1000),
+    finished: record.finishedAtMs === null ? null : Math.floor(record.finishedAtMs / 1000),
+    usage: record.usage,
+    reserved_credits: microToCredits(record.hold.credits_micro),
+    charged_credits: microToCredits(record.charge.credits_micro),
+    error_code: record.errorCode,
+  };
+}
+
+/** The caller's own chat request, or 404 (another key's id is not revealed). */
+function ownRecord(gateway: Gateway, keyId: string, id: string): RequestRecord {
+  const record = gateway.store.state.request(id);
+  if (!record || record.keyId !== keyId || record.service !== 'chat') {
+    throw new GatewayError('request_not_found', `No request ${id} for this API key.`, { param: null });
+  }
+  return record;
+}
+
+/** How long a cancel waits for the provider to stop and the hold to be released before it answers. */
+const CANCEL_SETTLE_MS_MAX = 2_000;
+
+export function chatController(gateway: Gateway) {
+  const { config } = gateway;
+  return new Elysia({ name: 'chat', prefix: '/api/v1' })
+    .post('/chat/completions', ({ request }) => completions(gateway, request), { parse: 'none' })
+    .get('/models', ({ request }) => {
+      authenticate(gateway.store, request.headers.get('authorization'), 'chat');
+      const data = Object.entries(config.models).map(([id, model]) => ({ id, object: 'model', created: model.created, owned_by: model.provider }));
+      return Response.json({ object: 'list', data });
+    })
+    .get('/requests/:id', ({ request, params }) => {
+      const account = authenticate(gateway.store, request.headers.get('authorization'), 'chat');
+      return Response.json(statusView(gateway, ownRecord(gateway, account.id, params.id)));
+    })
+    .post(
+      '/requests/:id/cancel',
+      async ({ request, params }) => {
+        const account = authenticate(gateway.store, request.headers.get('authorization'), 'chat');
+        const record = ownRecord(gateway, account.id, params.id);
+        const url = statusUrl(config, 'chat', record.id);
+        const actor = gateway.registry.get(record.id);
+        if (record.status !== 'in_progress' || !actor || !actor.abort('cancelled')) {
+          const current = gateway.store.state.request(record.id)?.status ?? record.status;
+          if (current !== 'in_progress' || !actor) {
+            throw new GatewayError('request_already_completed', `The request ${record.id} has already finished (${current}).`, {
+              param: null,
+              topLevel: { request_id: record.id, request_status: current, status_url: url },
+              headers: { 'x-service-request-status': url },
+            });
+          }
+        }
+        // Answer once the provider has stopped and the hold is released, so a status read that follows sees it.
+        let timer: ReturnType<typeof setTimeout> | undefined;
+        await Promise.race([actor!.settled, new Promise<void>((resolve) => (timer = setTimeout(resolve, CANCEL_SETTLE_MS_MAX)))]);
+        clearTimeout(timer);
+        const status = gateway.store.state.request(record.id)?.status ?? 'cancelled';
+        return new Response(JSON.stringify({ request_id: record.id, cancel_requested: true, request_status: status, status_url: url }), {
+          status: 202,
+          headers: JSON_HEADERS,
+        });
+      },
+      { parse: 'none' },
+    );
+}

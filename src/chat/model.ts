@@ -1,0 +1,234 @@
+// Chat request schemas (TypeBox, the single source of their types) and the request rules of spec 000.
+import { Type, type Static, type TSchema } from '@sinclair/typebox';
+import { TypeCompiler, type TypeCheck } from '@sinclair/typebox/compiler';
+import type { Config, ModelConfig } from '../config/model.ts';
+import { GatewayError } from '../http/errors.ts';
+import type { ProviderMessage, ToolCall, ToolChoice, ToolDefinition } from '../providers/provider.ts';
+
+const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
+
+export const TextPartSchema = Type.Object({ type: Type.Literal('text'), text: Type.String() });
+/** Any content part: only text parts are used; image, audio, file and other parts are dropped. */
+export const ContentPartSchema = Type.Object({ type: Type.String() });
+export const ContentSchema = Type.Union([Type.String(), Type.Array(ContentPartSchema, { maxItems: 4096 })]);
+
+export const ToolCallSchema = Type.Object({
+  id: Type.String({ minLength: 1, maxLength: 256 }),
+  type: Type.Literal('function'),
+  function: Type.Object({ name: Type.String({ minLength: 1, maxLength: 64 }), arguments: Type.String() }),
+});
+
+export const SystemMessageSchema = Type.Object({ role: Type.Union([Type.Literal('system'), Type.Literal('developer')]), content: ContentSchema });
+export const UserMessageSchema = Type.Object({ role: Type.Literal('user'), content: ContentSchema });
+export const AssistantMessageSchema = Type.Object({
+  role: Type.Literal('assistant'),
+  content: Type.Optional(Nullable(ContentSchema)),
+  tool_calls: Type.Optional(Nullable(Type.Array(ToolCallSchema, { maxItems: 128 }))),
+});
+export const ToolMessageSchema = Type.Object({
+  role: Type.Literal('tool'),
+  content: ContentSchema,
+  tool_call_id: Type.String({ minLength: 1, maxLength: 256 }),
+});
+
+export const ToolSchema = Type.Object({
+  type: Type.Literal('function'),
+  function: Type.Object({
+    name: Type.String({ pattern: '^[A-Za-z0-9_-]{1,64}$' }),
+    description: Type.Optional(Type.String()),
+    parameters: Type.Optional(Type.Record(Type.String(), Type.Unknown())),
+    strict: Type.Optional(Nullable(Type.Boolean())),
+  }),
+});
+
+export const ToolChoiceSchema = Type.Union([
+  Type.Literal('auto'),
+  Type.Literal('none'),
+  Type.Literal('required'),
+  Type.Object({ type: Type.Literal('function'), function: Type.Object({ name: Type.String({ minLength: 1 }) }) }),
+]);
+
+/** The documented fields; any other field is accepted and ignored (spec 000, "ignored fields"). */
+export const ChatRequestSchema = Type.Object({
+  model: Type.String({ minLength: 1, maxLength: 256 }),
+  messages: Type.Array(Type.Object({ role: Type.String() }), { minItems: 1 }),
+  max_completion_tokens: Type.Optional(Nullable(Type.Integer({ minimum: 1 }))),
+  max_tokens: Type.Optional(Nullable(Type.Integer({ minimum: 1 }))),
+  temperature: Type.Optional(Nullable(Type.Number({ minimum: 0, maximum: 2 }))),
+  top_p: Type.Optional(Nullable(Type.Number({ minimum: 0, maximum: 1 }))),
+  top_k: Type.Optional(Nullable(Type.Integer({ minimum: 0 }))),
+  seed: Type.Optional(Nullable(Type.Integer())),
+  stop: Type.Optional(Nullable(Type.Union([Type.String(), Type.Array(Type.String())]))),
+  stream: Type.Optional(Nullable(Type.Boolean())),
+  // Each tool is checked against ToolSchema on its own, so an error names the tool's field, not the union.
+  tools: Type.Optional(Nullable(Type.Array(Type.Unknown()))),
+  tool_choice: Type.Optional(Nullable(ToolChoiceSchema)),
+});
+
+export type ChatRequestBody = Static<typeof ChatRequestSchema>;
+
+const RequestCheck = TypeCompiler.Compile(ChatRequestSchema);
+const MessageChecks: Record<string, TypeCheck<TSchema>> = {
+  system: TypeCompiler.Compile(SystemMessageSchema),
+  developer: TypeCompiler.Compile(SystemMessageSchema),
+  user: TypeCompiler.Compile(UserMessageSchema),
+  assistant: TypeCompiler.Compile(AssistantMessageSchema),
+  tool: TypeCompiler.Compile(ToolMessageSchema),
+};
+const ToolCheck = TypeCompiler.Compile(ToolSchema);
+const TextPartCheck = TypeCompiler.Compile(TextPartSchema);
+
+/** A validated chat request, resolved against the catalogue. */
+export interface ChatRequest {
+  body: ChatRequestBody;
+  /** The public id (an alias resolves to its target). */
+  modelId: string;
+  model: ModelConfig;
+  messages: ProviderMessage[];
+  stream: boolean;
+  /** max_completion_tokens ?? max_tokens: passed through unmodified; null = the model's default. */
+  maxOutputTokens: number | null;
+  stop: string[] | null;
+  tools: ToolDefinition[] | null;
+  toolChoice: ToolChoice | null;
+}
+
+/** JSON pointer `/messages/2/tool_call_id` → `messages[2].tool_call_id`. */
+export function paramPath(pointer: string, prefix = ''): string {
+  let out = prefix;
+  for (const part of pointer.split('/')) {
+    if (part === '') continue;
+    if (/^\d+$/.test(part)) out += `[${part}]`;
+    else out += out === '' ? part : `.${part}`;
+  }
+  return out;
+}
+
+function invalid(message: string, param: string | null): GatewayError {
+  return new GatewayError('invalid_request_error', message, { param });
+}
+
+function firstError(check: TypeCheck<TSchema>, value: unknown, prefix: string): GatewayError {
+  const error = check.Errors(value).First();
+  const param = paramPath(error?.path ?? '', prefix) || null;
+  return invalid(`${param ?? 'body'}: ${error?.message ?? 'invalid value'}`, param);
+}
+
+/** Joins the text parts of a content value; every other part type is dropped. */
+function contentText(content: string | Array<{ type: string }>, param: string): string {
+  if (typeof content === 'string') return content;
+  let text = '';
+  for (let i = 0; i < content.length; i++) {
+    const part = content[i]!;
+    if (part.type !== 'text') continue;
+    if (!TextPartCheck.Check(part)) throw invalid(`${param}[${i}].text: a text part needs a string text`, `${param}[${i}].text`);
+    text += part.text;
+  }
+  return text;
+}
+
+/**
+ * Applies the request rules in the contract's order: shape (400), then model (404), then model
+ * capability (400). Context and quota come later, after idempotency and the rate limit.
+ */
+export function validateChatRequest(json: unknown, config: Config): ChatRequest {
+  if (typeof json !== 'object' || json === null || Array.isArray(json)) throw invalid('The body must be a JSON object.', null);
+  if (!RequestCheck.Check(json)) throw firstError(RequestCheck, json, '');
+  const body = json;
+  const { limits } = config;
+  if (body.messages.length > limits.max_messages) {
+    throw invalid(`messages: at most ${limits.max_messages} messages`, 'messages');
+  }
+
+  const messages: ProviderMessage[] = [];
+  const toolCallIds = new Set<string>();
+  for (let i = 0; i < body.messages.length; i++) {
+    const raw = body.messages[i]!;
+    const param = `messages[${i}]`;
+    const check = MessageChecks[raw.role];
+    if (!check) throw invalid(`${param}.role: must be one of system, user, assistant, tool`, `${param}.role`);
+    if (!check.Check(raw)) throw firstError(check, raw, param);
+    switch (raw.role) {
+      case 'system':
+      case 'developer':
+      case 'user': {
+        const message = raw as Static<typeof UserMessageSchema>;
+        messages.push({ role: raw.role === 'user' ? 'user' : 'system', content: contentText(message.content, `${param}.content`) });
+        break;
+      }
+      case 'assistant': {
+        const message = raw as Static<typeof AssistantMessageSchema>;
+        const calls = message.tool_calls && message.tool_calls.length > 0 ? message.tool_calls : null;
+        const hasContent = message.content !== undefined && message.content !== null;
+        if (!hasContent && !calls) throw invalid(`${param}: an assistant message needs content, tool_calls, or both`, `${param}.content`);
+        const toolCalls: ToolCall[] | undefined = calls?.map((call) => ({
+          id: call.id,
+          type: 'function',
+          function: { name: call.function.name, arguments: call.function.arguments },
+        }));
+        for (const call of calls ?? []) toolCallIds.add(call.id);
+        messages.push({
+          role: 'assistant',
+          content: hasContent ? contentText(message.content!, `${param}.content`) : null,
+          ...(toolCalls ? { tool_calls: toolCalls } : {}),
+        });
+        break;
+      }
+      case 'tool': {
+        const message = raw as Static<typeof ToolMessageSchema>;
+        if (!toolCallIds.has(message.tool_call_id)) {
+          throw invalid(
+            `${param}.tool_call_id: no earlier assistant tool call has id ${JSON.stringify(message.tool_call_id)}`,
+            `${param}.tool_call_id`,
+          );
+        }
+        messages.push({ role: 'tool', content: contentText(message.content, `${param}.content`), tool_call_id: message.tool_call_id });
+        break;
+      }
+    }
+  }
+
+  let stop: string[] | null = null;
+  if (typeof body.stop === 'string') stop = [body.stop];
+  else if (Array.isArray(body.stop)) stop = body.stop;
+  if (stop) {
+    if (stop.length > limits.max_stop_sequences) throw invalid(`stop: at most ${limits.max_stop_sequences} sequences`, 'stop');
+    if (stop.some((sequence) => sequence.length === 0)) throw invalid('stop: a stop sequence cannot be empty', 'stop');
+    if (stop.length === 0) stop = null;
+  }
+
+  const tools = body.tools && body.tools.length > 0 ? (body.tools as Static<typeof ToolSchema>[]) : null;
+  if (tools) {
+    if (tools.length > limits.max_tools) throw invalid(`tools: at most ${limits.max_tools} tools`, 'tools');
+    for (let i = 0; i < tools.length; i++) if (!ToolCheck.Check(tools[i])) throw firstError(ToolCheck, tools[i], `tools[${i}]`);
+  }
+  const toolChoice = body.tool_choice ?? null;
+  if (toolChoice !== null && typeof toolChoice === 'object') {
+    const name = toolChoice.function.name;
+    if (!tools?.some((tool) => tool.function.name === name)) {
+      throw invalid(`tool_choice: no tool named ${JSON.stringify(name)} in tools`, 'tool_choice.function.name');
+    }
+  } else if (toolChoice === 'required' && !tools) {
+    throw invalid('tool_choice: "required" needs tools', 'tool_choice');
+  }
+
+  // Shape is settled; now the model (404), then what the model can do (400).
+  const modelId = config.aliases[body.model] ?? body.model;
+  const model = Object.hasOwn(config.models, modelId) ? config.models[modelId] : undefined;
+  if (!model) throw new GatewayError('model_not_found', `The model ${JSON.stringify(body.model)} does not exist.`, { param: null });
+  if (tools && !model.tools) {
+    throw new GatewayError('unsupported_parameter', `The model ${modelId} does not support tools.`, { param: 'tools' });
+  }
+
+  return {
+    body,
+    modelId,
+    model,
+    messages,
+    stream: body.stream === true,
+    maxOutputTokens: body.max_completion_tokens ?? body.max_tokens ?? null,
+    stop,
+    tools: tools as ToolDefinition[] | null,
+    toolChoice: tools ? (toolChoice as ToolChoice | null) : null,
+  };
+}

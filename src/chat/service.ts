@@ -1,0 +1,248 @@
+// Chat requests: admission (idempotency, rate, context, quota), the hold, and the actor's run loop.
+import { countPromptTokens, countTextTokens } from '../billing/tokens.ts';
+import { chargeMicro, reservationMicro } from '../billing/pricing.ts';
+import { statusUrl, type Gateway } from '../gateway.ts';
+import { GatewayError, internalError } from '../http/errors.ts';
+import { checkIdempotency } from '../idempotency/store.ts';
+import type { KeyAccount } from '../state/apply.ts';
+import type { Usage } from '../state/events.ts';
+import type { Delta, ProviderRequest, ToolCall } from '../providers/provider.ts';
+import { abortError, RequestActor, statusForAbort, type Outcome } from '../requests/actor.ts';
+import { assert } from '../util/assert.ts';
+import type { ChatRequest } from './model.ts';
+import type { PublicFinishReason } from './stream.ts';
+
+export interface Admission {
+  actor: RequestActor;
+  providerRequest: ProviderRequest;
+  /** Resolves when the hold (and the Idempotency-Key binding) is durable. */
+  durable: Promise<void>;
+  createdS: number;
+}
+
+export interface Idempotency {
+  key: string;
+  fingerprint: string;
+}
+
+/**
+ * Runs the checks after shape and model, in the contract's order (idempotency → rate → context →
+ * quota), then places the hold and binds the Idempotency-Key in one event. Everything from the first
+ * check to the commit is synchronous, so two identical requests can never both pass.
+ */
+export function admitChat(
+  gateway: Gateway,
+  account: KeyAccount,
+  requestId: string,
+  chat: ChatRequest,
+  idempotency: Idempotency | null,
+  promptTokens: number,
+): Admission {
+  const { config, store, registry } = gateway;
+  const nowMs = Date.now();
+  if (idempotency) {
+    checkIdempotency(store.state, account.id, idempotency.key, idempotency.fingerprint, nowMs, (id) => statusUrl(config, 'chat', id));
+  }
+  gateway.rateLimiter.take(account.id, account.rateLimitRpm ?? config.limits.default_rate_limit_rpm, nowMs);
+
+  const { model } = chat;
+  if (promptTokens > model.context_window) {
+    throw new GatewayError(
+      'context_length_exceeded',
+      `This model's context window is ${model.context_window} tokens; the messages have ${promptTokens}.`,
+      { param: 'messages' },
+    );
+  }
+  if (chat.maxOutputTokens !== null && (chat.maxOutputTokens > model.max_output_tokens || promptTokens + chat.maxOutputTokens > model.context_window)) {
+    throw new GatewayError(
+      'context_length_exceeded',
+      `The output limit ${chat.maxOutputTokens} is too large: this model allows ${model.max_output_tokens} output tokens and ${model.context_window} in all (the messages have ${promptTokens}).`,
+      { param: 'max_completion_tokens' },
+    );
+  }
+  const outputCapTokens = chat.maxOutputTokens ?? model.max_output_tokens;
+  const holdMicro = reservationMicro(model, promptTokens, outputCapTokens);
+  if (holdMicro > account.balanceMicro) {
+    throw new GatewayError(
+      'insufficient_quota',
+      `The balance of ${account.balanceMicro / 1e6} credits cannot cover this request's reservation of ${holdMicro / 1e6} credits.`,
+    );
+  }
+  if (registry.full) throw new GatewayError('service_unavailable', 'The gateway is at its limit of requests in flight; retry shortly.');
+
+  const durable = store.commit([
+    {
+      type: 'request.started',
+      request_id: requestId,
+      key_id: account.id,
+      service: 'chat',
+      model: chat.modelId,
+      stream: chat.stream,
+      hold: { credits_micro: holdMicro, tokens: 0 },
+      idempotency: idempotency
+        ? { key: idempotency.key, fingerprint: idempotency.fingerprint, expires_at_ms: nowMs + config.idempotency_ttl_s * 1000 }
+        : null,
+      budget_hold_micro: 0,
+      at_ms: nowMs,
+    },
+  ]);
+  // A failed durability is handled by whoever awaits it; never an unhandled rejection.
+  durable.catch(() => {});
+  const actor = new RequestActor(
+    { id: requestId, keyId: account.id, service: 'chat', model: chat.modelId, stream: chat.stream, hold: { credits_micro: holdMicro, tokens: 0 } },
+    store,
+    (done) => registry.remove(done),
+    gateway.logger.child({ requestId, keyId: account.id, model: chat.modelId }),
+  );
+  registry.add(actor);
+  const body = chat.body;
+  const providerRequest: ProviderRequest = {
+    model: model.upstream_model ?? chat.modelId,
+    messages: chat.messages,
+    maxOutputTokens: chat.maxOutputTokens,
+    temperature: body.temperature ?? null,
+    topP: body.top_p ?? null,
+    topK: model.top_k ? (body.top_k ?? null) : null,
+    seed: model.seed ? (body.seed ?? null) : null,
+    stop: chat.stop,
+    tools: chat.tools,
+    toolChoice: chat.toolChoice,
+    promptTokens,
+  };
+  return { actor, providerRequest, durable, createdS: Math.floor(nowMs / 1000) };
+}
+
+/** Where the run loop sends what it produces: an SSE stream or a collected completion. */
+export interface ChatSink {
+  /** The first output is ready (the hold is durable): the sink may commit to a 200. */
+  begin(): void | Promise<void>;
+  text(text: string): void | Promise<void>;
+  toolCall(index: number, id: string | null, name: string | null, args: string): void | Promise<void>;
+  /** The terminal state is durable; `result` is what the caller gets. */
+  end(result: ChatResult): void;
+}
+
+export type ChatResult =
+  | { ok: true; content: string | null; toolCalls: ToolCall[]; finishReason: PublicFinishReason; usage: Usage }
+  | { ok: false; error: GatewayError };
+
+/**
+ * The actor's run loop: calls the provider, relays deltas to the sink, enforces the time limit, and in
+ * `finally` settles the hold (completed), releases it (cancelled) or keeps it per billing.on_error.
+ */
+export async function runChat(gateway: Gateway, admission: Admission, chat: ChatRequest, sink: ChatSink): Promise<void> {
+  const { actor, providerRequest, durable } = admission;
+  const { config } = gateway;
+  const provider = gateway.providers.get(chat.model.provider);
+  assert(provider, `no provider ${chat.model.provider}`);
+  const timer = setTimeout(
+    () => actor.abort(chat.stream ? 'stream_timeout' : 'upstream_timeout'),
+    chat.stream ? config.limits.stream_timeout_ms : config.limits.upstream_timeout_ms,
+  );
+
+  let text = '';
+  let sawText = false;
+  const toolCalls: ToolCall[] = [];
+  let finish: Extract<Delta, { type: 'finish' }> | null = null;
+  let outcome: Outcome | null = null;
+  let began = false;
+  const hold = actor.init.hold;
+
+  try {
+    for await (const delta of provider.stream(providerRequest, actor.signal)) {
+      if (!began) {
+        // The hold must be durable before anything reaches the client; the provider call overlapped it.
+        await durable;
+        began = true;
+        await sink.begin();
+      }
+      if (actor.signal.aborted) break;
+      switch (delta.type) {
+        case 'text':
+          if (delta.text.length === 0) break;
+          text += delta.text;
+          sawText = true;
+          await sink.text(delta.text);
+          break;
+        case 'tool_call': {
+          let call = toolCalls[delta.index];
+          if (!call) {
+            if (delta.index !== toolCalls.length || delta.id === null || delta.name === null) {
+              throw new GatewayError('upstream_invalid_response', 'The provider sent a malformed tool call.');
+            }
+            call = { id: delta.id, type: 'function', function: { name: delta.name, arguments: '' } };
+            toolCalls.push(call);
+          }
+          call.function.arguments += delta.arguments;
+          await sink.toolCall(delta.index, delta.id, delta.name, delta.arguments);
+          break;
+        }
+        case 'finish':
+          finish = delta;
+          break;
+      }
+    }
+    if (actor.signal.aborted) throw actor.signal.reason;
+    if (!began) {
+      await durable;
+      began = true;
+      await sink.begin();
+    }
+    if (!finish) throw new GatewayError('upstream_invalid_response', 'The provider ended without finishing its answer.');
+    const promptTokens = finish.usage?.promptTokens ?? providerRequest.promptTokens;
+    const completionTokens =
+      finish.usage?.completionTokens ??
+      countTextTokens(text) + toolCalls.reduce((sum, call) => sum + countTextTokens(call.function.name + call.function.arguments), 0);
+    const usage: Usage = { prompt_tokens: promptTokens, completion_tokens: completionTokens, total_tokens: promptTokens + completionTokens };
+    outcome = {
+      status: 'completed',
+      error: null,
+      usage,
+      charge: { credits_micro: chargeMicro(chat.model, promptTokens, completionTokens, hold.credits_micro), tokens: 0 },
+      budgetSpendMicro: 0,
+      answers: null,
+      httpStatus: 200,
+    };
+    const finishReason: PublicFinishReason = toolCalls.length > 0 ? 'tool_calls' : 'stop';
+    await actor.finish(outcome);
+    sink.end({ ok: true, content: sawText || toolCalls.length === 0 ? text : null, toolCalls, finishReason, usage });
+  } catch (thrown) {
+    const kind = actor.abortKind;
+    let error: GatewayError;
+    if (kind !== null) error = abortError(kind);
+    else if (thrown instanceof GatewayError) error = thrown;
+    else {
+      actor.logger.error({ err: (thrown as Error)?.stack ?? String(thrown) }, 'chat: run failed');
+      error = internalError();
+    }
+    const status = kind !== null ? statusForAbort(kind) : 'error';
+    const keep = status === 'error' && config.billing.on_error === 'keep' && kind !== 'interrupted';
+    outcome = {
+      status,
+      error,
+      usage: null,
+      charge: { credits_micro: keep ? hold.credits_micro : 0, tokens: 0 },
+      budgetSpendMicro: 0,
+      answers: null,
+      httpStatus: error.status,
+    };
+    await actor.finish(outcome);
+    sink.end({ ok: false, error });
+  } finally {
+    clearTimeout(timer);
+    // Whatever happened above, the hold never outlives the run: an unexpected exit is an error.
+    if (!outcome) {
+      outcome = {
+        status: 'error',
+        error: internalError(),
+        usage: null,
+        charge: { credits_micro: 0, tokens: 0 },
+        budgetSpendMicro: 0,
+        answers: null,
+        httpStatus: 500,
+      };
+      await actor.finish(outcome);
+      sink.end({ ok: false, error: outcome.error! });
+    }
+  }
+}

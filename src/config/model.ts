@@ -1,0 +1,125 @@
+// The gateway's configuration schema: one TypeBox schema that is both the validator and the type.
+import { Type, type Static } from '@sinclair/typebox';
+
+const PositiveInt = (description: string) => Type.Integer({ minimum: 1, description });
+const NonNegativeInt = (description: string) => Type.Integer({ minimum: 0, description });
+
+export const SimulatorProviderSchema = Type.Object(
+  {
+    type: Type.Literal('simulator'),
+    ttft_ms: NonNegativeInt('delay before the first token'),
+    tokens_per_second: PositiveInt('output speed after the first token'),
+    completion_tokens: PositiveInt('tokens of a text answer when no output limit is lower'),
+  },
+  { additionalProperties: false },
+);
+
+export const OpenAIProviderSchema = Type.Object(
+  {
+    type: Type.Literal('openai'),
+    base_url: Type.String({ pattern: '^https?://', description: 'OpenAI-compatible base URL, e.g. http://host/v1' }),
+    api_key_env: Type.Optional(Type.String({ minLength: 1, description: 'name of the env var holding the upstream key' })),
+    timeout_ms: Type.Optional(PositiveInt('upstream timeout; defaults to limits.upstream_timeout_ms')),
+    headers: Type.Optional(Type.Record(Type.String(), Type.String())),
+  },
+  { additionalProperties: false },
+);
+
+export const ProviderConfigSchema = Type.Union([SimulatorProviderSchema, OpenAIProviderSchema]);
+
+/** Credits per one million tokens; an integer rate R costs exactly R µcr per token. */
+export const RatesSchema = Type.Object(
+  { input: NonNegativeInt('credits per 1M input tokens'), output: NonNegativeInt('credits per 1M output tokens') },
+  { additionalProperties: false },
+);
+
+export const ModelConfigSchema = Type.Object(
+  {
+    provider: Type.String({ minLength: 1 }),
+    upstream_model: Type.Optional(Type.String({ minLength: 1 })),
+    tools: Type.Boolean(),
+    top_k: Type.Boolean({ description: 'whether the model applies top_k' }),
+    seed: Type.Boolean({ description: 'whether the model applies seed' }),
+    rates: RatesSchema,
+    context_window: PositiveInt('input + output tokens the model accepts'),
+    max_output_tokens: PositiveInt('largest output limit the model accepts'),
+    long_context: Type.Optional(
+      Type.Union([
+        Type.Null(),
+        Type.Object(
+          { threshold_tokens: PositiveInt('input tokens from which the long-context rates apply'), rates: RatesSchema },
+          { additionalProperties: false },
+        ),
+      ]),
+    ),
+    created: Type.Integer({ minimum: 0 }),
+  },
+  { additionalProperties: false },
+);
+
+export const ConfigSchema = Type.Object(
+  {
+    server: Type.Object(
+      { host: Type.String({ minLength: 1 }), port: Type.Integer({ minimum: 0, maximum: 65535 }) },
+      { additionalProperties: false },
+    ),
+    data_dir: Type.String({ minLength: 1 }),
+    public_base_url: Type.Union([Type.Null(), Type.String({ pattern: '^https?://' })]),
+    admin_token: Type.Union([Type.Null(), Type.String({ minLength: 16 })]),
+    log_level: Type.Union(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'].map((l) => Type.Literal(l))),
+    providers: Type.Record(Type.String({ minLength: 1 }), ProviderConfigSchema),
+    models: Type.Record(Type.String({ pattern: '^[A-Za-z0-9._:/-]{1,128}$' }), ModelConfigSchema),
+    aliases: Type.Record(Type.String({ minLength: 1 }), Type.String({ minLength: 1 })),
+    decision: Type.Object(
+      {
+        models: Type.Object(
+          { 'decision-fast': Type.String({ minLength: 1 }), 'decision-accurate': Type.String({ minLength: 1 }) },
+          { additionalProperties: false },
+        ),
+        context_tokens: PositiveInt('input tokens a decision may carry (422 above)'),
+        answer_tokens: PositiveInt('output budget reserved for one decision answer'),
+        timeout_ms: PositiveInt('upstream timeout of one decision call'),
+      },
+      { additionalProperties: false },
+    ),
+    limits: Type.Object(
+      {
+        stream_timeout_ms: PositiveInt('a stream ends with stream_timeout after this'),
+        upstream_timeout_ms: PositiveInt('a non-stream call ends with 504 after this'),
+        max_body_bytes: PositiveInt('HTTP body limit (413 above)'),
+        default_rate_limit_rpm: PositiveInt('requests per minute per key when the key sets none'),
+        max_messages: PositiveInt('messages per chat request'),
+        max_tools: PositiveInt('tools per chat request'),
+        max_stop_sequences: PositiveInt('stop sequences per chat request'),
+        max_in_flight: PositiveInt('requests running at once; 503 above'),
+        max_keys: PositiveInt('API keys the gateway holds'),
+        request_records_max: PositiveInt('finished request records kept in memory'),
+        idempotency_keys_max: PositiveInt('bound idempotency keys kept in memory'),
+        shutdown_grace_ms: NonNegativeInt('SIGTERM: time in-flight requests get to finish'),
+      },
+      { additionalProperties: false },
+    ),
+    billing: Type.Object(
+      { on_error: Type.Union([Type.Literal('keep'), Type.Literal('release')]) },
+      { additionalProperties: false },
+    ),
+    idempotency_ttl_s: PositiveInt('how long a bound Idempotency-Key lives'),
+    wal: Type.Object(
+      {
+        fsync: Type.Union([Type.Literal('always'), Type.Literal('interval'), Type.Literal('off')]),
+        fsync_interval_ms: PositiveInt('fsync period of the interval policy'),
+        segment_bytes: PositiveInt('a segment rolls over past this size'),
+        snapshot_every_records: PositiveInt('records between snapshots (then old segments are removed)'),
+      },
+      { additionalProperties: false },
+    ),
+  },
+  { additionalProperties: false },
+);
+
+export type Config = Static<typeof ConfigSchema>;
+export type ModelConfig = Static<typeof ModelConfigSchema>;
+export type ProviderConfig = Static<typeof ProviderConfigSchema>;
+export type SimulatorProviderConfig = Static<typeof SimulatorProviderSchema>;
+export type OpenAIProviderConfig = Static<typeof OpenAIProviderSchema>;
+export type Rates = Static<typeof RatesSchema>;

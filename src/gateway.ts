@@ -1,0 +1,54 @@
+// The gateway's running parts, built once by main (or a test) and handed to every controller.
+import type { Config } from './config/model.ts';
+import { RateLimiter } from './keys/rate-limit.ts';
+import type { Provider } from './providers/provider.ts';
+import { createProviders } from './providers/registry.ts';
+import { ActorRegistry } from './requests/registry.ts';
+import { StateStore } from './state/store.ts';
+import type { Logger } from './util/log.ts';
+
+export interface Gateway {
+  config: Config;
+  store: StateStore;
+  registry: ActorRegistry;
+  rateLimiter: RateLimiter;
+  providers: Map<string, Provider>;
+  logger: Logger;
+  adminToken: string;
+  /** Set by SIGTERM: new work is refused with 503 while in-flight requests finish. */
+  draining: boolean;
+  /** Called on a broken invariant: the process must not keep serving (main exits; tests may observe). */
+  onFatal?: (error: Error) => void;
+}
+
+export function openGateway(config: Config, logger: Logger, adminToken: string): Gateway {
+  const store = StateStore.open({
+    dataDir: config.data_dir,
+    fsync: config.wal.fsync,
+    fsyncIntervalMs: config.wal.fsync_interval_ms,
+    segmentBytes: config.wal.segment_bytes,
+    snapshotEveryRecords: config.wal.snapshot_every_records,
+    limits: {
+      requestRecordsMax: config.limits.request_records_max,
+      requestRecordTtlMs: config.idempotency_ttl_s * 1000,
+      idempotencyKeysMax: config.limits.idempotency_keys_max,
+    },
+    logger,
+  });
+  return {
+    config,
+    store,
+    registry: new ActorRegistry(config.limits.max_in_flight),
+    rateLimiter: new RateLimiter(config.limits.max_keys),
+    providers: createProviders(config, logger),
+    logger,
+    adminToken,
+    draining: false,
+  };
+}
+
+/** The status endpoint of a request: a path, or an absolute URL when public_base_url is set. */
+export function statusUrl(config: Config, service: 'chat' | 'decision', requestId: string): string {
+  const path = service === 'chat' ? `/api/v1/requests/${requestId}` : `/decision/v1/requests/${requestId}/`;
+  return config.public_base_url ? config.public_base_url.replace(/\/+$/, '') + path : path;
+}

@@ -1,0 +1,55 @@
+// Idempotency-Key rules: the key format, and what a bound (API key, Idempotency-Key) pair answers.
+import { GatewayError } from '../http/errors.ts';
+import type { GatewayState } from '../state/apply.ts';
+
+const IDEMPOTENCY_KEY_RE = /^[A-Za-z0-9._:-]{8,255}$/;
+
+/** The header's value, or null when absent; 400 invalid_idempotency_key when malformed. */
+export function parseIdempotencyKey(value: string | null): string | null {
+  if (value === null) return null;
+  if (!IDEMPOTENCY_KEY_RE.test(value)) {
+    throw new GatewayError(
+      'invalid_idempotency_key',
+      'Idempotency-Key must be 8 to 255 characters of A-Z, a-z, 0-9, dot, underscore, colon, hyphen.',
+      { param: 'Idempotency-Key' },
+    );
+  }
+  return value;
+}
+
+/**
+ * Refuses a request whose (API key, Idempotency-Key) is bound: 409 idempotency_key_reused for other
+ * content, else request_in_progress or request_already_completed pointing at the original.
+ */
+export function checkIdempotency(
+  state: GatewayState,
+  keyId: string,
+  idempotencyKey: string,
+  fingerprint: string,
+  nowMs: number,
+  statusUrl: (requestId: string) => string,
+): void {
+  const binding = state.binding(keyId, idempotencyKey, nowMs);
+  if (!binding) return;
+  if (binding.fingerprint !== fingerprint) {
+    throw new GatewayError('idempotency_key_reused', 'This Idempotency-Key was used with a different request body.', {
+      param: 'Idempotency-Key',
+    });
+  }
+  const record = state.request(binding.requestId);
+  // A bound key whose record was evicted still names its request; it is finished by then.
+  const status = record?.status ?? 'completed';
+  const url = statusUrl(binding.requestId);
+  const inProgress = status === 'in_progress';
+  throw new GatewayError(
+    inProgress ? 'request_in_progress' : 'request_already_completed',
+    inProgress
+      ? 'The original request with this Idempotency-Key is still running; poll status_url.'
+      : 'The original request with this Idempotency-Key has finished; read it at status_url.',
+    {
+      param: 'Idempotency-Key',
+      topLevel: { request_id: binding.requestId, request_status: status, status_url: url },
+      headers: { 'x-service-request-status': url },
+    },
+  );
+}

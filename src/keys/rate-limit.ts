@@ -1,0 +1,41 @@
+// Per-key token buckets: rate_limit_rpm requests per minute, shared by both services.
+import { LRUCache } from 'lru-cache';
+import { GatewayError } from '../http/errors.ts';
+
+const MINUTE_MS = 60_000;
+
+interface Bucket {
+  tokens: number;
+  updatedAtMs: number;
+}
+
+export class RateLimiter {
+  // A bucket untouched for a minute is full again, so forgetting it after that loses nothing.
+  private readonly buckets: LRUCache<string, Bucket>;
+
+  constructor(keysMax: number) {
+    this.buckets = new LRUCache({ max: keysMax, ttl: MINUTE_MS, updateAgeOnGet: true });
+  }
+
+  /** Takes one request from the key's bucket, or throws 429 with Retry-After in whole seconds (≥ 1). */
+  take(keyId: string, ratePerMinute: number, nowMs: number): void {
+    let bucket = this.buckets.get(keyId);
+    if (!bucket) {
+      bucket = { tokens: ratePerMinute, updatedAtMs: nowMs };
+      this.buckets.set(keyId, bucket);
+    } else {
+      const refill = ((nowMs - bucket.updatedAtMs) * ratePerMinute) / MINUTE_MS;
+      bucket.tokens = Math.min(ratePerMinute, bucket.tokens + Math.max(0, refill));
+      bucket.updatedAtMs = nowMs;
+    }
+    if (bucket.tokens >= 1) {
+      bucket.tokens -= 1;
+      return;
+    }
+    const waitMs = ((1 - bucket.tokens) * MINUTE_MS) / ratePerMinute;
+    const retryAfterS = Math.max(1, Math.ceil(waitMs / 1000));
+    throw new GatewayError('rate_limit_exceeded', `Rate limit of ${ratePerMinute} requests per minute reached; retry after ${retryAfterS} s.`, {
+      headers: { 'retry-after': String(retryAfterS) },
+    });
+  }
+}

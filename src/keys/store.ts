@@ -1,0 +1,145 @@
+// API keys: creation (secret shown once, SHA-256 stored), import, revoke, top-up, and authentication.
+import { GatewayError } from '../http/errors.ts';
+import type { KeyAccount } from '../state/apply.ts';
+import type { Service } from '../state/events.ts';
+import type { StateStore } from '../state/store.ts';
+import { newKeyId, randomBase62, sha256Hex } from '../util/ids.ts';
+
+export const KEY_PREFIX = 'tg-';
+const KEY_RANDOM_CHARS = 43; // ≈ 256 bits of base62
+const MICRO_PER_CREDIT = 1_000_000;
+/** An imported secret: any printable token of a sane length (clients migrate with what they have). */
+const IMPORTED_SECRET_RE = /^[A-Za-z0-9._~+/=:-]{20,256}$/;
+
+export interface CreateKeyInput {
+  name: string;
+  services: Service[];
+  creditsMicro: number;
+  tokenWallet: number;
+  dailyDecisionBudgetMicro: number | null;
+  rateLimitRpm: number | null;
+  /** An existing secret to import instead of generating one. */
+  secret?: string | undefined;
+}
+
+export function generateSecret(): string {
+  return KEY_PREFIX + randomBase62(KEY_RANDOM_CHARS);
+}
+
+/** Credits as the API shows them (a JSON number) to whole µcr, refusing what cannot be exact. */
+export function creditsToMicro(credits: number, param: string): number {
+  // Credits arrive as JSON numbers; anything finer than 1 µcr is rounded to the nearest µcr.
+  const micro = Math.round(credits * MICRO_PER_CREDIT);
+  if (!Number.isFinite(credits) || credits < 0 || !Number.isSafeInteger(micro)) {
+    throw new GatewayError('invalid_request_error', `${param} must be a non-negative number of credits`, { param });
+  }
+  return micro;
+}
+
+export function microToCredits(micro: number): number {
+  return micro / MICRO_PER_CREDIT;
+}
+
+export async function createKey(
+  store: StateStore,
+  input: CreateKeyInput,
+  keysMax: number,
+): Promise<{ account: KeyAccount; secret: string }> {
+  if (store.state.keys.size >= keysMax) {
+    throw new GatewayError('invalid_request_error', `the gateway holds its maximum of ${keysMax} keys`);
+  }
+  if (input.secret !== undefined && !IMPORTED_SECRET_RE.test(input.secret)) {
+    throw new GatewayError('invalid_request_error', 'key must be 20-256 characters of A-Z a-z 0-9 . _ ~ + / = : -', { param: 'key' });
+  }
+  const secret = input.secret ?? generateSecret();
+  const secretSha256 = sha256Hex(secret);
+  if (store.state.keysBySecret.has(secretSha256)) {
+    throw new GatewayError('invalid_request_error', 'that key is already registered', { param: 'key' });
+  }
+  const id = newKeyId();
+  await store.commit([
+    {
+      type: 'key.created',
+      key_id: id,
+      name: input.name,
+      secret_sha256: secretSha256,
+      services: [...new Set(input.services)],
+      credits_micro: input.creditsMicro,
+      token_wallet: input.tokenWallet,
+      daily_decision_budget_micro: input.dailyDecisionBudgetMicro,
+      rate_limit_rpm: input.rateLimitRpm,
+      at_ms: Date.now(),
+    },
+  ]);
+  return { account: store.state.account(id), secret };
+}
+
+export function findKey(store: StateStore, id: string): KeyAccount {
+  const account = store.state.keys.get(id);
+  if (!account) throw new GatewayError('not_found', `no key ${id}`);
+  return account;
+}
+
+export async function revokeKey(store: StateStore, id: string): Promise<KeyAccount> {
+  const account = findKey(store, id);
+  if (!account.revoked) await store.commit([{ type: 'key.revoked', key_id: id, at_ms: Date.now() }]);
+  return account;
+}
+
+export async function creditKey(store: StateStore, id: string, creditsMicro: number, tokens: number): Promise<KeyAccount> {
+  const account = findKey(store, id);
+  if (!Number.isSafeInteger(account.creditsAddedMicro + creditsMicro) || !Number.isSafeInteger(account.tokensAdded + tokens)) {
+    throw new GatewayError('invalid_request_error', 'the top-up would overflow the balance', { param: 'credits' });
+  }
+  await store.commit([{ type: 'key.credited', key_id: id, credits_micro: creditsMicro, tokens, at_ms: Date.now() }]);
+  return account;
+}
+
+/**
+ * Resolves the bearer token of a request to a key allowed to use `service`.
+ * 401 invalid_api_key with `reason`: missing, unknown, revoked or wrong_type.
+ */
+export function authenticate(store: StateStore, authorization: string | null, service: Service): KeyAccount {
+  const token = bearerToken(authorization);
+  if (token === null) throw invalidKey('missing', 'No API key: send Authorization: Bearer <key>.');
+  const account = store.state.keysBySecret.get(sha256Hex(token));
+  if (!account) throw invalidKey('unknown', 'The API key is not known.');
+  if (account.revoked) throw invalidKey('revoked', 'The API key has been revoked.');
+  if (!account.services.includes(service)) throw invalidKey('wrong_type', `The API key is not valid for the ${service} service.`);
+  return account;
+}
+
+export function bearerToken(authorization: string | null): string | null {
+  if (!authorization) return null;
+  // The scheme is case-insensitive (RFC 9110); the token is whatever follows one or more spaces.
+  if (authorization.length < 8 || authorization.slice(0, 7).toLowerCase() !== 'bearer ') return null;
+  const token = authorization.slice(7).trim();
+  return token.length > 0 && token.length <= 512 ? token : null;
+}
+
+function invalidKey(reason: 'missing' | 'unknown' | 'revoked' | 'wrong_type', message: string): GatewayError {
+  return new GatewayError('invalid_api_key', message, { fields: { reason } });
+}
+
+/** The admin view of a key (CONTRACT §6): never the secret or its hash. */
+export function keyView(account: KeyAccount, defaultRateLimitRpm: number): Record<string, unknown> {
+  return {
+    id: account.id,
+    name: account.name,
+    services: account.services,
+    revoked: account.revoked,
+    created: Math.floor(account.createdAtMs / 1000),
+    limits: {
+      rate_limit_rpm: account.rateLimitRpm ?? defaultRateLimitRpm,
+      rate_limit_rpm_configured: account.rateLimitRpm,
+      daily_decision_budget: account.dailyDecisionBudgetMicro === null ? null : microToCredits(account.dailyDecisionBudgetMicro),
+    },
+    balances: {
+      credits: microToCredits(account.balanceMicro),
+      held: microToCredits(account.heldMicro),
+      charged: microToCredits(account.chargedMicro),
+      credits_added: microToCredits(account.creditsAddedMicro),
+      token_wallet: account.tokenWallet,
+    },
+  };
+}

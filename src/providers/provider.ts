@@ -1,0 +1,59 @@
+// The provider interface: every upstream (simulator, OpenAI-compatible HTTP) streams the same deltas.
+
+/** A message as the gateway hands it to a provider: text parts already joined, non-text dropped. */
+export type ProviderMessage =
+  | { role: 'system' | 'user'; content: string }
+  | { role: 'assistant'; content: string | null; tool_calls?: ToolCall[] }
+  | { role: 'tool'; content: string; tool_call_id: string };
+
+export interface ToolCall {
+  id: string;
+  type: 'function';
+  function: { name: string; arguments: string };
+}
+
+export interface ToolDefinition {
+  type: 'function';
+  function: { name: string; description?: string; parameters?: Record<string, unknown>; strict?: boolean };
+}
+
+export type ToolChoice = 'auto' | 'none' | 'required' | { type: 'function'; function: { name: string } };
+
+export interface ProviderRequest {
+  /** The provider's own model id (config `upstream_model`, else the public id). */
+  model: string;
+  messages: ProviderMessage[];
+  /** The caller's output limit, passed through unmodified; null = the model's own default. */
+  maxOutputTokens: number | null;
+  temperature: number | null;
+  topP: number | null;
+  /** Only set when the model supports it. */
+  topK: number | null;
+  /** Only set when the model supports it. */
+  seed: number | null;
+  stop: string[] | null;
+  tools: ToolDefinition[] | null;
+  toolChoice: ToolChoice | null;
+  /** The gateway's own count of the input, for providers that do not report usage. */
+  promptTokens: number;
+}
+
+export type FinishReason = 'stop' | 'length' | 'tool_calls';
+
+/**
+ * What a provider yields, in order: any number of text and tool-call deltas, then exactly one `finish`.
+ * A tool call's first delta carries its `id` and `name`; later deltas of the same `index` add arguments.
+ */
+export type Delta =
+  | { type: 'text'; text: string }
+  | { type: 'tool_call'; index: number; id: string | null; name: string | null; arguments: string }
+  | { type: 'finish'; reason: FinishReason; usage: { promptTokens: number; completionTokens: number } | null };
+
+export interface Provider {
+  readonly name: string;
+  /**
+   * Streams the answer. Aborting `signal` must stop the upstream work within 50 ms and end the iterable
+   * by throwing the signal's reason. Failures throw `GatewayError` with an upstream_* code.
+   */
+  stream(request: ProviderRequest, signal: AbortSignal): AsyncIterable<Delta>;
+}

@@ -1,0 +1,27 @@
+// Builds one provider instance per configured provider name; models refer to them by that name.
+import type { Config } from '../config/model.ts';
+import type { Logger } from '../util/log.ts';
+import { OpenAIProvider } from './openai/index.ts';
+import type { Provider } from './provider.ts';
+import { SimulatorProvider } from './simulator/index.ts';
+
+export function createProviders(config: Config, logger: Logger): Map<string, Provider> {
+  const providers = new Map<string, Provider>();
+  for (const [name, providerConfig] of Object.entries(config.providers)) {
+    switch (providerConfig.type) {
+      case 'simulator':
+        providers.set(name, new SimulatorProvider(name, providerConfig));
+        break;
+      case 'openai':
+        providers.set(
+          name,
+          new OpenAIProvider(name, providerConfig, {
+            defaultTimeoutMs: config.limits.upstream_timeout_ms,
+            logger: logger.child({ provider: name }),
+          }),
+        );
+        break;
+    }
+  }
+  return providers;
+}

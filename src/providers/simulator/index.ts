@@ -1,0 +1,188 @@
+// The embedded simulator provider: deterministic answers, paced like a real model, honouring limits.
+import { countTextTokens } from '../../billing/tokens.ts';
+import type { SimulatorProviderConfig } from '../../config/model.ts';
+import type { Delta, FinishReason, Provider, ProviderRequest, ToolDefinition } from '../provider.ts';
+import { SeededRandom } from './random.ts';
+import { valueForSchema } from './schema-value.ts';
+
+/**
+ * Words that are exactly one o200k token both alone and after a space (a test checks every one), so a
+ * text of N words is N tokens and the simulator's usage equals what a tokenizer would count.
+ */
+export const SIMULATOR_WORDS: readonly string[] = [
+  'river', 'stone', 'light', 'quiet', 'garden', 'signal', 'answer', 'token',
+  'stream', 'cloud', 'green', 'blue', 'red', 'orange', 'apple', 'bridge',
+  'north', 'south', 'water', 'paper', 'window', 'road', 'music', 'simple',
+  'clear', 'small', 'large', 'early', 'late', 'bright', 'silver', 'gold',
+  'market', 'winter', 'summer', 'forest', 'city', 'letter', 'number', 'system',
+  'value', 'time', 'day', 'night', 'data', 'table', 'chair', 'house',
+  'field', 'glass', 'metal', 'sound', 'voice', 'story', 'world', 'plant',
+  'rain', 'snow', 'wind', 'fire', 'earth', 'star', 'moon', 'sun',
+];
+
+/** Timers fire at most this often; faster rates emit several tokens per tick instead of more timers. */
+export const SIMULATOR_TICK_MS_MIN = 4;
+/** Characters of tool-call arguments per streamed fragment (one fragment stands for one token of pace). */
+const ARGUMENT_FRAGMENT_CHARS = 12;
+const TOOL_CALL_ID_CHARS = 24;
+const ID_ALPHABET = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789';
+
+/** What one request will produce, decided before the first delta so pacing is all that remains. */
+interface Answer {
+  /** Text pieces (one per token) or argument fragments, streamed at the configured rate. */
+  pieces: string[];
+  toolCall: { id: string; name: string } | null;
+  reason: FinishReason;
+  completionTokens: number;
+}
+
+export class SimulatorProvider implements Provider {
+  readonly name: string;
+  private readonly config: SimulatorProviderConfig;
+
+  constructor(name: string, config: SimulatorProviderConfig) {
+    this.name = name;
+    this.config = config;
+  }
+
+  async *stream(request: ProviderRequest, signal: AbortSignal): AsyncIterable<Delta> {
+    signal.throwIfAborted();
+    const answer = this.answer(request);
+    const startMs = performance.now() + this.config.ttft_ms;
+    if (this.config.ttft_ms > 0) await delay(this.config.ttft_ms, signal);
+
+    if (answer.toolCall) {
+      yield { type: 'tool_call', index: 0, id: answer.toolCall.id, name: answer.toolCall.name, arguments: '' };
+      if (signal.aborted) throw signal.reason;
+    }
+    const { pieces } = answer;
+    const tokensPerMs = this.config.tokens_per_second / 1000;
+    let emitted = 0;
+    while (emitted < pieces.length) {
+      // Piece k is due k / rate after the first; everything due by now goes out in one delta, so the
+      // pace holds however late a timer fires.
+      const due = Math.min(pieces.length, Math.floor((performance.now() - startMs) * tokensPerMs) + 1);
+      if (due > emitted) {
+        const chunk = due - emitted === 1 ? pieces[emitted]! : pieces.slice(emitted, due).join('');
+        emitted = due;
+        yield answer.toolCall
+          ? { type: 'tool_call', index: 0, id: null, name: null, arguments: chunk }
+          : { type: 'text', text: chunk };
+        if (signal.aborted) throw signal.reason;
+      }
+      if (emitted < pieces.length) {
+        const nextDueMs = startMs + emitted / tokensPerMs - performance.now();
+        await delay(Math.max(SIMULATOR_TICK_MS_MIN, nextDueMs), signal);
+      }
+    }
+    yield {
+      type: 'finish',
+      reason: answer.reason,
+      usage: { promptTokens: request.promptTokens, completionTokens: answer.completionTokens },
+    };
+  }
+
+  /** Decides the whole answer from the request alone, so the same request always streams the same. */
+  private answer(request: ProviderRequest): Answer {
+    // Stop and the output limit are left out of the hash on purpose: they cut the same answer short,
+    // which is what lets a caller (and a test) predict where a stop sequence lands.
+    const random = SeededRandom.fromText(JSON.stringify([request.model, request.messages, request.tools, request.seed]));
+    const tool = chooseTool(request);
+    if (tool) return toolAnswer(tool, request.maxOutputTokens, random);
+    return textAnswer(this.config.completion_tokens, request, random);
+  }
+}
+
+/** The tool to call, or null for a text answer. */
+function chooseTool(request: ProviderRequest): ToolDefinition | null {
+  const tools = request.tools;
+  if (!tools || tools.length === 0) return null;
+  const choice = request.toolChoice;
+  if (choice === 'none') return null;
+  if (choice === 'required') return tools[0]!;
+  if (choice !== null && typeof choice === 'object') {
+    // The gateway refuses a name that is not in tools; should one slip through, answer with text.
+    return tools.find((tool) => tool.function.name === choice.function.name) ?? null;
+  }
+  // 'auto': call a tool on a fresh user turn, answer in text after tool results, so a loop ends.
+  const last = request.messages[request.messages.length - 1];
+  return last?.role === 'user' ? tools[0]! : null;
+}
+
+function textAnswer(completionTokens: number, request: ProviderRequest, random: SeededRandom): Answer {
+  const limit = request.maxOutputTokens === null ? completionTokens : Math.max(0, Math.min(completionTokens, request.maxOutputTokens));
+  let reason: FinishReason = limit < completionTokens ? 'length' : 'stop';
+  const pieces: string[] = new Array(limit);
+  for (let i = 0; i < limit; i++) {
+    const word = random.pick(SIMULATOR_WORDS);
+    pieces[i] = i === 0 ? word : ' ' + word;
+  }
+  const stops = request.stop;
+  if (stops && stops.length > 0 && limit > 0) {
+    const text = pieces.join('');
+    let cut = -1;
+    for (const stop of stops) {
+      if (stop.length === 0) continue;
+      const at = text.indexOf(stop);
+      if (at !== -1 && (cut === -1 || at < cut)) cut = at;
+    }
+    if (cut !== -1) {
+      reason = 'stop';
+      // Keep whole pieces before the cut and the part of the piece it falls in; that piece was still
+      // generated, so it is counted.
+      let length = 0;
+      let kept = 0;
+      while (kept < pieces.length && length + pieces[kept]!.length <= cut) length += pieces[kept++]!.length;
+      const counted = kept < pieces.length && cut > length ? kept + 1 : kept;
+      if (counted > kept) pieces[kept] = pieces[kept]!.slice(0, cut - length);
+      pieces.length = counted;
+    }
+  }
+  return { pieces, toolCall: null, reason, completionTokens: pieces.length };
+}
+
+function toolAnswer(tool: ToolDefinition, maxOutputTokens: number | null, random: SeededRandom): Answer {
+  const name = tool.function.name;
+  const parameters = tool.function.parameters;
+  let args = JSON.stringify(parameters === undefined ? {} : valueForSchema(parameters, random));
+  let id = 'call_';
+  for (let i = 0; i < TOOL_CALL_ID_CHARS; i++) id += ID_ALPHABET[Math.floor(random.next() * ID_ALPHABET.length)];
+
+  let completionTokens = countTextTokens(name + args);
+  let reason: FinishReason = 'tool_calls';
+  if (maxOutputTokens !== null && completionTokens > maxOutputTokens) {
+    // A real model runs out of budget mid-arguments; do the same: the longest prefix that fits.
+    let low = 0;
+    let high = args.length;
+    while (low < high) {
+      const middle = (low + high + 1) >> 1;
+      if (countTextTokens(name + args.slice(0, middle)) <= maxOutputTokens) low = middle;
+      else high = middle - 1;
+    }
+    args = args.slice(0, low);
+    completionTokens = Math.min(maxOutputTokens, countTextTokens(name + args));
+    reason = 'length';
+  }
+  const pieces: string[] = [];
+  for (let at = 0; at < args.length; at += ARGUMENT_FRAGMENT_CHARS) pieces.push(args.slice(at, at + ARGUMENT_FRAGMENT_CHARS));
+  return { pieces, toolCall: { id, name }, reason, completionTokens };
+}
+
+/** Waits `ms`, or rejects with the signal's reason the moment it aborts (the timer is cleared). */
+function delay(ms: number, signal: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal.aborted) {
+      reject(signal.reason);
+      return;
+    }
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal.reason);
+    };
+    const timer = setTimeout(() => {
+      signal.removeEventListener('abort', onAbort);
+      resolve();
+    }, ms);
+    signal.addEventListener('abort', onAbort, { once: true });
+  });
+}

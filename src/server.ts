@@ -1,0 +1,47 @@
+// Listening: the Bun server around the app, and the graceful stop that drains it.
+import { createApp } from './app.ts';
+import type { Gateway } from './gateway.ts';
+import { finishInterrupted } from './requests/recovery.ts';
+
+export interface RunningServer {
+  url: string;
+  port: number;
+  server: ReturnType<typeof Bun.serve>;
+  /** SIGTERM behaviour: refuse new work, let in-flight requests finish within the grace, interrupt the rest. */
+  shutdown(graceMs?: number): Promise<void>;
+}
+
+export async function startServer(gateway: Gateway, options: { hostname?: string; port?: number } = {}): Promise<RunningServer> {
+  // Requests a previous run left in flight end now, before anything new is admitted.
+  await finishInterrupted(gateway.store, gateway.logger);
+  const app = createApp(gateway);
+  const server = Bun.serve({
+    hostname: options.hostname ?? gateway.config.server.host,
+    port: options.port ?? gateway.config.server.port,
+    // Our own reader enforces max_body_bytes with the contract's 413; Bun's limit only stops abuse beyond it.
+    maxRequestBodySize: gateway.config.limits.max_body_bytes * 4,
+    // Non-stream calls may wait on a provider for a long time without a byte flowing.
+    idleTimeout: 255,
+    fetch: (request) => app.handle(request),
+  });
+  let stopping: Promise<void> | null = null;
+  const shutdown = (graceMs = gateway.config.limits.shutdown_grace_ms): Promise<void> => {
+    stopping ??= (async () => {
+      gateway.draining = true;
+      const deadline = Date.now() + graceMs;
+      while (gateway.registry.size > 0 && Date.now() < deadline) {
+        const pending = gateway.registry.all().map((actor) => actor.settled);
+        let timer: ReturnType<typeof setTimeout> | undefined;
+        await Promise.race([Promise.all(pending), new Promise((resolve) => (timer = setTimeout(resolve, deadline - Date.now())))]);
+        clearTimeout(timer);
+      }
+      const rest = gateway.registry.all();
+      for (const actor of rest) actor.abort('interrupted');
+      await Promise.all(rest.map((actor) => actor.settled));
+      await gateway.store.close();
+      server.stop(true);
+    })();
+    return stopping;
+  };
+  return { url: `http://${server.hostname}:${server.port}`, port: server.port ?? 0, server, shutdown };
+}

@@ -1,0 +1,244 @@
+// The in-memory state and the one `apply` that changes it; live commands and replay both go through here.
+import { LRUCache } from 'lru-cache';
+import { assert } from '../util/assert.ts';
+import type { Amount, Event, RequestFinished, RequestStarted, RequestStatus, Service, Usage } from './events.ts';
+
+export const DAY_MS = 86_400_000;
+
+export interface KeyAccount {
+  id: string;
+  name: string;
+  secretSha256: string;
+  services: Service[];
+  revoked: boolean;
+  createdAtMs: number;
+  rateLimitRpm: number | null;
+  dailyDecisionBudgetMicro: number | null;
+  // Ledger, in µcr: creditsAdded = balance + held + charged, always.
+  creditsAddedMicro: number;
+  balanceMicro: number;
+  heldMicro: number;
+  chargedMicro: number;
+  // Token wallet (decision): tokensAdded = tokenWallet + tokensHeld + tokensCharged, always.
+  tokensAdded: number;
+  tokenWallet: number;
+  tokensHeld: number;
+  tokensCharged: number;
+  // Daily decision budget: spend of UTC day `budgetDay` (days since the epoch) and what is held now.
+  budgetDay: number;
+  budgetSpentMicro: number;
+  budgetHeldMicro: number;
+}
+
+export interface RequestRecord {
+  id: string;
+  keyId: string;
+  service: Service;
+  model: string;
+  stream: boolean;
+  status: RequestStatus;
+  createdAtMs: number;
+  finishedAtMs: number | null;
+  hold: Amount;
+  charge: Amount;
+  budgetHoldMicro: number;
+  usage: Usage | null;
+  errorCode: string | null;
+  httpStatus: number | null;
+  answers: Record<string, unknown> | null;
+  idempotencyKey: string | null;
+}
+
+export interface IdempotencyBinding {
+  requestId: string;
+  fingerprint: string;
+  expiresAtMs: number;
+}
+
+export interface StateLimits {
+  requestRecordsMax: number;
+  requestRecordTtlMs: number;
+  idempotencyKeysMax: number;
+}
+
+export function idempotencyScope(keyId: string, idempotencyKey: string): string {
+  return `${keyId}\u0000${idempotencyKey}`;
+}
+
+export class GatewayState {
+  readonly keys = new Map<string, KeyAccount>();
+  readonly keysBySecret = new Map<string, KeyAccount>();
+  /** Requests holding credits right now; never evicted, bounded by admission (max_in_flight). */
+  readonly inFlight = new Map<string, RequestRecord>();
+  /** Finished requests, for the status endpoints; bounded, oldest go first. */
+  readonly finished: LRUCache<string, RequestRecord>;
+  readonly idempotency: LRUCache<string, IdempotencyBinding>;
+
+  constructor(readonly limits: StateLimits) {
+    this.finished = new LRUCache({ max: limits.requestRecordsMax, ttl: limits.requestRecordTtlMs, ttlAutopurge: false });
+    this.idempotency = new LRUCache({ max: limits.idempotencyKeysMax, ttl: 1, ttlAutopurge: false });
+  }
+
+  request(id: string): RequestRecord | undefined {
+    return this.inFlight.get(id) ?? this.finished.get(id);
+  }
+
+  binding(keyId: string, idempotencyKey: string, nowMs: number): IdempotencyBinding | undefined {
+    const binding = this.idempotency.get(idempotencyScope(keyId, idempotencyKey));
+    return binding && binding.expiresAtMs > nowMs ? binding : undefined;
+  }
+
+  apply(event: Event): void {
+    switch (event.type) {
+      case 'key.created': {
+        assert(!this.keys.has(event.key_id), `key ${event.key_id} exists`);
+        assert(!this.keysBySecret.has(event.secret_sha256), 'secret already in use');
+        const account: KeyAccount = {
+          id: event.key_id,
+          name: event.name,
+          secretSha256: event.secret_sha256,
+          services: [...event.services],
+          revoked: false,
+          createdAtMs: event.at_ms,
+          rateLimitRpm: event.rate_limit_rpm,
+          dailyDecisionBudgetMicro: event.daily_decision_budget_micro,
+          creditsAddedMicro: event.credits_micro,
+          balanceMicro: event.credits_micro,
+          heldMicro: 0,
+          chargedMicro: 0,
+          tokensAdded: event.token_wallet,
+          tokenWallet: event.token_wallet,
+          tokensHeld: 0,
+          tokensCharged: 0,
+          budgetDay: 0,
+          budgetSpentMicro: 0,
+          budgetHeldMicro: 0,
+        };
+        this.keys.set(account.id, account);
+        this.keysBySecret.set(account.secretSha256, account);
+        return;
+      }
+      case 'key.revoked': {
+        this.account(event.key_id).revoked = true;
+        return;
+      }
+      case 'key.credited': {
+        const account = this.account(event.key_id);
+        account.creditsAddedMicro = safeAdd(account.creditsAddedMicro, event.credits_micro);
+        account.balanceMicro = safeAdd(account.balanceMicro, event.credits_micro);
+        account.tokensAdded = safeAdd(account.tokensAdded, event.tokens);
+        account.tokenWallet = safeAdd(account.tokenWallet, event.tokens);
+        checkLedger(account);
+        return;
+      }
+      case 'request.started':
+        return this.applyStarted(event);
+      case 'request.finished':
+        return this.applyFinished(event);
+    }
+  }
+
+  private applyStarted(event: RequestStarted): void {
+    assert(!this.inFlight.has(event.request_id) && !this.finished.has(event.request_id), `request ${event.request_id} exists`);
+    const account = this.account(event.key_id);
+    assert(account.balanceMicro >= event.hold.credits_micro, 'hold exceeds the balance');
+    assert(account.tokenWallet >= event.hold.tokens, 'hold exceeds the token wallet');
+    account.balanceMicro -= event.hold.credits_micro;
+    account.heldMicro += event.hold.credits_micro;
+    account.tokenWallet -= event.hold.tokens;
+    account.tokensHeld += event.hold.tokens;
+    account.budgetHeldMicro += event.budget_hold_micro;
+    checkLedger(account);
+    this.inFlight.set(event.request_id, {
+      id: event.request_id,
+      keyId: event.key_id,
+      service: event.service,
+      model: event.model,
+      stream: event.stream,
+      status: 'in_progress',
+      createdAtMs: event.at_ms,
+      finishedAtMs: null,
+      hold: event.hold,
+      charge: { credits_micro: 0, tokens: 0 },
+      budgetHoldMicro: event.budget_hold_micro,
+      usage: null,
+      errorCode: null,
+      httpStatus: null,
+      answers: null,
+      idempotencyKey: event.idempotency?.key ?? null,
+    });
+    if (event.idempotency) {
+      const ttl = event.idempotency.expires_at_ms - Date.now();
+      // A binding already expired (seen on replay) is not worth a slot.
+      if (ttl > 0) {
+        this.idempotency.set(
+          idempotencyScope(event.key_id, event.idempotency.key),
+          { requestId: event.request_id, fingerprint: event.idempotency.fingerprint, expiresAtMs: event.idempotency.expires_at_ms },
+          { ttl },
+        );
+      }
+    }
+  }
+
+  private applyFinished(event: RequestFinished): void {
+    const record = this.inFlight.get(event.request_id);
+    assert(record, `finish of unknown or finished request ${event.request_id}`);
+    const account = this.account(record.keyId);
+    const { hold } = record;
+    assert(event.charge.credits_micro <= hold.credits_micro, 'charge exceeds the credit hold');
+    assert(event.charge.tokens <= hold.tokens, 'charge exceeds the token hold');
+    account.heldMicro -= hold.credits_micro;
+    account.chargedMicro += event.charge.credits_micro;
+    account.balanceMicro += hold.credits_micro - event.charge.credits_micro;
+    account.tokensHeld -= hold.tokens;
+    account.tokensCharged += event.charge.tokens;
+    account.tokenWallet += hold.tokens - event.charge.tokens;
+    account.budgetHeldMicro -= record.budgetHoldMicro;
+    if (event.budget_spend_micro > 0) {
+      const day = Math.floor(event.at_ms / DAY_MS);
+      if (day !== account.budgetDay) {
+        account.budgetDay = day;
+        account.budgetSpentMicro = 0;
+      }
+      account.budgetSpentMicro += event.budget_spend_micro;
+    }
+    checkLedger(account);
+    record.status = event.status;
+    record.finishedAtMs = event.at_ms;
+    record.charge = event.charge;
+    record.usage = event.usage;
+    record.errorCode = event.error_code;
+    record.httpStatus = event.http_status;
+    record.answers = event.answers;
+    this.inFlight.delete(record.id);
+    this.finished.set(record.id, record);
+    // Decision: an original that ended without a decision frees its Idempotency-Key for the retry.
+    if (record.service === 'decision' && event.status !== 'completed' && record.idempotencyKey !== null) {
+      const scope = idempotencyScope(record.keyId, record.idempotencyKey);
+      if (this.idempotency.get(scope)?.requestId === record.id) this.idempotency.delete(scope);
+    }
+  }
+
+  account(keyId: string): KeyAccount {
+    const account = this.keys.get(keyId);
+    assert(account, `unknown key ${keyId}`);
+    return account;
+  }
+}
+
+function safeAdd(a: number, b: number): number {
+  const sum = a + b;
+  assert(Number.isSafeInteger(sum), 'amount overflows a safe integer');
+  return sum;
+}
+
+/** The ledger invariant, checked after every change to an account. */
+export function checkLedger(account: KeyAccount): void {
+  assert(account.balanceMicro >= 0 && account.heldMicro >= 0 && account.chargedMicro >= 0, `negative ledger on ${account.id}`);
+  assert(
+    account.creditsAddedMicro === account.balanceMicro + account.heldMicro + account.chargedMicro,
+    `ledger invariant broken on ${account.id}`,
+  );
+  assert(account.tokenWallet >= 0 && account.tokensHeld >= 0, `negative token wallet on ${account.id}`);
+  assert(account.tokensAdded === account.tokenWallet + account.tokensHeld + account.tokensCharged, `token ledger broken on ${account.id}`);
+}

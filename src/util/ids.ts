@@ -1,0 +1,36 @@
+// Random identifiers and secrets: base62 from the system CSPRNG, rejection-sampled so there is no bias.
+const ALPHABET = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789';
+
+export function randomBase62(length: number): string {
+  let out = '';
+  const bytes = new Uint8Array(length * 2);
+  while (out.length < length) {
+    crypto.getRandomValues(bytes);
+    for (let i = 0; i < bytes.length && out.length < length; i++) {
+      const byte = bytes[i]!;
+      // 248 = 62 * 4: bytes at or above it would favour the first letters.
+      if (byte < 248) out += ALPHABET[byte % 62];
+    }
+  }
+  return out;
+}
+
+export function newChatRequestId(): string {
+  return `chatcmpl-${randomBase62(24)}`;
+}
+
+export function newDecisionRequestId(): string {
+  return `dec_${randomBase62(24)}`;
+}
+
+export function newKeyId(): string {
+  return `key_${randomBase62(16)}`;
+}
+
+export function newToolCallId(): string {
+  return `call_${randomBase62(24)}`;
+}
+
+export function sha256Hex(text: string): string {
+  return new Bun.CryptoHasher('sha256').update(text).digest('hex');
+}

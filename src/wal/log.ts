@@ -1,0 +1,356 @@
+// The write-ahead log: numbered segment files of checksummed frames, group commit, fsync policy, snapshots.
+import { closeSync, fsync, fsyncSync, ftruncateSync, mkdirSync, openSync, readdirSync, readFileSync, renameSync, unlinkSync, writeSync } from 'node:fs';
+import { join } from 'node:path';
+import { assert } from '../util/assert.ts';
+import type { Logger } from '../util/log.ts';
+import { decodeFrame, encodeFrame, FRAME_HEADER_BYTES } from './frame.ts';
+
+export type FsyncPolicy = 'always' | 'interval' | 'off';
+
+export interface WalOptions {
+  dir: string;
+  fsync: FsyncPolicy;
+  fsyncIntervalMs: number;
+  segmentBytes: number;
+  logger: Logger;
+}
+
+export interface ReplayHandlers {
+  /** Called once, before any record, when a snapshot exists. */
+  loadSnapshot(state: unknown, seq: number): void;
+  /** Called for each record after the snapshot, in sequence order. */
+  applyRecord(seq: number, payload: unknown): void;
+}
+
+/** The log on disk is damaged in a way a crash cannot explain; starting would lose acknowledged facts. */
+export class WalCorruptionError extends Error {
+  override name = 'WalCorruptionError';
+}
+
+/** The log cannot be written (a failed write or fsync); nothing may be acknowledged after it. */
+export class WalUnavailableError extends Error {
+  override name = 'WalUnavailableError';
+}
+
+interface Waiter {
+  resolve: () => void;
+  reject: (error: Error) => void;
+}
+
+const SEGMENT_RE = /^segment-(\d{12})\.wal$/;
+const SNAPSHOT_FILE = 'snapshot.json';
+const ENCODER = new TextEncoder();
+const DECODER = new TextDecoder('utf-8', { fatal: true });
+
+function segmentName(index: number): string {
+  return `segment-${String(index).padStart(12, '0')}.wal`;
+}
+
+function fsyncAsync(fd: number): Promise<void> {
+  return new Promise((resolve, reject) => fsync(fd, (error) => (error ? reject(error) : resolve())));
+}
+
+export function fsyncDirectory(dir: string): void {
+  const fd = openSync(dir, 'r');
+  try {
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+}
+
+/** Writes a file so that after a crash it is either the old one or the whole new one. */
+export function writeFileAtomic(path: string, bytes: Uint8Array, dir: string): void {
+  const temp = `${path}.tmp`;
+  const fd = openSync(temp, 'w', 0o600);
+  try {
+    let written = 0;
+    while (written < bytes.length) written += writeSync(fd, bytes, written, bytes.length - written);
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+  renameSync(temp, path);
+  fsyncDirectory(dir);
+}
+
+export class WriteAheadLog {
+  private fd = -1;
+  private segmentIndex = 0;
+  private segmentSizeBytes = 0;
+  private seq = 0;
+  private pendingFrames: Uint8Array[] = [];
+  private pendingBytes = 0;
+  private pendingWaiters: Waiter[] = [];
+  private flushing: Promise<void> | null = null;
+  private flushScheduled = false;
+  private dirty = false;
+  private intervalTimer: ReturnType<typeof setInterval> | null = null;
+  private failureError: Error | null = null;
+  private closed = false;
+  private recordsSinceSnapshot = 0;
+
+  private constructor(private readonly options: WalOptions) {}
+
+  get lastSeq(): number {
+    return this.seq;
+  }
+
+  get failure(): Error | null {
+    return this.failureError;
+  }
+
+  get recordsSinceSnapshotCount(): number {
+    return this.recordsSinceSnapshot;
+  }
+
+  /** Opens the log, replaying the snapshot and every valid record through `handlers`. */
+  static open(options: WalOptions, handlers: ReplayHandlers): WriteAheadLog {
+    mkdirSync(options.dir, { recursive: true, mode: 0o700 });
+    const log = new WriteAheadLog(options);
+    log.replay(handlers);
+    if (options.fsync === 'interval') {
+      log.intervalTimer = setInterval(() => void log.syncInterval(), options.fsyncIntervalMs);
+      log.intervalTimer.unref?.();
+    }
+    return log;
+  }
+
+  private replay(handlers: ReplayHandlers): void {
+    const { dir, logger } = this.options;
+    let snapshotSeq = 0;
+    let snapshotText: string | null = null;
+    try {
+      snapshotText = readFileSync(join(dir, SNAPSHOT_FILE), 'utf8');
+    } catch (error) {
+      if ((error as NodeJS.ErrnoException).code !== 'ENOENT') throw error;
+    }
+    if (snapshotText !== null) {
+      let snapshot: { format: number; seq: number; state: unknown };
+      try {
+        snapshot = JSON.parse(snapshotText);
+      } catch {
+        throw new WalCorruptionError(`${join(dir, SNAPSHOT_FILE)}: not valid JSON; refusing to start`);
+      }
+      if (snapshot.format !== 1 || !Number.isSafeInteger(snapshot.seq)) {
+        throw new WalCorruptionError(`${join(dir, SNAPSHOT_FILE)}: unknown format; refusing to start`);
+      }
+      snapshotSeq = snapshot.seq;
+      handlers.loadSnapshot(snapshot.state, snapshot.seq);
+    }
+    this.seq = snapshotSeq;
+
+    const segments = readdirSync(dir)
+      .map((name) => SEGMENT_RE.exec(name))
+      .filter((match): match is RegExpExecArray => match !== null)
+      .map((match) => Number(match[1]))
+      .sort((a, b) => a - b);
+
+    for (let i = 0; i < segments.length; i++) {
+      const index = segments[i]!;
+      const path = join(dir, segmentName(index));
+      const bytes = new Uint8Array(readFileSync(path));
+      const isLast = i === segments.length - 1;
+      let offset = 0;
+      while (offset < bytes.length) {
+        const frame = decodeFrame(bytes, offset);
+        if (frame.kind !== 'ok') {
+          const why = frame.kind === 'incomplete' ? 'incomplete frame' : frame.why;
+          if (!isLast || this.hasValidFrameAfter(bytes, offset + 1)) {
+            throw new WalCorruptionError(
+              `${path}: corrupt record at offset ${offset} (${why}) followed by valid records; refusing to start`,
+            );
+          }
+          logger.warn({ file: path, offset, why, droppedBytes: bytes.length - offset }, 'wal: torn tail truncated');
+          const fd = openSync(path, 'r+');
+          try {
+            ftruncateSync(fd, offset);
+            fsyncSync(fd);
+          } finally {
+            closeSync(fd);
+          }
+          break;
+        }
+        if (frame.seq > snapshotSeq) {
+          if (frame.seq !== this.seq + 1) {
+            throw new WalCorruptionError(
+              `${path}: record at offset ${offset} has seq ${frame.seq}, expected ${this.seq + 1}; refusing to start`,
+            );
+          }
+          let payload: unknown;
+          try {
+            payload = JSON.parse(DECODER.decode(frame.payload));
+          } catch {
+            throw new WalCorruptionError(`${path}: record at offset ${offset} is not valid JSON; refusing to start`);
+          }
+          handlers.applyRecord(frame.seq, payload);
+          this.seq = frame.seq;
+          this.recordsSinceSnapshot++;
+        }
+        offset = frame.nextOffset;
+      }
+    }
+    const lastIndex = segments.at(-1);
+    this.openSegment(lastIndex ?? 1);
+  }
+
+  /** After a bad frame: is there any frame further on that checks out? Then this is not a torn tail. */
+  private hasValidFrameAfter(bytes: Uint8Array, from: number): boolean {
+    for (let offset = from; offset + FRAME_HEADER_BYTES < bytes.length; offset++) {
+      const frame = decodeFrame(bytes, offset);
+      if (frame.kind === 'ok' && frame.seq > this.seq) return true;
+    }
+    return false;
+  }
+
+  private openSegment(index: number): void {
+    const path = join(this.options.dir, segmentName(index));
+    this.fd = openSync(path, 'a', 0o600);
+    this.segmentIndex = index;
+    let size = 0;
+    try {
+      size = Bun.file(path).size;
+    } catch {
+      size = 0;
+    }
+    this.segmentSizeBytes = size;
+    // The new file's directory entry must be durable too, or an fsynced record could vanish with it.
+    fsyncDirectory(this.options.dir);
+  }
+
+  /**
+   * Queues one record. Records appended in the same tick share one write and one fsync (group commit).
+   * The promise resolves when the record is as durable as the policy promises: on disk for `always`,
+   * written to the OS for `interval` and `off`. Throws at once when the log has failed.
+   */
+  append(payload: unknown): Promise<void> {
+    if (this.failureError) throw new WalUnavailableError(`write-ahead log unavailable: ${this.failureError.message}`);
+    assert(!this.closed, 'append after close');
+    const bytes = ENCODER.encode(JSON.stringify(payload));
+    this.seq++;
+    const frame = encodeFrame(this.seq, bytes);
+    this.pendingFrames.push(frame);
+    this.pendingBytes += frame.length;
+    this.recordsSinceSnapshot++;
+    const { promise, resolve, reject } = Promise.withResolvers<void>();
+    this.pendingWaiters.push({ resolve, reject });
+    this.scheduleFlush();
+    return promise;
+  }
+
+  private scheduleFlush(): void {
+    if (this.flushScheduled || this.flushing) return;
+    this.flushScheduled = true;
+    queueMicrotask(() => {
+      this.flushScheduled = false;
+      if (!this.flushing) this.flushing = this.flushLoop().finally(() => (this.flushing = null));
+    });
+  }
+
+  private async flushLoop(): Promise<void> {
+    while (this.pendingFrames.length > 0) {
+      const frames = this.pendingFrames;
+      const waiters = this.pendingWaiters;
+      const totalBytes = this.pendingBytes;
+      this.pendingFrames = [];
+      this.pendingWaiters = [];
+      this.pendingBytes = 0;
+      try {
+        if (this.failureError) throw this.failureError;
+        const batch = frames.length === 1 ? frames[0]! : concat(frames, totalBytes);
+        let written = 0;
+        while (written < batch.length) written += writeSync(this.fd, batch, written, batch.length - written);
+        this.segmentSizeBytes += batch.length;
+        if (this.options.fsync === 'always') await fsyncAsync(this.fd);
+        else this.dirty = true;
+      } catch (error) {
+        this.fail(error as Error);
+        const failure = new WalUnavailableError(`write-ahead log unavailable: ${(error as Error).message}`);
+        for (const waiter of waiters) waiter.reject(failure);
+        continue;
+      }
+      for (const waiter of waiters) waiter.resolve();
+      if (this.segmentSizeBytes >= this.options.segmentBytes) this.rollSegment();
+    }
+  }
+
+  private fail(error: Error): void {
+    if (this.failureError) return;
+    this.failureError = error;
+    this.options.logger.fatal({ err: error.message }, 'wal: write or fsync failed; refusing all further writes');
+  }
+
+  private rollSegment(): void {
+    try {
+      if (this.options.fsync !== 'off') fsyncSync(this.fd);
+      closeSync(this.fd);
+      this.openSegment(this.segmentIndex + 1);
+    } catch (error) {
+      this.fail(error as Error);
+    }
+  }
+
+  private async syncInterval(): Promise<void> {
+    if (!this.dirty || this.failureError || this.closed || this.fd < 0) return;
+    this.dirty = false;
+    try {
+      await fsyncAsync(this.fd);
+    } catch (error) {
+      this.fail(error as Error);
+    }
+  }
+
+  /** Resolves when everything appended so far has been written (and fsynced under `always`). */
+  async flush(): Promise<void> {
+    while (this.flushing || this.flushScheduled || this.pendingFrames.length > 0) {
+      if (this.flushing) await this.flushing;
+      else await new Promise<void>((resolve) => queueMicrotask(resolve));
+    }
+  }
+
+  /**
+   * Writes `stateJson` (serialized synchronously by the caller at `seq`, so later changes cannot leak in)
+   * as the new snapshot, then removes the segments it covers. Crash-safe: the snapshot is atomic and
+   * segments go only after it is durable.
+   */
+  async snapshot(stateJson: string, seq: number): Promise<void> {
+    assert(seq <= this.seq, 'snapshot ahead of the log');
+    await this.flush();
+    if (this.failureError) throw new WalUnavailableError(`write-ahead log unavailable: ${this.failureError.message}`);
+    const oldIndex = this.segmentIndex;
+    this.rollSegment();
+    const bytes = ENCODER.encode(`{"format":1,"seq":${seq},"state":${stateJson}}`);
+    writeFileAtomic(join(this.options.dir, SNAPSHOT_FILE), bytes, this.options.dir);
+    this.recordsSinceSnapshot = this.seq - seq;
+    for (const name of readdirSync(this.options.dir)) {
+      const match = SEGMENT_RE.exec(name);
+      if (match && Number(match[1]) <= oldIndex) unlinkSync(join(this.options.dir, name));
+    }
+    fsyncDirectory(this.options.dir);
+  }
+
+  async close(): Promise<void> {
+    if (this.closed) return;
+    await this.flush();
+    this.closed = true;
+    if (this.intervalTimer) clearInterval(this.intervalTimer);
+    if (this.fd >= 0) {
+      try {
+        if (!this.failureError && this.options.fsync !== 'off') fsyncSync(this.fd);
+      } finally {
+        closeSync(this.fd);
+        this.fd = -1;
+      }
+    }
+  }
+}
+
+function concat(chunks: Uint8Array[], totalBytes: number): Uint8Array {
+  const out = new Uint8Array(totalBytes);
+  let offset = 0;
+  for (const chunk of chunks) {
+    out.set(chunk, offset);
+    offset += chunk.length;
+  }
+  return out;
+}

@@ -1,0 +1,264 @@
+// The request rules of spec 000 and CONTRACT §4 as one table: each rule, the status, code and param it gets.
+import { afterAll, beforeAll, describe, expect, test } from 'bun:test';
+import { ADMIN_TOKEN, bearer, chatBody, openTestGateway, type TestGateway } from '../support/gateway.ts';
+
+let t: TestGateway;
+let key: string;
+let decisionOnlyKey: string;
+let revokedKey: string;
+let brokeKey: string;
+
+beforeAll(async () => {
+  t = openTestGateway({
+    models: {
+      // A tiny window so context rules can be hit with small bodies.
+      model_tiny: {
+        provider: 'simulator',
+        tools: true,
+        top_k: false,
+        seed: false,
+        rates: { input: 1, output: 1 },
+        context_window: 64,
+        max_output_tokens: 32,
+        created: 0,
+      },
+    },
+  });
+  key = (await t.createKey({ credits: 1_000_000 })).key;
+  decisionOnlyKey = (await t.createKey({ services: ['decision'] })).key;
+  const revoked = await t.createKey();
+  revokedKey = revoked.key;
+  await t.request(`/admin/v1/keys/${revoked.id}/revoke`, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_TOKEN}` } });
+  brokeKey = (await t.createKey({ credits: 0 })).key;
+});
+
+afterAll(() => t.close());
+
+function post(body: unknown, headers: Record<string, string> = bearer(key)): Promise<Response> {
+  return t.request('/api/v1/chat/completions', {
+    method: 'POST',
+    headers,
+    body: typeof body === 'string' ? body : JSON.stringify(body),
+  });
+}
+
+const toolCallHistory = [
+  { role: 'user', content: 'weather?' },
+  { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'weather', arguments: '{}' } }] },
+];
+const weatherTool = { type: 'function', function: { name: 'weather', parameters: { type: 'object', properties: {} } } };
+
+interface Rule {
+  name: string;
+  body: unknown;
+  headers?: () => Record<string, string>;
+  status: number;
+  code: string;
+  param?: string | null;
+  reason?: string;
+}
+
+const rules: Rule[] = [
+  { name: 'missing key', body: chatBody(), headers: () => ({ 'content-type': 'application/json' }), status: 401, code: 'invalid_api_key', reason: 'missing' },
+  { name: 'unknown key', body: chatBody(), headers: () => bearer('tg-unknownunknownunknownunknownunknownunknown'), status: 401, code: 'invalid_api_key', reason: 'unknown' },
+  { name: 'revoked key', body: chatBody(), headers: () => bearer(revokedKey), status: 401, code: 'invalid_api_key', reason: 'revoked' },
+  { name: 'decision-only key', body: chatBody(), headers: () => bearer(decisionOnlyKey), status: 401, code: 'invalid_api_key', reason: 'wrong_type' },
+  { name: 'malformed JSON', body: '{"model": ', status: 400, code: 'invalid_request_error', param: null },
+  { name: 'body not an object', body: '[1,2]', status: 400, code: 'invalid_request_error', param: null },
+  { name: 'model missing', body: { messages: [{ role: 'user', content: 'x' }] }, status: 400, code: 'invalid_request_error', param: 'model' },
+  { name: 'messages missing', body: { model: 'model_03' }, status: 400, code: 'invalid_request_error', param: 'messages' },
+  { name: 'messages empty', body: chatBody({ messages: [] }), status: 400, code: 'invalid_request_error', param: 'messages' },
+  { name: 'unknown role', body: chatBody({ messages: [{ role: 'wizard', content: 'x' }] }), status: 400, code: 'invalid_request_error', param: 'messages[0].role' },
+  { name: 'user content a number', body: chatBody({ messages: [{ role: 'user', content: 7 }] }), status: 400, code: 'invalid_request_error', param: 'messages[0].content' },
+  { name: 'text part without text', body: chatBody({ messages: [{ role: 'user', content: [{ type: 'text' }] }] }), status: 400, code: 'invalid_request_error', param: 'messages[0].content[0].text' },
+  { name: 'assistant with neither content nor tool_calls', body: chatBody({ messages: [{ role: 'user', content: 'a' }, { role: 'assistant', content: null }] }), status: 400, code: 'invalid_request_error', param: 'messages[1].content' },
+  { name: 'tool message without a matching earlier tool call', body: chatBody({ messages: [{ role: 'user', content: 'a' }, { role: 'tool', tool_call_id: 'call_9', content: 'r' }] }), status: 400, code: 'invalid_request_error', param: 'messages[1].tool_call_id' },
+  { name: 'tool message before its tool call', body: chatBody({ messages: [{ role: 'tool', tool_call_id: 'call_1', content: 'r' }, ...toolCallHistory] }), status: 400, code: 'invalid_request_error', param: 'messages[0].tool_call_id' },
+  { name: 'tool message without tool_call_id', body: chatBody({ messages: [...toolCallHistory, { role: 'tool', content: 'r' }] }), status: 400, code: 'invalid_request_error', param: 'messages[2].tool_call_id' },
+  { name: 'tool_choice naming an unknown function', body: chatBody({ tools: [weatherTool], tool_choice: { type: 'function', function: { name: 'nope' } } }), status: 400, code: 'invalid_request_error', param: 'tool_choice.function.name' },
+  { name: 'tool_choice not a known value', body: chatBody({ tools: [weatherTool], tool_choice: 'sometimes' }), status: 400, code: 'invalid_request_error', param: 'tool_choice' },
+  { name: 'tool_choice required without tools', body: chatBody({ tool_choice: 'required' }), status: 400, code: 'invalid_request_error', param: 'tool_choice' },
+  { name: 'tool without a name', body: chatBody({ tools: [{ type: 'function', function: {} }] }), status: 400, code: 'invalid_request_error', param: 'tools[0].function.name' },
+  { name: 'max_tokens zero', body: chatBody({ max_tokens: 0 }), status: 400, code: 'invalid_request_error', param: 'max_tokens' },
+  { name: 'max_completion_tokens not an integer', body: chatBody({ max_completion_tokens: 1.5 }), status: 400, code: 'invalid_request_error', param: 'max_completion_tokens' },
+  { name: 'temperature out of range', body: chatBody({ temperature: 3 }), status: 400, code: 'invalid_request_error', param: 'temperature' },
+  { name: 'stream not a boolean', body: chatBody({ stream: 'yes' }), status: 400, code: 'invalid_request_error', param: 'stream' },
+  { name: 'stop not a string or array', body: chatBody({ stop: 5 }), status: 400, code: 'invalid_request_error', param: 'stop' },
+  { name: 'unknown model', body: chatBody({ model: 'model_99' }), status: 404, code: 'model_not_found', param: null },
+  { name: 'tools on model_09', body: chatBody({ model: 'model_09', tools: [weatherTool] }), status: 400, code: 'unsupported_parameter', param: 'tools' },
+  { name: 'malformed Idempotency-Key', body: chatBody(), headers: () => bearer(key, { 'idempotency-key': 'short' }), status: 400, code: 'invalid_idempotency_key' },
+  { name: 'Idempotency-Key with a bad character', body: chatBody(), headers: () => bearer(key, { 'idempotency-key': 'has space in it' }), status: 400, code: 'invalid_idempotency_key' },
+  { name: 'messages over the context window', body: chatBody({ model: 'model_tiny', messages: [{ role: 'user', content: 'word '.repeat(200) }] }), status: 400, code: 'context_length_exceeded', param: 'messages' },
+  { name: 'output limit over the model maximum', body: chatBody({ model: 'model_tiny', max_completion_tokens: 33 }), status: 400, code: 'context_length_exceeded', param: 'max_completion_tokens' },
+  { name: 'input plus output limit over the window', body: chatBody({ model: 'model_tiny', messages: [{ role: 'user', content: 'word '.repeat(40) }], max_tokens: 30 }), status: 400, code: 'context_length_exceeded', param: 'max_completion_tokens' },
+  { name: 'balance cannot cover the reservation', body: chatBody(), headers: () => bearer(brokeKey), status: 402, code: 'insufficient_quota' },
+  // The check order: the first failure answers.
+  { name: 'order: auth before JSON', body: '{nope', headers: () => ({}), status: 401, code: 'invalid_api_key', reason: 'missing' },
+  { name: 'order: shape before model', body: { model: 'model_99', messages: [] }, status: 400, code: 'invalid_request_error', param: 'messages' },
+  { name: 'order: model before capability', body: chatBody({ model: 'model_99', tools: [weatherTool] }), status: 404, code: 'model_not_found', param: null },
+  { name: 'order: capability before idempotency', body: chatBody({ model: 'model_09', tools: [weatherTool] }), headers: () => bearer(key, { 'idempotency-key': 'x' }), status: 400, code: 'unsupported_parameter', param: 'tools' },
+  { name: 'order: idempotency before context', body: chatBody({ model: 'model_tiny', max_tokens: 999 }), headers: () => bearer(key, { 'idempotency-key': 'x' }), status: 400, code: 'invalid_idempotency_key' },
+  { name: 'order: context before quota', body: chatBody({ model: 'model_tiny', max_tokens: 999 }), headers: () => bearer(brokeKey), status: 400, code: 'context_length_exceeded', param: 'max_completion_tokens' },
+];
+
+const TYPE_BY_STATUS: Record<number, string> = {
+  400: 'invalid_request_error',
+  401: 'authentication_error',
+  402: 'billing_error',
+  404: 'invalid_request_error',
+  413: 'invalid_request_error',
+  429: 'rate_limit_error',
+};
+
+describe('chat request rules', () => {
+  for (const rule of rules) {
+    test(`${rule.name} → ${rule.status} ${rule.code}`, async () => {
+      const response = await post(rule.body, rule.headers?.());
+      const body = (await response.json()) as { error: Record<string, unknown> };
+      expect(response.status).toBe(rule.status);
+      expect(response.headers.get('x-request-id')).toMatch(/^chatcmpl-/);
+      expect(body.error.code).toBe(rule.code);
+      expect(body.error.type).toBe(TYPE_BY_STATUS[rule.status]!);
+      expect(typeof body.error.message).toBe('string');
+      if (rule.param !== undefined) expect(body.error.param).toBe(rule.param);
+      else expect('param' in body.error).toBe(true);
+      if (rule.reason) expect(body.error.reason).toBe(rule.reason);
+    });
+  }
+
+  test('a body over 4 MB is refused with 413 before it is parsed (Content-Length)', async () => {
+    const response = await post('x'.repeat(4 * 1024 * 1024 + 1), {});
+    expect(response.status).toBe(413);
+    expect(((await response.json()) as any).error).toEqual({
+      message: expect.any(String),
+      type: 'invalid_request_error',
+      code: 'request_too_large',
+      param: null,
+    });
+  });
+
+  test('a chunked body over 4 MB without Content-Length is refused with 413', async () => {
+    const piece = new Uint8Array(256 * 1024).fill(0x20);
+    let sent = 0;
+    const body = new ReadableStream<Uint8Array>({
+      pull(controller) {
+        if (sent >= 20) return controller.close();
+        sent++;
+        controller.enqueue(piece);
+      },
+    });
+    const response = await t.app.handle(
+      new Request('http://gateway.test/api/v1/chat/completions', { method: 'POST', headers: bearer(key), body, duplex: 'half' } as RequestInit),
+    );
+    expect(response.status).toBe(413);
+    expect(((await response.json()) as any).error.code).toBe('request_too_large');
+    // Reading stopped at the limit: not all 5 MB were pulled.
+    expect(sent).toBeLessThan(20);
+  });
+
+  test('a body of exactly 4 MB is read and parsed', async () => {
+    const base = JSON.stringify(chatBody());
+    const padded = base.slice(0, -1) + ',"pad":"' + 'p'.repeat(4 * 1024 * 1024 - base.length - 9) + '"}';
+    expect(padded.length).toBe(4 * 1024 * 1024);
+    const response = await post(padded);
+    expect(response.status).toBe(200);
+  });
+});
+
+describe('what the rules accept', () => {
+  test('non-text content parts are dropped, not refused', async () => {
+    const response = await post(
+      chatBody({
+        messages: [
+          {
+            role: 'user',
+            content: [
+              { type: 'text', text: 'Describe' },
+              { type: 'image_url', image_url: { url: 'https://example.invalid/a.png' } },
+              { type: 'input_audio', input_audio: { data: 'AAAA', format: 'wav' } },
+            ],
+          },
+        ],
+      }),
+    );
+    expect(response.status).toBe(200);
+  });
+
+  test('ignored fields are ignored', async () => {
+    const response = await post(
+      chatBody({
+        response_format: { type: 'json_object' },
+        frequency_penalty: 1,
+        presence_penalty: 1,
+        repetition_penalty: 1.1,
+        logit_bias: { '50256': -100 },
+        logprobs: true,
+        top_logprobs: 3,
+        reasoning: { effort: 'high' },
+        reasoning_effort: 'high',
+        modalities: ['text'],
+        audio: { voice: 'x' },
+        image_config: {},
+        stream_options: { include_usage: true },
+        service_tier: 'flex',
+        prediction: { type: 'content', content: 'x' },
+        parallel_tool_calls: false,
+        user: 'someone',
+        some_future_field: 1,
+      }),
+    );
+    expect(response.status).toBe(200);
+    const body = (await response.json()) as Record<string, any>;
+    expect(body.choices[0].logprobs).toBeUndefined();
+    expect(body.service_tier).toBeUndefined();
+  });
+
+  test('legacy aliases resolve to model_03 and the response shows model_03', async () => {
+    for (const alias of ['legacy_fast_1', 'legacy_fast_2']) {
+      const response = await post(chatBody({ model: alias }));
+      expect(response.status).toBe(200);
+      expect(((await response.json()) as any).model).toBe('model_03');
+    }
+  });
+
+  test('max_tokens is an alias of max_completion_tokens', async () => {
+    const response = await post(chatBody({ max_tokens: 3 }));
+    const body = (await response.json()) as any;
+    expect(response.status).toBe(200);
+    expect(body.usage.completion_tokens).toBeLessThanOrEqual(3);
+  });
+
+  test('top_k on a model without it, seed and stop are accepted', async () => {
+    const response = await post(chatBody({ model: 'model_03', top_k: 40, seed: 7, stop: ['zzz'] }));
+    expect(response.status).toBe(200);
+  });
+
+  test('a tool message after its assistant tool call is accepted', async () => {
+    const response = await post(
+      chatBody({ messages: [...toolCallHistory, { role: 'tool', tool_call_id: 'call_1', content: [{ type: 'text', text: 'sunny' }] }], tools: [weatherTool] }),
+    );
+    expect(response.status).toBe(200);
+  });
+
+  test('a trailing slash is accepted', async () => {
+    const response = await t.request('/api/v1/chat/completions/', { method: 'POST', headers: bearer(key), body: JSON.stringify(chatBody()) });
+    expect(response.status).toBe(200);
+  });
+});
+
+describe('rate limit', () => {
+  test('429 rate_limit_exceeded with Retry-After in whole seconds', async () => {
+    const limited = (await t.createKey({ rate_limit_rpm: 1 })).key;
+    expect((await post(chatBody(), bearer(limited))).status).toBe(200);
+    const response = await post(chatBody(), bearer(limited));
+    expect(response.status).toBe(429);
+    const retryAfter = Number(response.headers.get('retry-after'));
+    expect(Number.isInteger(retryAfter) && retryAfter >= 1).toBe(true);
+    expect(((await response.json()) as any).error).toEqual({
+      message: expect.any(String),
+      type: 'rate_limit_error',
+      code: 'rate_limit_exceeded',
+      param: null,
+    });
+  });
+});
