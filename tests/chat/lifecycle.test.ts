@@ -1,0 +1,382 @@
+// A chat request's life through HTTP: status, cancel, disconnect, timeouts, upstream failures, billing.
+import { afterEach, describe, expect, test } from 'bun:test';
+import { ADMIN_TOKEN, bearer, chatBody, startTestServer, type TestServer } from '../support/gateway.ts';
+import { SseReader } from '../support/sse.ts';
+import { startFakeUpstream, upstreamOverrides, type FakeUpstream } from '../support/upstream.ts';
+
+const SLOW_SIMULATOR = { providers: { simulator: { type: 'simulator', ttft_ms: 0, tokens_per_second: 50, completion_tokens: 5000 } } };
+
+let servers: TestServer[] = [];
+let upstreams: FakeUpstream[] = [];
+
+afterEach(async () => {
+  for (const upstream of upstreams) upstream.stop();
+  await Promise.all(servers.map((server) => server.close()));
+  servers = [];
+  upstreams = [];
+});
+
+async function server(overrides: unknown = {}): Promise<TestServer> {
+  const started = await startTestServer(overrides);
+  servers.push(started);
+  return started;
+}
+
+function upstream(mode: Parameters<typeof startFakeUpstream>[0]): FakeUpstream {
+  const started = startFakeUpstream(mode);
+  upstreams.push(started);
+  return started;
+}
+
+function post(t: TestServer, key: string, body: unknown, headers: Record<string, string> = {}, signal?: AbortSignal): Promise<Response> {
+  return fetch(`${t.baseUrl}/api/v1/chat/completions`, { method: 'POST', headers: bearer(key, headers), body: JSON.stringify(body), signal });
+}
+
+async function balances(t: TestServer, keyId: string): Promise<Record<string, number>> {
+  const response = await fetch(`${t.baseUrl}/admin/v1/keys/${keyId}`, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } });
+  return ((await response.json()) as any).balances;
+}
+
+async function status(t: TestServer, key: string, id: string): Promise<{ status: number; body: any }> {
+  const response = await fetch(`${t.baseUrl}/api/v1/requests/${id}`, { headers: bearer(key) });
+  return { status: response.status, body: await response.json() };
+}
+
+function cancel(t: TestServer, key: string, id: string): Promise<Response> {
+  return fetch(`${t.baseUrl}/api/v1/requests/${id}/cancel`, { method: 'POST', headers: bearer(key) });
+}
+
+describe('status', () => {
+  test('a completed request: usage, exact charge, reservation; never the text', async () => {
+    const t = await server();
+    const { id: keyId, key } = await t.createKey({ credits: 10 });
+    const response = await post(t, key, chatBody({ max_completion_tokens: 100 }));
+    const completion = (await response.json()) as any;
+    const { status: code, body } = await status(t, key, completion.id);
+    expect(code).toBe(200);
+    const { prompt_tokens, completion_tokens } = completion.usage;
+    // model_03: 5 credits / 1M input, 14 / 1M output → exactly 5 and 14 µcr per token.
+    const chargedMicro = prompt_tokens * 5 + completion_tokens * 14;
+    expect(body).toEqual({
+      object: 'request.status',
+      request_id: completion.id,
+      request_status: 'completed',
+      status_url: `/api/v1/requests/${completion.id}`,
+      model: 'model_03',
+      stream: false,
+      created: completion.created,
+      finished: expect.any(Number),
+      usage: completion.usage,
+      reserved_credits: (prompt_tokens * 5 + 100 * 14) / 1e6,
+      charged_credits: chargedMicro / 1e6,
+      error_code: null,
+    });
+    expect(await balances(t, keyId)).toEqual({
+      credits: (10_000_000 - chargedMicro) / 1e6,
+      held: 0,
+      charged: chargedMicro / 1e6,
+      credits_added: 10,
+      token_wallet: 0,
+    });
+  });
+
+  test("another key's request and an unknown id are both 404 request_not_found", async () => {
+    const t = await server();
+    const owner = await t.createKey();
+    const other = await t.createKey();
+    const completion = (await (await post(t, owner.key, chatBody())).json()) as any;
+    for (const [key, id] of [
+      [other.key, completion.id],
+      [owner.key, 'chatcmpl-doesnotexist'],
+    ]) {
+      const { status: code, body } = await status(t, key!, id!);
+      expect(code).toBe(404);
+      expect(body.error.code).toBe('request_not_found');
+      const cancelled = await cancel(t, key!, id!);
+      expect(cancelled.status).toBe(404);
+    }
+  });
+
+  test('cancel of a finished request is 409 request_already_completed', async () => {
+    const t = await server();
+    const { key } = await t.createKey();
+    const completion = (await (await post(t, key, chatBody())).json()) as any;
+    const response = await cancel(t, key, completion.id);
+    expect(response.status).toBe(409);
+    const body = (await response.json()) as any;
+    expect(body.error.code).toBe('request_already_completed');
+    expect(body.request_status).toBe('completed');
+  });
+});
+
+describe('cancel', () => {
+  test('a stream: 202, the stream ends with request_cancelled, the hold is released, status cancelled', async () => {
+    const t = await server(SLOW_SIMULATOR);
+    const { id: keyId, key } = await t.createKey({ credits: 10 });
+    const response = await post(t, key, chatBody({ stream: true }));
+    expect(response.status).toBe(200);
+    const reader = new SseReader(response);
+    const first = JSON.parse((await reader.next())!);
+    expect((await balances(t, keyId)).held).toBeGreaterThan(0);
+
+    const cancelled = await cancel(t, key, first.id);
+    expect(cancelled.status).toBe(202);
+    expect(await cancelled.json()).toEqual({
+      request_id: first.id,
+      cancel_requested: true,
+      request_status: 'cancelled',
+      status_url: `/api/v1/requests/${first.id}`,
+    });
+    const rest = await reader.rest();
+    expect(rest.at(-1)).not.toBe('[DONE]');
+    expect(JSON.parse(rest.at(-1)!).error.code).toBe('request_cancelled');
+    expect((await status(t, key, first.id)).body.request_status).toBe('cancelled');
+    expect(await balances(t, keyId)).toEqual({ credits: 10, held: 0, charged: 0, credits_added: 10, token_wallet: 0 });
+  });
+
+  test('a non-stream call: found through its Idempotency-Key, cancelled, the original gets 499', async () => {
+    const t = await server(SLOW_SIMULATOR);
+    const { id: keyId, key } = await t.createKey({ credits: 10 });
+    const headers = { 'idempotency-key': 'cancel-me-0001' };
+    const original = post(t, key, chatBody(), headers);
+    // Repeat until the original is admitted: the 409 carries its request id.
+    let conflict: any;
+    for (;;) {
+      const again = await post(t, key, chatBody(), headers);
+      if (again.status === 409) {
+        conflict = await again.json();
+        break;
+      }
+      await again.text();
+    }
+    expect(conflict.error.code).toBe('request_in_progress');
+    expect(conflict.request_status).toBe('in_progress');
+    expect((await cancel(t, key, conflict.request_id)).status).toBe(202);
+    const answer = await original;
+    expect(answer.status).toBe(499);
+    expect(((await answer.json()) as any).error).toEqual({
+      message: expect.any(String),
+      type: 'cancelled_error',
+      code: 'request_cancelled',
+      param: null,
+    });
+    expect(await balances(t, keyId)).toEqual({ credits: 10, held: 0, charged: 0, credits_added: 10, token_wallet: 0 });
+    const { body } = await status(t, key, conflict.request_id);
+    expect(body.request_status).toBe('cancelled');
+    expect(body.error_code).toBe('request_cancelled');
+  });
+
+  test('cancel reaches the upstream: the fake provider sees the abort, stream and non-stream', async () => {
+    const fake = upstream('endless');
+    const t = await server(upstreamOverrides(fake));
+    const { key } = await t.createKey({ credits: 10 });
+
+    const stream = await post(t, key, chatBody({ stream: true }));
+    const first = JSON.parse((await new SseReader(stream).next())!);
+    const sawAbort = fake.nextAbort.promise;
+    expect((await cancel(t, key, first.id)).status).toBe(202);
+    await sawAbort;
+    expect(fake.aborts).toBe(1);
+
+    const headers = { 'idempotency-key': 'upstream-abort-1' };
+    const called = fake.nextCall.promise;
+    const original = post(t, key, chatBody(), headers);
+    await called;
+    const conflict = (await (await post(t, key, chatBody(), headers)).json()) as any;
+    const sawSecondAbort = fake.nextAbort.promise;
+    expect((await cancel(t, key, conflict.request_id)).status).toBe(202);
+    await sawSecondAbort;
+    expect((await original).status).toBe(499);
+    expect(fake.aborts).toBe(2);
+  });
+});
+
+describe('client disconnect', () => {
+  test('a stream whose client goes away is cancelled, its hold released, the upstream aborted', async () => {
+    const fake = upstream('endless');
+    const t = await server(upstreamOverrides(fake));
+    const { id: keyId, key } = await t.createKey({ credits: 10 });
+    const controller = new AbortController();
+    const response = await post(t, key, chatBody({ stream: true }), {}, controller.signal);
+    const first = JSON.parse((await new SseReader(response).next())!);
+    const sawAbort = fake.nextAbort.promise;
+    controller.abort();
+    await sawAbort;
+    // The actor records the cancel once the provider stops; wait for it through the status endpoint.
+    await t.gateway.registry.get(first.id)?.settled;
+    expect((await status(t, key, first.id)).body.request_status).toBe('cancelled');
+    expect(await balances(t, keyId)).toEqual({ credits: 10, held: 0, charged: 0, credits_added: 10, token_wallet: 0 });
+  });
+
+  test('a non-stream call whose client goes away is cancelled', async () => {
+    const fake = upstream('hang');
+    const t = await server(upstreamOverrides(fake));
+    const { id: keyId, key } = await t.createKey({ credits: 10 });
+    const controller = new AbortController();
+    const called = fake.nextCall.promise;
+    const pending = post(t, key, chatBody(), {}, controller.signal).catch((error) => error);
+    await called;
+    const [actor] = t.gateway.registry.all();
+    controller.abort();
+    await pending;
+    await actor!.settled;
+    expect((await status(t, key, actor!.id)).body.request_status).toBe('cancelled');
+    expect((await balances(t, keyId)).held).toBe(0);
+    expect((await balances(t, keyId)).charged).toBe(0);
+  });
+});
+
+describe('time limits', () => {
+  test('a stream past stream_timeout_ms ends with a stream_timeout error event and keeps the hold', async () => {
+    const t = await server({ ...SLOW_SIMULATOR, limits: { stream_timeout_ms: 150 } });
+    const { id: keyId, key } = await t.createKey({ credits: 10 });
+    const response = await post(t, key, chatBody({ stream: true }));
+    expect(response.status).toBe(200);
+    const events = await new SseReader(response).rest();
+    expect(events).not.toContain('[DONE]');
+    const last = JSON.parse(events.at(-1)!);
+    expect(last.error.code).toBe('stream_timeout');
+    const id = JSON.parse(events[0]!).id;
+    const { body } = await status(t, key, id);
+    expect(body.request_status).toBe('error');
+    expect(body.error_code).toBe('stream_timeout');
+    // billing.on_error = keep (the spec): the reservation is charged in full.
+    expect(body.charged_credits).toBe(body.reserved_credits);
+    const after = await balances(t, keyId);
+    expect(after.held).toBe(0);
+    expect(after.charged).toBe(body.reserved_credits);
+  });
+
+  test('a non-stream call past upstream_timeout_ms is 504 upstream_timeout', async () => {
+    const fake = upstream('hang');
+    const t = await server(upstreamOverrides(fake, { limits: { upstream_timeout_ms: 150 } }));
+    const { key } = await t.createKey({ credits: 10 });
+    const sawAbort = fake.nextAbort.promise;
+    const response = await post(t, key, chatBody());
+    expect(response.status).toBe(504);
+    expect(((await response.json()) as any).error.code).toBe('upstream_timeout');
+    await sawAbort;
+  });
+});
+
+describe('upstream failures', () => {
+  test('upstream 500 → 502 upstream_error; the hold is kept under on_error keep', async () => {
+    const fake = upstream('error500');
+    const t = await server(upstreamOverrides(fake));
+    const { id: keyId, key } = await t.createKey({ credits: 10 });
+    const response = await post(t, key, chatBody({ max_completion_tokens: 1000 }));
+    expect(response.status).toBe(502);
+    const body = (await response.json()) as any;
+    expect(body.error).toEqual({ message: expect.any(String), type: 'upstream_error', code: 'upstream_error', param: null });
+    const id = response.headers.get('x-request-id')!;
+    const record = (await status(t, key, id)).body;
+    expect(record.request_status).toBe('error');
+    expect(record.error_code).toBe('upstream_error');
+    expect(record.charged_credits).toBe(record.reserved_credits);
+    expect((await balances(t, keyId)).held).toBe(0);
+  });
+
+  test('under billing.on_error release, an error charges nothing', async () => {
+    const fake = upstream('error500');
+    const t = await server(upstreamOverrides(fake, { billing: { on_error: 'release' } }));
+    const { id: keyId, key } = await t.createKey({ credits: 10 });
+    const stream = await post(t, key, chatBody({ stream: true }));
+    // Failed before any output: a plain error reply, not a 200 stream.
+    expect(stream.status).toBe(502);
+    expect(await balances(t, keyId)).toEqual({ credits: 10, held: 0, charged: 0, credits_added: 10, token_wallet: 0 });
+  });
+
+  test('the upstream usage is passed through and billed', async () => {
+    const fake = upstream('ok');
+    const t = await server(upstreamOverrides(fake));
+    const { id: keyId, key } = await t.createKey({ credits: 10 });
+    const completion = (await (await post(t, key, chatBody())).json()) as any;
+    expect(completion.choices[0].message.content).toBe('Hello there');
+    expect(completion.usage).toEqual({ prompt_tokens: 11, completion_tokens: 2, total_tokens: 13 });
+    expect((await balances(t, keyId)).charged).toBe((11 * 5 + 2 * 14) / 1e6);
+  });
+});
+
+describe('idempotency', () => {
+  test('same key, same content in any key order: 409 request_already_completed pointing at the original', async () => {
+    const t = await server();
+    const { id: keyId, key } = await t.createKey({ credits: 10 });
+    const headers = { 'idempotency-key': 'order-123:abc' };
+    const first = await post(t, key, { model: 'model_03', messages: [{ role: 'user', content: 'hi' }], temperature: 0.5 }, headers);
+    expect(first.status).toBe(200);
+    const original = (await first.json()) as any;
+    const charged = (await balances(t, keyId)).charged;
+    const retry = await post(t, key, { temperature: 0.5, messages: [{ content: 'hi', role: 'user' }], model: 'model_03' }, headers);
+    expect(retry.status).toBe(409);
+    expect(retry.headers.get('x-service-request-status')).toBe(`/api/v1/requests/${original.id}`);
+    expect(await retry.json()).toEqual({
+      error: { message: expect.any(String), type: 'invalid_request_error', code: 'request_already_completed', param: 'Idempotency-Key' },
+      request_id: original.id,
+      request_status: 'completed',
+      status_url: `/api/v1/requests/${original.id}`,
+    });
+    expect((await balances(t, keyId)).charged).toBe(charged);
+  });
+
+  test('same key, different content: 409 idempotency_key_reused', async () => {
+    const t = await server();
+    const { key } = await t.createKey();
+    const headers = { 'idempotency-key': 'reuse-key-01' };
+    expect((await post(t, key, chatBody(), headers)).status).toBe(200);
+    const response = await post(t, key, chatBody({ temperature: 1 }), headers);
+    expect(response.status).toBe(409);
+    expect(((await response.json()) as any).error.code).toBe('idempotency_key_reused');
+  });
+
+  test('the scope is (API key, Idempotency-Key): another key may use the same value', async () => {
+    const t = await server();
+    const a = await t.createKey();
+    const b = await t.createKey();
+    const headers = { 'idempotency-key': 'shared-value-1' };
+    expect((await post(t, a.key, chatBody(), headers)).status).toBe(200);
+    expect((await post(t, b.key, chatBody(), headers)).status).toBe(200);
+  });
+
+  test('a request refused before a task is created binds nothing', async () => {
+    const t = await server();
+    const { id: keyId, key } = await t.createKey({ credits: 0 });
+    const headers = { 'idempotency-key': 'refused-first-1' };
+    expect((await post(t, key, chatBody(), headers)).status).toBe(402);
+    await fetch(`${t.baseUrl}/admin/v1/keys/${keyId}/credits`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${ADMIN_TOKEN}`, 'content-type': 'application/json' },
+      body: JSON.stringify({ credits: 5 }),
+    });
+    expect((await post(t, key, chatBody(), headers)).status).toBe(200);
+  });
+
+  test('N identical requests at once create exactly one provider call', async () => {
+    const fake = upstream('ok');
+    const t = await server(upstreamOverrides(fake));
+    const { id: keyId, key } = await t.createKey({ credits: 10 });
+    const headers = { 'idempotency-key': 'simultaneous-1' };
+    const responses = await Promise.all(Array.from({ length: 16 }, () => post(t, key, chatBody(), headers)));
+    const statuses = responses.map((response) => response.status).sort();
+    expect(statuses.filter((code) => code === 200)).toHaveLength(1);
+    expect(statuses.filter((code) => code === 409)).toHaveLength(15);
+    expect(fake.calls).toBe(1);
+    expect((await balances(t, keyId)).charged).toBe((11 * 5 + 2 * 14) / 1e6);
+  });
+});
+
+describe('concurrency', () => {
+  test('N concurrent requests against a small balance never overdraw', async () => {
+    const t = await server();
+    // Each request reserves prompt × 5 + 100 × 14 µcr ≈ 1,450 µcr; 0.01 credits cover at most 6.
+    const { id: keyId, key } = await t.createKey({ credits: 0.01 });
+    const responses = await Promise.all(Array.from({ length: 40 }, () => post(t, key, chatBody({ max_completion_tokens: 100 }))));
+    const ok = responses.filter((response) => response.status === 200).length;
+    const refused = responses.filter((response) => response.status === 402).length;
+    expect(ok + refused).toBe(40);
+    expect(ok).toBeGreaterThan(0);
+    expect(ok).toBeLessThanOrEqual(6);
+    const after = await balances(t, keyId);
+    expect(after.credits).toBeGreaterThanOrEqual(0);
+    expect(Math.round(after.credits * 1e6) + Math.round(after.held * 1e6) + Math.round(after.charged * 1e6)).toBe(10_000);
+  });
+});
