@@ -2,6 +2,7 @@
 import { Elysia } from 'elysia';
 import { adminController } from './admin/index.ts';
 import { chatController } from './chat/index.ts';
+import { decisionController } from './decision/index.ts';
 import type { Gateway } from './gateway.ts';
 import { errorResponse, GatewayError, internalError } from './http/errors.ts';
 import { healthController } from './ops/health.ts';
@@ -28,6 +29,7 @@ export function createApp(gateway: Gateway) {
       })
       .use(healthController(gateway))
       .use(chatController(gateway))
+      .use(decisionController(gateway))
       .use(adminController(gateway))
   );
 }

@@ -1,7 +1,7 @@
 // The in-memory state and the one `apply` that changes it; live commands and replay both go through here.
 import { LRUCache } from 'lru-cache';
 import { assert } from '../util/assert.ts';
-import type { Amount, Event, RequestFinished, RequestStarted, RequestStatus, Service, Usage } from './events.ts';
+import type { Amount, Event, RequestFinished, RequestRecorded, RequestStarted, RequestStatus, Service, Usage } from './events.ts';
 
 export const DAY_MS = 86_400_000;
 
@@ -135,6 +135,8 @@ export class GatewayState {
         return this.applyStarted(event);
       case 'request.finished':
         return this.applyFinished(event);
+      case 'request.recorded':
+        return this.applyRecorded(event);
     }
   }
 
@@ -217,6 +219,31 @@ export class GatewayState {
       const scope = idempotencyScope(record.keyId, record.idempotencyKey);
       if (this.idempotency.get(scope)?.requestId === record.id) this.idempotency.delete(scope);
     }
+  }
+
+  private applyRecorded(event: RequestRecorded): void {
+    this.account(event.key_id);
+    // A refused request never held anything; an id seen again (cannot happen) keeps its first record.
+    if (this.inFlight.has(event.request_id) || this.finished.has(event.request_id)) return;
+    const nothing = { credits_micro: 0, tokens: 0 };
+    this.finished.set(event.request_id, {
+      id: event.request_id,
+      keyId: event.key_id,
+      service: event.service,
+      model: event.model,
+      stream: false,
+      status: event.status,
+      createdAtMs: event.at_ms,
+      finishedAtMs: event.at_ms,
+      hold: nothing,
+      charge: nothing,
+      budgetHoldMicro: 0,
+      usage: null,
+      errorCode: event.error_code,
+      httpStatus: event.http_status,
+      answers: null,
+      idempotencyKey: null,
+    });
   }
 
   account(keyId: string): KeyAccount {

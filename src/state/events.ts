@@ -72,18 +72,33 @@ export const RequestFinishedSchema = Type.Object({
   at_ms: TimeMs,
 });
 
+/** A request refused before any task was created, recorded so its id can be looked up (decision). */
+export const RequestRecordedSchema = Type.Object({
+  type: Type.Literal('request.recorded'),
+  request_id: Id,
+  key_id: Id,
+  service: ServiceSchema,
+  model: Type.String({ maxLength: 128 }),
+  status: Type.Union([Type.Literal('cancelled'), Type.Literal('error')]),
+  error_code: Type.String({ maxLength: 64 }),
+  http_status: Type.Integer({ minimum: 100, maximum: 599 }),
+  at_ms: TimeMs,
+});
+
 export const EventSchema = Type.Union([
   KeyCreatedSchema,
   KeyRevokedSchema,
   KeyCreditedSchema,
   RequestStartedSchema,
   RequestFinishedSchema,
+  RequestRecordedSchema,
 ]);
 
 export type Event = Static<typeof EventSchema>;
 export type KeyCreated = Static<typeof KeyCreatedSchema>;
 export type RequestStarted = Static<typeof RequestStartedSchema>;
 export type RequestFinished = Static<typeof RequestFinishedSchema>;
+export type RequestRecorded = Static<typeof RequestRecordedSchema>;
 export type Service = Static<typeof ServiceSchema>;
 export type RequestStatus = Static<typeof RequestStatusSchema>;
 export type Usage = Static<typeof UsageSchema>;

@@ -1,0 +1,119 @@
+// The decision controller (/decision/v1): decide, and the lookup of any decision request by its dec_ id.
+import { Elysia } from 'elysia';
+import type { Gateway } from '../gateway.ts';
+import { parseJsonBody, readBodyText } from '../http/body.ts';
+import { errorResponse, GatewayError } from '../http/errors.ts';
+import { requestFingerprint } from '../idempotency/fingerprint.ts';
+import { parseIdempotencyKey } from '../idempotency/store.ts';
+import { authenticate, microToCredits } from '../keys/store.ts';
+import type { KeyAccount, RequestRecord } from '../state/apply.ts';
+import { newDecisionRequestId } from '../util/ids.ts';
+import { validateDecisionRequest } from './model.ts';
+import { admitDecision, preparePrompt, runDecision } from './service.ts';
+
+const DECIDE_PATH = '/decision/v1/decide/';
+const JSON_HEADERS = { 'content-type': 'application/json' };
+
+/**
+ * Records a refusal that came after authentication, so the caller can look the dec_ id up. Not awaited:
+ * a refusal acknowledges no durable fact, so its answer need not wait for the disk.
+ */
+function recordRefusal(gateway: Gateway, account: KeyAccount, requestId: string, model: string, error: GatewayError): void {
+  if (gateway.store.unavailableReason) return;
+  try {
+    void gateway.store
+      .commit([
+        {
+          type: 'request.recorded',
+          request_id: requestId,
+          key_id: account.id,
+          service: 'decision',
+          model,
+          status: error.status === 499 ? 'cancelled' : 'error',
+          error_code: error.code,
+          http_status: error.status,
+          at_ms: Date.now(),
+        },
+      ])
+      .catch(() => {});
+  } catch {
+    // The log just failed; the refusal itself is still answered.
+  }
+}
+
+async function decide(gateway: Gateway, request: Request): Promise<Response> {
+  const requestId = newDecisionRequestId();
+  const idHeader = { 'x-request-id': requestId };
+  let account: KeyAccount | null = null;
+  let model = '';
+  let admitted = false;
+  try {
+    if (gateway.draining) throw new GatewayError('service_unavailable', 'The decision service is shutting down; retry shortly.');
+    if (gateway.store.unavailableReason) throw new GatewayError('service_unavailable', 'The decision service cannot record requests right now; retry later.');
+    const text = await readBodyText(request, gateway.config.limits.max_body_bytes);
+    account = authenticate(gateway.store, request.headers.get('authorization'), 'decision');
+    const json = parseJsonBody(text);
+    if (typeof (json as { model?: unknown })?.model === 'string') model = String((json as { model: string }).model).slice(0, 128);
+    const decision = validateDecisionRequest(json, gateway.config);
+    const idempotencyKey = parseIdempotencyKey(request.headers.get('idempotency-key'));
+    const idempotency = idempotencyKey ? { key: idempotencyKey, fingerprint: requestFingerprint('POST', DECIDE_PATH, json) } : null;
+    const prepared = preparePrompt(decision);
+    const admission = admitDecision(gateway, account, requestId, decision, idempotency, prepared);
+    admitted = true;
+    const { actor } = admission;
+    const onClientGone = () => actor.abort('disconnected');
+    request.signal.addEventListener('abort', onClientGone, { once: true });
+    const result = await runDecision(gateway, admission, decision);
+    request.signal.removeEventListener('abort', onClientGone);
+    if (!result.ok) return errorResponse(result.error, idHeader);
+    const body = {
+      id: requestId,
+      object: 'decision',
+      created: admission.createdS,
+      model: decision.modelName,
+      answers: result.value.answers,
+      usage: result.value.usage,
+      charged: { tokens: result.value.charged.tokens, credits: microToCredits(result.value.charged.credits_micro) },
+    };
+    return new Response(JSON.stringify(body), { status: 200, headers: { ...JSON_HEADERS, ...idHeader } });
+  } catch (error) {
+    if (!(error instanceof GatewayError)) throw error;
+    if (account && !admitted) recordRefusal(gateway, account, requestId, model, error);
+    return errorResponse(error, idHeader);
+  }
+}
+
+function lookupView(record: RequestRecord): Record<string, unknown> {
+  return {
+    id: record.id,
+    object: 'decision.request',
+    status: record.status,
+    http_status: record.httpStatus,
+    created: Math.floor(record.createdAtMs / 1000),
+    finished: record.finishedAtMs === null ? null : Math.floor(record.finishedAtMs / 1000),
+    model: record.model,
+    error_code: record.errorCode,
+    answers: record.answers,
+    usage: record.usage,
+    charged: { tokens: record.charge.tokens, credits: microToCredits(record.charge.credits_micro) },
+  };
+}
+
+export function decisionController(gateway: Gateway) {
+  return new Elysia({ name: 'decision', prefix: '/decision/v1' })
+    .post('/decide', ({ request }) => decide(gateway, request), { parse: 'none' })
+    .get('/requests/:id', ({ request, params }) => {
+      const headers = { ...JSON_HEADERS, 'x-request-id': newDecisionRequestId() };
+      try {
+        const account = authenticate(gateway.store, request.headers.get('authorization'), 'decision');
+        const record = gateway.store.state.request(params.id);
+        if (!record || record.keyId !== account.id || record.service !== 'decision') {
+          throw new GatewayError('request_not_found', `No decision request ${params.id} for this API key.`, { param: null });
+        }
+        return new Response(JSON.stringify(lookupView(record)), { status: 200, headers });
+      } catch (error) {
+        if (error instanceof GatewayError) return errorResponse(error, { 'x-request-id': headers['x-request-id'] });
+        throw error;
+      }
+    });
+}

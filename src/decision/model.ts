@@ -1,0 +1,143 @@
+// Decision request schemas and validation; every shape error names the question and what was expected.
+import { Type, type Static } from '@sinclair/typebox';
+import type { Config, ModelConfig } from '../config/model.ts';
+import { GatewayError } from '../http/errors.ts';
+
+export const QUESTION_ID_RE = /^[A-Za-z0-9_-]{1,64}$/;
+export const QUESTIONS_MAX = 64;
+export const CHOICE_LABELS_MIN = 2;
+export const CHOICE_LABELS_MAX = 32;
+export const SCORE_LEVELS_MIN = 2;
+export const SCORE_LEVELS_MAX = 11;
+const PROMPT_CHARS_MAX = 8_192;
+const LABEL_CHARS_MAX = 128;
+const DESCRIPTION_CHARS_MAX = 4_096;
+
+export const DECISION_MODELS = ['decision-fast', 'decision-accurate'] as const;
+export type DecisionModelName = (typeof DECISION_MODELS)[number];
+
+export const ChoiceQuestionSchema = Type.Object({
+  type: Type.Literal('choice'),
+  prompt: Type.String({ minLength: 1, maxLength: PROMPT_CHARS_MAX }),
+  criteria: Type.Record(Type.String({ minLength: 1, maxLength: LABEL_CHARS_MAX }), Type.String({ minLength: 1, maxLength: DESCRIPTION_CHARS_MAX }), {
+    minProperties: CHOICE_LABELS_MIN,
+    maxProperties: CHOICE_LABELS_MAX,
+  }),
+});
+
+export const ScoreQuestionSchema = Type.Object({
+  type: Type.Literal('score'),
+  prompt: Type.String({ minLength: 1, maxLength: PROMPT_CHARS_MAX }),
+  criteria: Type.Array(Type.String({ minLength: 1, maxLength: DESCRIPTION_CHARS_MAX }), { minItems: SCORE_LEVELS_MIN, maxItems: SCORE_LEVELS_MAX }),
+});
+
+export const DecisionRequestSchema = Type.Object({
+  model: Type.Union(DECISION_MODELS.map((name) => Type.Literal(name))),
+  state: Type.Unknown(),
+  questions: Type.Record(Type.String({ pattern: QUESTION_ID_RE.source }), Type.Union([ChoiceQuestionSchema, ScoreQuestionSchema]), {
+    minProperties: 1,
+    maxProperties: QUESTIONS_MAX,
+  }),
+});
+
+export type ChoiceQuestion = Static<typeof ChoiceQuestionSchema>;
+export type ScoreQuestion = Static<typeof ScoreQuestionSchema>;
+export type Question = ChoiceQuestion | ScoreQuestion;
+export type DecisionRequestBody = Static<typeof DecisionRequestSchema>;
+
+export type Answer = { type: 'choice'; label: string } | { type: 'score'; score: number; level: string };
+
+export interface DecisionRequest {
+  body: DecisionRequestBody;
+  modelName: DecisionModelName;
+  /** The catalogue model the decision model maps to. */
+  modelId: string;
+  model: ModelConfig;
+  questions: Array<[string, Question]>;
+}
+
+function invalid(message: string, param: string | null, detail: string): GatewayError {
+  return new GatewayError('invalid_request_error', message, { param, detail });
+}
+
+function isObject(value: unknown): value is Record<string, unknown> {
+  return typeof value === 'object' && value !== null && !Array.isArray(value);
+}
+
+function describe(value: unknown): string {
+  if (value === null) return 'null';
+  if (Array.isArray(value)) return 'an array';
+  return typeof value === 'object' ? 'an object' : `a ${typeof value}`;
+}
+
+function checkQuestion(id: string, raw: unknown): Question {
+  const param = `questions.${id}`;
+  if (!isObject(raw)) {
+    throw invalid(`question ${id} is not an object`, param, `question "${id}": expected an object with type, prompt and criteria, got ${describe(raw)}`);
+  }
+  const { type, prompt, criteria } = raw;
+  if (type !== 'choice' && type !== 'score') {
+    throw invalid(`question ${id} has an unknown type`, `${param}.type`, `question "${id}": type must be "choice" or "score"`);
+  }
+  if (typeof prompt !== 'string' || prompt.length === 0 || prompt.length > PROMPT_CHARS_MAX) {
+    throw invalid(`question ${id} needs a prompt`, `${param}.prompt`, `question "${id}": prompt must be a non-empty string of at most ${PROMPT_CHARS_MAX} characters`);
+  }
+  if (type === 'choice') {
+    const shape = `a choice question's criteria must be an object mapping ${CHOICE_LABELS_MIN}-${CHOICE_LABELS_MAX} labels to non-empty descriptions`;
+    if (!isObject(criteria)) throw invalid(`question ${id}: criteria has the wrong shape`, `${param}.criteria`, `question "${id}": ${shape}, got ${describe(criteria)}`);
+    const labels = Object.entries(criteria);
+    if (labels.length < CHOICE_LABELS_MIN || labels.length > CHOICE_LABELS_MAX) {
+      throw invalid(`question ${id}: criteria has ${labels.length} labels`, `${param}.criteria`, `question "${id}": ${shape}, got ${labels.length} labels`);
+    }
+    for (const [label, description] of labels) {
+      if (label.length === 0 || label.length > LABEL_CHARS_MAX || typeof description !== 'string' || description.trim().length === 0 || description.length > DESCRIPTION_CHARS_MAX) {
+        throw invalid(
+          `question ${id}: criteria label ${JSON.stringify(label)} is invalid`,
+          `${param}.criteria`,
+          `question "${id}": ${shape}; label ${JSON.stringify(label)} has ${typeof description === 'string' ? 'an empty or oversized description' : `a description that is ${describe(description)}`}`,
+        );
+      }
+    }
+    return { type, prompt, criteria: criteria as Record<string, string> };
+  }
+  const shape = `a score question's criteria must be an array of ${SCORE_LEVELS_MIN}-${SCORE_LEVELS_MAX} non-empty level descriptions, lowest first`;
+  if (!Array.isArray(criteria)) throw invalid(`question ${id}: criteria has the wrong shape`, `${param}.criteria`, `question "${id}": ${shape}, got ${describe(criteria)}`);
+  if (criteria.length < SCORE_LEVELS_MIN || criteria.length > SCORE_LEVELS_MAX) {
+    throw invalid(`question ${id}: criteria has ${criteria.length} levels`, `${param}.criteria`, `question "${id}": ${shape}, got ${criteria.length} levels`);
+  }
+  criteria.forEach((level, index) => {
+    if (typeof level !== 'string' || level.trim().length === 0 || level.length > DESCRIPTION_CHARS_MAX) {
+      throw invalid(`question ${id}: level ${index} is invalid`, `${param}.criteria[${index}]`, `question "${id}": ${shape}; level ${index} is ${typeof level === 'string' ? 'empty or oversized' : describe(level)}`);
+    }
+  });
+  return { type, prompt, criteria: criteria as string[] };
+}
+
+/** Shape (400 with detail), then the model (404): the contract's order. */
+export function validateDecisionRequest(json: unknown, config: Config): DecisionRequest {
+  if (!isObject(json)) throw invalid('The body must be a JSON object.', null, `expected a JSON object with model, state and questions, got ${describe(json)}`);
+  if (typeof json.model !== 'string') throw invalid('model is required', 'model', 'model must be "decision-fast" or "decision-accurate"');
+  if (!('state' in json)) throw invalid('state is required', 'state', 'state is required: the JSON value the questions are about');
+  const questions = json.questions;
+  if (!isObject(questions)) throw invalid('questions must be an object', 'questions', `questions must be an object keyed by question id, got ${describe(questions)}`);
+  const entries = Object.entries(questions);
+  if (entries.length < 1 || entries.length > QUESTIONS_MAX) {
+    throw invalid(`questions holds ${entries.length} questions`, 'questions', `questions must hold 1-${QUESTIONS_MAX} questions, got ${entries.length}`);
+  }
+  const checked: Array<[string, Question]> = [];
+  for (const [id, raw] of entries) {
+    if (!QUESTION_ID_RE.test(id)) {
+      throw invalid(`question id ${JSON.stringify(id)} is invalid`, 'questions', `question "${id}": a question id must be 1-64 characters of A-Z a-z 0-9 _ -`);
+    }
+    checked.push([id, checkQuestion(id, raw)]);
+  }
+  const modelName = json.model as DecisionModelName;
+  if (!(DECISION_MODELS as readonly string[]).includes(modelName)) {
+    throw new GatewayError('model_not_found', `The decision model ${JSON.stringify(json.model)} does not exist; use decision-fast or decision-accurate.`, {
+      param: 'model',
+    });
+  }
+  const modelId = config.decision.models[modelName];
+  const model = config.models[modelId]!;
+  return { body: json as DecisionRequestBody, modelName, modelId, model, questions: checked };
+}
