@@ -1,11 +1,9 @@
 // Questions ⇄ model messages: the prompt, the answer schema, and the check of what the model answered.
 import { canonicalJson } from '../idempotency/fingerprint.ts';
-import type { ProviderMessage, ToolChoice, ToolDefinition } from '../providers/provider.ts';
+import { JSON_SCHEMA_MARKER, type ProviderMessage, type ToolChoice, type ToolDefinition } from '../providers/provider.ts';
 import type { Answer, Question } from './model.ts';
 
 export const DECISION_TOOL_NAME = 'submit_decision';
-/** The marker a text-only model is given before the schema its JSON answer must satisfy. */
-export const JSON_SCHEMA_MARKER = 'Answer with only a JSON object that satisfies this JSON Schema:';
 
 const SYSTEM_PROMPT =
   'You are a careful decision engine. Read the state, then answer every question. ' +

@@ -57,3 +57,9 @@ export interface Provider {
    */
   stream(request: ProviderRequest, signal: AbortSignal): AsyncIterable<Delta>;
 }
+
+/**
+ * A system message line that asks a text-only model for a JSON object satisfying the schema on the next
+ * line (the decision service uses it for models without tools; the simulator honours it).
+ */
+export const JSON_SCHEMA_MARKER = 'Answer with only a JSON object that satisfies this JSON Schema:';

@@ -1,7 +1,7 @@
 // The embedded simulator provider: deterministic answers, paced like a real model, honouring limits.
 import { countTextTokens } from '../../billing/tokens.ts';
 import type { SimulatorProviderConfig } from '../../config/model.ts';
-import type { Delta, FinishReason, Provider, ProviderRequest, ToolDefinition } from '../provider.ts';
+import { JSON_SCHEMA_MARKER, type Delta, type FinishReason, type Provider, type ProviderRequest, type ToolDefinition } from '../provider.ts';
 import { SeededRandom } from './random.ts';
 import { valueForSchema } from './schema-value.ts';
 
@@ -89,6 +89,8 @@ export class SimulatorProvider implements Provider {
     const random = SeededRandom.fromText(JSON.stringify([request.model, request.messages, request.tools, request.seed]));
     const tool = chooseTool(request);
     if (tool) return toolAnswer(tool, request.maxOutputTokens, random);
+    const schema = requestedJsonSchema(request);
+    if (schema !== undefined) return jsonAnswer(schema, random);
     return textAnswer(this.config.completion_tokens, request, random);
   }
 }
@@ -107,6 +109,31 @@ function chooseTool(request: ProviderRequest): ToolDefinition | null {
   // 'auto': call a tool on a fresh user turn, answer in text after tool results, so a loop ends.
   const last = request.messages[request.messages.length - 1];
   return last?.role === 'user' ? tools[0]! : null;
+}
+
+/** The schema a system message asks a JSON answer to satisfy (JSON_SCHEMA_MARKER, then the schema's line). */
+function requestedJsonSchema(request: ProviderRequest): unknown {
+  for (const message of request.messages) {
+    if (message.role !== 'system') continue;
+    const at = message.content.indexOf(JSON_SCHEMA_MARKER);
+    if (at < 0) continue;
+    const start = at + JSON_SCHEMA_MARKER.length + 1;
+    const end = message.content.indexOf('\n', start);
+    try {
+      return JSON.parse(message.content.slice(start, end < 0 ? undefined : end));
+    } catch {
+      return undefined;
+    }
+  }
+  return undefined;
+}
+
+/** A text answer that is one JSON object valid against `schema`, as a model asked for JSON gives. */
+function jsonAnswer(schema: unknown, random: SeededRandom): Answer {
+  const text = JSON.stringify(valueForSchema(schema, random));
+  const pieces: string[] = [];
+  for (let at = 0; at < text.length; at += ARGUMENT_FRAGMENT_CHARS) pieces.push(text.slice(at, at + ARGUMENT_FRAGMENT_CHARS));
+  return { pieces, toolCall: null, reason: 'stop', completionTokens: countTextTokens(text) };
 }
 
 function textAnswer(completionTokens: number, request: ProviderRequest, random: SeededRandom): Answer {
