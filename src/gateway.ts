@@ -3,6 +3,8 @@ import type { Config } from './config/model.ts';
 import { RateLimiter } from './keys/rate-limit.ts';
 import type { Provider } from './providers/provider.ts';
 import { createProviders } from './providers/registry.ts';
+import { Metrics } from './ops/metrics.ts';
+import type { Outcome, RequestActor } from './requests/actor.ts';
 import { ActorRegistry } from './requests/registry.ts';
 import { StateStore } from './state/store.ts';
 import type { Logger } from './util/log.ts';
@@ -17,6 +19,7 @@ export interface Gateway {
   adminToken: string;
   /** Set by SIGTERM: new work is refused with 503 while in-flight requests finish. */
   draining: boolean;
+  metrics: Metrics;
   /** Called on a broken invariant: the process must not keep serving (main exits; tests may observe). */
   onFatal?: (error: Error) => void;
 }
@@ -35,10 +38,12 @@ export function openGateway(config: Config, logger: Logger, adminToken: string):
     },
     logger,
   });
+  const registry = new ActorRegistry(config.limits.max_in_flight);
   return {
     config,
     store,
-    registry: new ActorRegistry(config.limits.max_in_flight),
+    registry,
+    metrics: new Metrics(() => registry.size),
     rateLimiter: new RateLimiter(config.limits.max_keys),
     providers: createProviders(config, logger),
     logger,
@@ -51,4 +56,12 @@ export function openGateway(config: Config, logger: Logger, adminToken: string):
 export function statusUrl(config: Config, service: 'chat' | 'decision', requestId: string): string {
   const path = service === 'chat' ? `/api/v1/requests/${requestId}` : `/decision/v1/requests/${requestId}/`;
   return config.public_base_url ? config.public_base_url.replace(/\/+$/, '') + path : path;
+}
+
+/** What happens when an actor's terminal state is durable: it leaves the registry and is counted. */
+export function actorSettled(gateway: Gateway): (actor: RequestActor, outcome: Outcome) => void {
+  return (actor, outcome) => {
+    gateway.registry.remove(actor);
+    gateway.metrics.requestFinished(actor.init.service, outcome.status, outcome.error?.code ?? null, outcome.charge.credits_micro);
+  };
 }

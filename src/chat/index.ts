@@ -147,8 +147,9 @@ async function completions(gateway: Gateway, request: Request): Promise<Response
     const body = completionBody(requestId, admission.createdS, chat.modelId, result.content, result.toolCalls, result.finishReason, result.usage);
     return new Response(JSON.stringify(body), { status: 200, headers: { ...JSON_HEADERS, ...idHeader } });
   } catch (error) {
-    if (error instanceof GatewayError) return errorResponse(error, idHeader);
-    throw error;
+    if (!(error instanceof GatewayError)) throw error;
+    gateway.metrics.requestRefused('chat', error.code);
+    return errorResponse(error, idHeader);
   }
 }
 

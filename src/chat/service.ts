@@ -1,7 +1,7 @@
 // Chat requests: admission (idempotency, rate, context, quota), the hold, and the actor's run loop.
 import { countPromptTokens, countTextTokens } from '../billing/tokens.ts';
 import { chargeMicro, reservationMicro } from '../billing/pricing.ts';
-import { statusUrl, type Gateway } from '../gateway.ts';
+import { actorSettled, statusUrl, type Gateway } from '../gateway.ts';
 import { GatewayError, internalError } from '../http/errors.ts';
 import { checkIdempotency } from '../idempotency/store.ts';
 import type { KeyAccount } from '../state/apply.ts';
@@ -18,6 +18,7 @@ export interface Admission {
   /** Resolves when the hold (and the Idempotency-Key binding) is durable. */
   durable: Promise<void>;
   createdS: number;
+  createdMs: number;
 }
 
 export interface Idempotency {
@@ -91,7 +92,7 @@ export function admitChat(
   const actor = new RequestActor(
     { id: requestId, keyId: account.id, service: 'chat', model: chat.modelId, stream: chat.stream, hold: { credits_micro: holdMicro, tokens: 0 } },
     store,
-    (done) => registry.remove(done),
+    actorSettled(gateway),
     gateway.logger.child({ requestId, keyId: account.id, model: chat.modelId }),
   );
   registry.add(actor);
@@ -109,7 +110,7 @@ export function admitChat(
     toolChoice: chat.toolChoice,
     promptTokens,
   };
-  return { actor, providerRequest, durable, createdS: Math.floor(nowMs / 1000) };
+  return { actor, providerRequest, durable, createdS: Math.floor(nowMs / 1000), createdMs: nowMs };
 }
 
 /** Where the run loop sends what it produces: an SSE stream or a collected completion. */
@@ -154,6 +155,7 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
         // The hold must be durable before anything reaches the client; the provider call overlapped it.
         await durable;
         began = true;
+        gateway.metrics.firstToken(chat.modelId, (Date.now() - admission.createdMs) / 1000);
         await sink.begin();
       }
       if (actor.signal.aborted) break;

@@ -78,7 +78,10 @@ async function decide(gateway: Gateway, request: Request): Promise<Response> {
     return new Response(JSON.stringify(body), { status: 200, headers: { ...JSON_HEADERS, ...idHeader } });
   } catch (error) {
     if (!(error instanceof GatewayError)) throw error;
-    if (account && !admitted) recordRefusal(gateway, account, requestId, model, error);
+    if (!admitted) {
+      gateway.metrics.requestRefused('decision', error.code);
+      if (account) recordRefusal(gateway, account, requestId, model, error);
+    }
     return errorResponse(error, idHeader);
   }
 }

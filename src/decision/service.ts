@@ -1,7 +1,7 @@
 // Decisions: admission (idempotency, rate, input size, daily budget, quota), the hold, asking the model.
 import { countPromptTokens, countTextTokens } from '../billing/tokens.ts';
 import { costMicro, ratesFor } from '../billing/pricing.ts';
-import { statusUrl, type Gateway } from '../gateway.ts';
+import { actorSettled, statusUrl, type Gateway } from '../gateway.ts';
 import { GatewayError, internalError } from '../http/errors.ts';
 import { checkIdempotency } from '../idempotency/store.ts';
 import type { ProviderRequest } from '../providers/provider.ts';
@@ -113,7 +113,7 @@ export function admitDecision(
   const actor = new RequestActor(
     { id: requestId, keyId: account.id, service: 'decision', model: decision.modelName, stream: false, hold },
     store,
-    (done) => registry.remove(done),
+    actorSettled(gateway),
     gateway.logger.child({ requestId, keyId: account.id, model: decision.modelId }),
   );
   registry.add(actor);

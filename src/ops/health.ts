@@ -1,10 +1,14 @@
-// Probes: /healthz (the process answers) and /readyz (it can take work: log writable, not draining).
+// Probes and metrics: /healthz (the process answers), /readyz (it can take work), /metrics (Prometheus).
 import { Elysia } from 'elysia';
 import type { Gateway } from '../gateway.ts';
 
 export function healthController(gateway: Gateway) {
   return new Elysia({ name: 'health' })
     .get('/healthz', () => Response.json({ status: 'ok' }))
+    .get('/metrics', async () => {
+      const text = await gateway.metrics.registry.metrics();
+      return new Response(text, { headers: { 'content-type': gateway.metrics.registry.contentType } });
+    })
     .get('/readyz', () => {
       const reason = gateway.draining ? 'draining' : gateway.store.unavailableReason;
       return reason

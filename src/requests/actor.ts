@@ -54,7 +54,7 @@ export class RequestActor {
   constructor(
     readonly init: ActorInit,
     private readonly store: StateStore,
-    private readonly onSettled: (actor: RequestActor) => void,
+    private readonly onSettled: (actor: RequestActor, outcome: Outcome) => void,
     readonly logger: Logger,
   ) {}
 
@@ -120,7 +120,7 @@ export class RequestActor {
     } catch (error) {
       this.logger.error({ err: (error as Error).message }, 'request: could not record the terminal state');
     } finally {
-      this.onSettled(this);
+      this.onSettled(this, outcome);
       this.done.resolve();
     }
   }

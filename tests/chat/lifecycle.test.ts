@@ -32,7 +32,15 @@ function post(t: TestServer, key: string, body: unknown, headers: Record<string,
   return fetch(`${t.baseUrl}/api/v1/chat/completions`, { method: 'POST', headers: bearer(key, headers), body: JSON.stringify(body), signal });
 }
 
-async function balances(t: TestServer, keyId: string): Promise<Record<string, number>> {
+interface Balances {
+  credits: number;
+  held: number;
+  charged: number;
+  credits_added: number;
+  token_wallet: number;
+}
+
+async function balances(t: TestServer, keyId: string): Promise<Balances> {
   const response = await fetch(`${t.baseUrl}/admin/v1/keys/${keyId}`, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } });
   return ((await response.json()) as any).balances;
 }
@@ -378,5 +386,20 @@ describe('concurrency', () => {
     const after = await balances(t, keyId);
     expect(after.credits).toBeGreaterThanOrEqual(0);
     expect(Math.round(after.credits * 1e6) + Math.round(after.held * 1e6) + Math.round(after.charged * 1e6)).toBe(10_000);
+  });
+});
+
+describe('metrics', () => {
+  test('/metrics exposes finished and refused requests in Prometheus text', async () => {
+    const t = await server();
+    const { key } = await t.createKey({ credits: 10 });
+    expect((await post(t, key, chatBody())).status).toBe(200);
+    expect((await post(t, key, chatBody({ model: 'model_99' }))).status).toBe(404);
+    const response = await fetch(`${t.baseUrl}/metrics`);
+    expect(response.status).toBe(200);
+    const text = await response.text();
+    expect(text).toContain('tollgate_requests_finished_total{service="chat",status="completed",code=""} 1');
+    expect(text).toContain('tollgate_requests_refused_total{service="chat",code="model_not_found"} 1');
+    expect(text).toContain('tollgate_requests_in_flight 0');
   });
 });

@@ -27,7 +27,7 @@ test('a text-only model gets a JSON Schema prompt and its JSON answer is used', 
   expect(response.status).toBe(200);
   const body = (await response.json()) as any;
   expect(['urgent', 'routine']).toContain(body.answers.urgency.label);
-  expect(body.answers.quality.level).toBe(questions.quality!.criteria[body.answers.quality.score]);
+  expect(body.answers.quality.level).toBe((questions.quality!.criteria as string[])[body.answers.quality.score]);
 });
 
 test('the prompt for a text-only model carries the answer schema and no tools', () => {
