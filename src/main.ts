@@ -57,7 +57,7 @@ async function main(argv: string[]): Promise<number> {
   const command = argv[0] ?? 'serve';
   try {
     if (command === 'serve') return await serve(config);
-    return await runCli(argv, config, createLogger(process.env.LOG_LEVEL ?? 'warn'));
+    return await runCli(argv, config, createLogger(process.env.LOG_LEVEL ?? 'warn', 2));
   } catch (error) {
     if (error instanceof WalCorruptionError) {
       process.stderr.write(`tollgate: ${error.message}\n`);
