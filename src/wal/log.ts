@@ -89,6 +89,11 @@ export class WriteAheadLog {
   private failureError: Error | null = null;
   private closed = false;
   private recordsSinceSnapshot = 0;
+  /** Highest seq written to each segment: a snapshot may only remove segments it fully covers. */
+  private readonly segmentLastSeq = new Map<number, number>();
+  /** The interval fsync in flight, if any; segment fds it may be using are closed only after it. */
+  private syncing: Promise<void> | null = null;
+  private readonly fdsToCloseAfterSync: number[] = [];
 
   private constructor(private readonly options: WalOptions) {}
 
@@ -187,6 +192,7 @@ export class WriteAheadLog {
           this.seq = frame.seq;
           this.recordsSinceSnapshot++;
         }
+        this.segmentLastSeq.set(index, frame.seq);
         offset = frame.nextOffset;
       }
     }
@@ -239,11 +245,20 @@ export class WriteAheadLog {
   }
 
   private scheduleFlush(): void {
-    if (this.flushScheduled || this.flushing) return;
+    if (this.flushScheduled) return;
     this.flushScheduled = true;
     queueMicrotask(() => {
       this.flushScheduled = false;
-      if (!this.flushing) this.flushing = this.flushLoop().finally(() => (this.flushing = null));
+      if (!this.flushing) this.startFlushLoop();
+    });
+  }
+
+  private startFlushLoop(): void {
+    this.flushing = this.flushLoop().finally(() => {
+      this.flushing = null;
+      // A waiter resolved by the loop runs before this callback; what it appended after the loop's last
+      // check is still pending, and nothing else would ever write it.
+      if (this.pendingFrames.length > 0) this.scheduleFlush();
     });
   }
 
@@ -252,6 +267,8 @@ export class WriteAheadLog {
       const frames = this.pendingFrames;
       const waiters = this.pendingWaiters;
       const totalBytes = this.pendingBytes;
+      // append() bumps seq and queues its frame in one step, so the batch ends at the current seq.
+      const batchLastSeq = this.seq;
       this.pendingFrames = [];
       this.pendingWaiters = [];
       this.pendingBytes = 0;
@@ -261,6 +278,7 @@ export class WriteAheadLog {
         let written = 0;
         while (written < batch.length) written += writeSync(this.fd, batch, written, batch.length - written);
         this.segmentSizeBytes += batch.length;
+        this.segmentLastSeq.set(this.segmentIndex, batchLastSeq);
         if (this.options.fsync === 'always') await fsyncAsync(this.fd);
         else this.dirty = true;
       } catch (error) {
@@ -283,7 +301,10 @@ export class WriteAheadLog {
   private rollSegment(): void {
     try {
       if (this.options.fsync !== 'off') fsyncSync(this.fd);
-      closeSync(this.fd);
+      // An interval fsync may still be running on this fd; closing it under that fsync would fail it
+      // (EBADF) and with it the whole log.
+      if (this.syncing) this.fdsToCloseAfterSync.push(this.fd);
+      else closeSync(this.fd);
       this.openSegment(this.segmentIndex + 1);
     } catch (error) {
       this.fail(error as Error);
@@ -291,13 +312,15 @@ export class WriteAheadLog {
   }
 
   private async syncInterval(): Promise<void> {
-    if (!this.dirty || this.failureError || this.closed || this.fd < 0) return;
+    if (!this.dirty || this.syncing || this.failureError || this.closed || this.fd < 0) return;
     this.dirty = false;
-    try {
-      await fsyncAsync(this.fd);
-    } catch (error) {
-      this.fail(error as Error);
-    }
+    this.syncing = fsyncAsync(this.fd)
+      .catch((error: Error) => this.fail(error))
+      .finally(() => {
+        this.syncing = null;
+        for (const fd of this.fdsToCloseAfterSync.splice(0)) closeSync(fd);
+      });
+    await this.syncing;
   }
 
   /** Resolves when everything appended so far has been written (and fsynced under `always`). */
@@ -316,17 +339,33 @@ export class WriteAheadLog {
   async snapshot(stateJson: string, seq: number): Promise<void> {
     assert(seq <= this.seq, 'snapshot ahead of the log');
     await this.flush();
-    if (this.failureError) throw new WalUnavailableError(`write-ahead log unavailable: ${this.failureError.message}`);
+    // The roll below closes the segment's fd: no write or fsync may be in flight on it. From the last
+    // check on, everything up to the unlinks runs without yielding.
+    while (this.flushing || this.syncing) await (this.flushing ?? this.syncing);
+    this.assertWritable();
     const oldIndex = this.segmentIndex;
     this.rollSegment();
+    // A failed roll leaves the old segment current: removing it would remove the live log.
+    this.assertWritable();
     const bytes = ENCODER.encode(`{"format":1,"seq":${seq},"state":${stateJson}}`);
     writeFileAtomic(join(this.options.dir, SNAPSHOT_FILE), bytes, this.options.dir);
     this.recordsSinceSnapshot = this.seq - seq;
+    // Records appended after `seq` was taken (while this waited for the flush) sit in the old segments
+    // too; a segment holding any of them must stay, or they would be lost (and replay would find a gap).
     for (const name of readdirSync(this.options.dir)) {
       const match = SEGMENT_RE.exec(name);
-      if (match && Number(match[1]) <= oldIndex) unlinkSync(join(this.options.dir, name));
+      if (!match) continue;
+      const index = Number(match[1]);
+      if (index <= oldIndex && (this.segmentLastSeq.get(index) ?? 0) <= seq) {
+        unlinkSync(join(this.options.dir, name));
+        this.segmentLastSeq.delete(index);
+      }
     }
     fsyncDirectory(this.options.dir);
+  }
+
+  private assertWritable(): void {
+    if (this.failureError) throw new WalUnavailableError(`write-ahead log unavailable: ${this.failureError.message}`);
   }
 
   async close(): Promise<void> {
@@ -334,6 +373,7 @@ export class WriteAheadLog {
     await this.flush();
     this.closed = true;
     if (this.intervalTimer) clearInterval(this.intervalTimer);
+    if (this.syncing) await this.syncing;
     if (this.fd >= 0) {
       try {
         if (!this.failureError && this.options.fsync !== 'off') fsyncSync(this.fd);
