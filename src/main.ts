@@ -26,6 +26,7 @@ async function serve(config: Config): Promise<number> {
     process.exit(70);
   };
   const running = await startServer(gateway);
+  lock.recordUrl(running.url);
   logger.info(
     { url: running.url, models: Object.keys(config.models).length, fsync: config.wal.fsync, dataDir: config.data_dir },
     'tollgate listening',

@@ -1,10 +1,9 @@
 // CLI subcommands for keys and credits: through the running gateway's admin API, or on the log directly.
 import { parseArgs } from 'node:util';
 import type { Config } from '../config/model.ts';
-import { GatewayError } from '../http/errors.ts';
-import { createKey, creditKey, creditsToMicro, findKey, keyView, revokeKey } from '../keys/store.ts';
+import { createApp } from '../app.ts';
+import { openGateway } from '../gateway.ts';
 import { finishInterrupted } from '../requests/recovery.ts';
-import { StateStore } from '../state/store.ts';
 import type { Logger } from '../util/log.ts';
 import { resolveAdminToken } from './token.ts';
 import { DataDirLock } from './lock.ts';
@@ -71,58 +70,31 @@ export function parseCommand(argv: string[]): AdminCall {
   throw new Error(USAGE);
 }
 
-/** Runs one admin call against a store opened here (the gateway is not running on this data dir). */
+/**
+ * Runs one admin call on this data dir with no gateway running: the same admin controller the HTTP
+ * API uses, driven in process, so both paths validate and answer alike.
+ */
 async function runDirect(config: Config, call: AdminCall, logger: Logger): Promise<{ status: number; body: unknown }> {
-  const store = StateStore.open({
-    dataDir: config.data_dir,
-    fsync: 'always',
-    fsyncIntervalMs: config.wal.fsync_interval_ms,
-    segmentBytes: config.wal.segment_bytes,
-    snapshotEveryRecords: config.wal.snapshot_every_records,
-    limits: {
-      requestRecordsMax: config.limits.request_records_max,
-      requestRecordTtlMs: config.idempotency_ttl_s * 1000,
-      idempotencyKeysMax: config.limits.idempotency_keys_max,
-    },
-    logger,
-  });
-  const rpm = config.limits.default_rate_limit_rpm;
+  const token = `cli-${crypto.randomUUID()}`;
+  const gateway = openGateway(config, logger, token);
   try {
-    await finishInterrupted(store, logger);
-    const body = call.body ?? {};
-    if (call.method === 'POST' && call.path === '/keys') {
-      const { account, secret } = await createKey(
-        store,
-        {
-          name: String(body.name),
-          services: (body.services as Array<'chat' | 'decision'>) ?? ['chat', 'decision'],
-          creditsMicro: creditsToMicro(Number(body.credits ?? 0), 'credits'),
-          tokenWallet: Number(body.token_wallet ?? 0),
-          dailyDecisionBudgetMicro: body.daily_decision_budget === undefined ? null : creditsToMicro(Number(body.daily_decision_budget), 'daily_decision_budget'),
-          rateLimitRpm: body.rate_limit_rpm === undefined ? null : Number(body.rate_limit_rpm),
-          secret: body.key === undefined ? undefined : String(body.key),
-        },
-        config.limits.max_keys,
-      );
-      return { status: 201, body: { ...keyView(account, rpm), key: secret } };
-    }
-    if (call.path === '/keys') return { status: 200, body: { object: 'list', data: [...store.state.keys.values()].map((a) => keyView(a, rpm)) } };
-    const [, , id, verb] = call.path.split('/');
-    if (!verb) return { status: 200, body: keyView(findKey(store, id!), rpm) };
-    if (verb === 'revoke') return { status: 200, body: keyView(await revokeKey(store, id!), rpm) };
-    const account = await creditKey(store, id!, creditsToMicro(Number(body.credits ?? 0), 'credits'), Number(body.tokens ?? 0));
-    return { status: 200, body: keyView(account, rpm) };
-  } catch (error) {
-    if (error instanceof GatewayError) return { status: error.status, body: { error: { message: error.message, code: error.code } } };
-    throw error;
+    await finishInterrupted(gateway.store, logger);
+    const app = createApp(gateway);
+    const response = await app.handle(
+      new Request(`http://tollgate.local/admin/v1${call.path}`, {
+        method: call.method,
+        headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
+        body: call.body ? JSON.stringify(call.body) : undefined,
+      }),
+    );
+    return { status: response.status, body: await response.json() };
   } finally {
-    await store.close();
+    await gateway.store.close();
   }
 }
 
-async function runHttp(config: Config, call: AdminCall, adminToken: string): Promise<{ status: number; body: unknown }> {
-  const host = config.server.host === '0.0.0.0' ? '127.0.0.1' : config.server.host;
-  const response = await fetch(`http://${host.includes(':') ? `[${host}]` : host}:${config.server.port}/admin/v1${call.path}`, {
+async function runHttp(baseUrl: string, call: AdminCall, adminToken: string): Promise<{ status: number; body: unknown }> {
+  const response = await fetch(`${baseUrl}/admin/v1${call.path}`, {
     method: call.method,
     headers: { authorization: `Bearer ${adminToken}`, 'content-type': 'application/json' },
     body: call.body ? JSON.stringify(call.body) : undefined,
@@ -153,7 +125,15 @@ export async function runCli(argv: string[], config: Config, logger: Logger): Pr
       process.stderr.write('the gateway is running but no admin token was found (set ADMIN_TOKEN)\n');
       return 1;
     }
-    result = await runHttp(config, call, admin.token);
+    // The running gateway wrote where it listens into the lock; the configured address is the fallback.
+    const host = config.server.host === '0.0.0.0' || config.server.host === '::' ? '127.0.0.1' : config.server.host;
+    const baseUrl = lock.holderUrl() ?? `http://${host.includes(':') ? `[${host}]` : host}:${config.server.port}`;
+    try {
+      result = await runHttp(baseUrl, call, admin.token);
+    } catch (error) {
+      process.stderr.write(`the gateway owns ${config.data_dir} but does not answer at ${baseUrl}: ${(error as Error).message}\n`);
+      return 1;
+    }
   }
   process.stdout.write(`${JSON.stringify(result.body, null, 2)}\n`);
   if (result.status === 201 && typeof result.body === 'object' && result.body && 'key' in result.body) {

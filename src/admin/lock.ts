@@ -1,5 +1,5 @@
 // One process owns a data dir: the gateway holds DATA_DIR/lock; the CLI uses the admin API while it does.
-import { mkdirSync, openSync, readFileSync, unlinkSync, writeSync, closeSync } from 'node:fs';
+import { closeSync, mkdirSync, openSync, readFileSync, unlinkSync, writeFileSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 
 function alive(pid: number): boolean {
@@ -23,7 +23,7 @@ export class DataDirLock {
   /** The pid holding the lock, if that process is alive. */
   holder(): number | null {
     try {
-      const pid = Number(readFileSync(this.path, 'utf8').trim());
+      const pid = Number(readFileSync(this.path, 'utf8').split('\n')[0]!.trim());
       return Number.isInteger(pid) && pid > 0 && pid !== process.pid && alive(pid) ? pid : null;
     } catch {
       return null;
@@ -50,6 +50,23 @@ export class DataDirLock {
       }
     }
     return false;
+  }
+
+  /** The address the live holder listens on, when it wrote one. */
+  holderUrl(): string | null {
+    if (this.holder() === null) return null;
+    try {
+      const url = readFileSync(this.path, 'utf8').split('\n')[1]?.trim();
+      return url ? url : null;
+    } catch {
+      return null;
+    }
+  }
+
+  /** Records where this process listens, so the CLI can reach it (PORT=0 included). */
+  recordUrl(url: string): void {
+    if (!this.held) return;
+    writeFileSync(this.path, `${process.pid}\n${url}\n`, { mode: 0o600 });
   }
 
   release(): void {

@@ -28,10 +28,11 @@ export function generateSecret(): string {
 
 /** Credits as the API shows them (a JSON number) to whole µcr, refusing what cannot be exact. */
 export function creditsToMicro(credits: number, param: string): number {
-  // Credits arrive as JSON numbers; anything finer than 1 µcr is rounded to the nearest µcr.
+  // Credits arrive as JSON numbers; they must name whole µcr (0.1 is fine: its float error is far below
+  // 1 µcr), so nothing is silently rounded away.
   const micro = Math.round(credits * MICRO_PER_CREDIT);
-  if (!Number.isFinite(credits) || credits < 0 || !Number.isSafeInteger(micro)) {
-    throw new GatewayError('invalid_request_error', `${param} must be a non-negative number of credits`, { param });
+  if (!Number.isFinite(credits) || credits < 0 || !Number.isSafeInteger(micro) || Math.abs(credits * MICRO_PER_CREDIT - micro) > 1e-6) {
+    throw new GatewayError('invalid_request_error', `${param} must be a non-negative number of credits in whole micro-credits (at most 6 decimals)`, { param });
   }
   return micro;
 }

@@ -1,0 +1,345 @@
+// The CLI as a process: keys and credits on the log directly, through a running server's admin API, and the generated admin token.
+import { afterAll, describe, expect, test } from 'bun:test';
+import { existsSync, mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import type { Subprocess } from 'bun';
+
+const REPO = resolve(import.meta.dir, '../..');
+const MAIN = join(REPO, 'src/main.ts');
+const BUN = process.execPath;
+const ADMIN = 'cli-test-admin-token-0123456789';
+
+const dirs: string[] = [];
+function dataDir(): string {
+  const dir = mkdtempSync(join(tmpdir(), 'tollgate-cli-'));
+  dirs.push(dir);
+  return dir;
+}
+
+const servers = new Set<Subprocess>();
+afterAll(async () => {
+  // Only if a test failed before stopping its own server.
+  for (const proc of servers) {
+    proc.kill('SIGKILL');
+    await proc.exited;
+  }
+  for (const dir of dirs) rmSync(dir, { recursive: true, force: true });
+});
+
+/** A clean environment: nothing of the caller's GATEWAY_CONFIG, PORT or ADMIN_TOKEN leaks in. */
+function env(extra: Record<string, string>): Record<string, string> {
+  return { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? tmpdir(), HOST: '127.0.0.1', ...extra };
+}
+
+interface CliResult {
+  code: number;
+  stdout: string;
+  stderr: string;
+}
+
+async function cli(args: string[], childEnv: Record<string, string>): Promise<CliResult> {
+  const proc = Bun.spawn([BUN, MAIN, ...args], { cwd: REPO, env: childEnv, stdout: 'pipe', stderr: 'pipe' });
+  const [stdout, stderr, code] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
+  return { code, stdout, stderr };
+}
+
+/** Runs the CLI and expects success with one JSON document on stdout. */
+async function cliJson(args: string[], childEnv: Record<string, string>): Promise<any> {
+  const result = await cli(args, childEnv);
+  expect({ args, code: result.code, stderr: result.code === 0 ? '' : result.stderr }).toEqual({ args, code: 0, stderr: '' });
+  return JSON.parse(result.stdout);
+}
+
+/** Collects a stream's lines and lets a test wait for the first line that matches. */
+class Lines {
+  readonly all: string[] = [];
+  private waiters: Array<{ match: (line: string) => boolean; resolve: (line: string) => void; reject: (error: Error) => void }> = [];
+  readonly ended: Promise<void>;
+
+  constructor(stream: ReadableStream<Uint8Array>) {
+    this.ended = this.pump(stream);
+  }
+
+  private async pump(stream: ReadableStream<Uint8Array>): Promise<void> {
+    const decoder = new TextDecoder();
+    let buffered = '';
+    for await (const chunk of stream) {
+      buffered += decoder.decode(chunk, { stream: true });
+      let newline: number;
+      while ((newline = buffered.indexOf('\n')) >= 0) {
+        this.push(buffered.slice(0, newline));
+        buffered = buffered.slice(newline + 1);
+      }
+    }
+    if (buffered) this.push(buffered);
+    for (const waiter of this.waiters) waiter.reject(new Error(`stream ended without the line; saw:\n${this.all.join('\n')}`));
+    this.waiters = [];
+  }
+
+  private push(line: string): void {
+    this.all.push(line);
+    this.waiters = this.waiters.filter((waiter) => {
+      if (!waiter.match(line)) return true;
+      waiter.resolve(line);
+      return false;
+    });
+  }
+
+  waitFor(match: (line: string) => boolean): Promise<string> {
+    const found = this.all.find(match);
+    if (found !== undefined) return Promise.resolve(found);
+    const { promise, resolve, reject } = Promise.withResolvers<string>();
+    this.waiters.push({ match, resolve, reject });
+    return promise;
+  }
+}
+
+function logLine(message: string) {
+  return (line: string) => {
+    try {
+      return JSON.parse(line).msg === message;
+    } catch {
+      return false;
+    }
+  };
+}
+
+interface Server {
+  proc: Subprocess<'ignore', 'pipe', 'pipe'>;
+  stdout: Lines;
+  stderr: Lines;
+  url: string;
+  port: number;
+  /** SIGTERM, then the exit code once the process is gone and its output read. */
+  stop(): Promise<number>;
+}
+
+/** `bun src/main.ts serve` on PORT=0; the port comes from the "tollgate listening" log line. */
+async function serve(childEnv: Record<string, string>): Promise<Server> {
+  const proc = Bun.spawn([BUN, MAIN, 'serve'], {
+    cwd: REPO,
+    env: { ...childEnv, PORT: '0', LOG_LEVEL: 'info' },
+    stdin: 'ignore',
+    stdout: 'pipe',
+    stderr: 'pipe',
+  });
+  servers.add(proc);
+  const stdout = new Lines(proc.stdout);
+  const stderr = new Lines(proc.stderr);
+  const listening = JSON.parse(await stdout.waitFor(logLine('tollgate listening')));
+  const url = listening.url as string;
+  return {
+    proc,
+    stdout,
+    stderr,
+    url,
+    port: Number(new URL(url).port),
+    async stop() {
+      proc.kill('SIGTERM');
+      const code = await proc.exited;
+      await Promise.all([stdout.ended, stderr.ended]);
+      servers.delete(proc);
+      return code;
+    },
+  };
+}
+
+/** The key view the CLI prints (CONTRACT §6 plus `created` and `limits.rate_limit_rpm_configured`). */
+function view(id: string, name: string, credits: number, revoked = false) {
+  return {
+    id,
+    name,
+    services: ['chat', 'decision'],
+    revoked,
+    created: expect.any(Number),
+    limits: { rate_limit_rpm: 600, rate_limit_rpm_configured: null, daily_decision_budget: null },
+    balances: { credits, held: 0, charged: 0, credits_added: credits, token_wallet: 0 },
+  };
+}
+
+describe('CLI on the log directly (no server running)', () => {
+  test('keys create, list, show, credits add, revoke', async () => {
+    const dir = dataDir();
+    const childEnv = env({ DATA_DIR: dir });
+
+    const created = await cli(['keys', 'create', '--name', 'demo', '--credits', '100'], childEnv);
+    expect(created.code).toBe(0);
+    const key = JSON.parse(created.stdout);
+    expect(key.id).toMatch(/^key_[A-Za-z0-9]+$/);
+    expect(key.key).toMatch(/^tg-[A-Za-z0-9]{40,}$/);
+    expect(key).toEqual({ ...view(key.id, 'demo', 100), key: key.key });
+    expect(created.stderr).toContain('shown once');
+
+    const list = await cliJson(['keys', 'list'], childEnv);
+    expect(list).toEqual({ object: 'list', data: [view(key.id, 'demo', 100)] });
+    expect(JSON.stringify(list)).not.toContain(key.key);
+
+    expect(await cliJson(['keys', 'show', key.id], childEnv)).toEqual(view(key.id, 'demo', 100));
+    expect(await cliJson(['credits', 'add', key.id, '--credits', '5'], childEnv)).toEqual(view(key.id, 'demo', 105));
+    expect(await cliJson(['keys', 'revoke', key.id], childEnv)).toEqual(view(key.id, 'demo', 105, true));
+    expect(await cliJson(['keys', 'show', key.id], childEnv)).toEqual(view(key.id, 'demo', 105, true));
+
+    // The CLI left no lock behind and the state is durable: a server on the same dir sees it.
+    expect(existsSync(join(dir, 'lock'))).toBe(false);
+    const server = await serve({ ...childEnv, ADMIN_TOKEN: ADMIN });
+    try {
+      const response = await fetch(`${server.url}/api/v1/models`, { headers: { authorization: `Bearer ${key.key}` } });
+      expect(response.status).toBe(401);
+      expect(((await response.json()) as any).error.reason).toBe('revoked');
+      const shown = await fetch(`${server.url}/admin/v1/keys/${key.id}`, { headers: { authorization: `Bearer ${ADMIN}` } });
+      expect(await shown.json()).toEqual(view(key.id, 'demo', 105, true));
+    } finally {
+      expect(await server.stop()).toBe(0);
+    }
+  });
+
+  test('an unknown key id exits 1 with the error; bad usage exits 2', async () => {
+    const childEnv = env({ DATA_DIR: dataDir() });
+    const missing = await cli(['keys', 'show', 'key_nope'], childEnv);
+    expect(missing.code).toBe(1);
+    expect(JSON.parse(missing.stdout).error.code).toBe('not_found');
+
+    const noName = await cli(['keys', 'create'], childEnv);
+    expect(noName.code).toBe(2);
+    expect(noName.stderr).toContain('--name');
+
+    const unknown = await cli(['keys', 'explode'], childEnv);
+    expect(unknown.code).toBe(2);
+    expect(unknown.stderr).toContain('usage:');
+  });
+
+  test('stdout stays one JSON document even with LOG_LEVEL=info (logs go to stderr)', async () => {
+    const result = await cli(['keys', 'create', '--name', 'quiet', '--credits', '1'], env({ DATA_DIR: dataDir(), LOG_LEVEL: 'info' }));
+    expect(result.code).toBe(0);
+    const key = JSON.parse(result.stdout);
+    expect(key).toEqual({ ...view(key.id, 'quiet', 1), key: key.key });
+    // The info log of opening the state went somewhere: stderr, never stdout, and it carries no secret.
+    expect(result.stderr).toContain('state: replayed');
+    expect(result.stderr).not.toContain(key.key);
+  });
+
+  test('a bad config stops the CLI with a message naming the field', async () => {
+    const result = await cli(['keys', 'list'], env({ DATA_DIR: dataDir(), PORT: 'abc' }));
+    expect(result.code).toBe(78);
+    expect(result.stderr).toContain('PORT');
+  });
+});
+
+describe('CLI against a running server', () => {
+  test('goes through the admin API: the created key works at once on the running server', async () => {
+    const dir = dataDir();
+    const server = await serve(env({ DATA_DIR: dir, ADMIN_TOKEN: ADMIN }));
+    const childEnv = env({ DATA_DIR: dir, ADMIN_TOKEN: ADMIN, PORT: String(server.port) });
+    let keyId = '';
+    try {
+      const key = await cliJson(['keys', 'create', '--name', 'live', '--credits', '1'], childEnv);
+      keyId = key.id;
+      expect(key).toEqual({ ...view(key.id, 'live', 1), key: key.key });
+
+      // Only the server's own state can know this key: the CLI could not have written the log while the server holds it.
+      const models = await fetch(`${server.url}/api/v1/models`, { headers: { authorization: `Bearer ${key.key}` } });
+      expect(models.status).toBe(200);
+      expect(((await models.json()) as any).data).toHaveLength(11);
+
+      expect(await cliJson(['credits', 'add', key.id, '--credits', '2', '--tokens', '3'], childEnv)).toEqual({
+        ...view(key.id, 'live', 3),
+        balances: { credits: 3, held: 0, charged: 0, credits_added: 3, token_wallet: 3 },
+      });
+      expect(await cliJson(['keys', 'list'], childEnv)).toEqual({
+        object: 'list',
+        data: [{ ...view(key.id, 'live', 3), balances: { credits: 3, held: 0, charged: 0, credits_added: 3, token_wallet: 3 } }],
+      });
+
+      expect(await cliJson(['keys', 'revoke', key.id], childEnv)).toMatchObject({ id: key.id, revoked: true });
+      const revoked = await fetch(`${server.url}/api/v1/models`, { headers: { authorization: `Bearer ${key.key}` } });
+      expect(revoked.status).toBe(401);
+      expect(((await revoked.json()) as any).error.reason).toBe('revoked');
+
+      // A wrong admin token is refused by the server, and the CLI says so with exit 1.
+      const refused = await cli(['keys', 'list'], { ...childEnv, ADMIN_TOKEN: 'not-the-admin-token-0000' });
+      expect(refused.code).toBe(1);
+      expect(JSON.parse(refused.stdout).error.code).toBe('invalid_api_key');
+    } finally {
+      expect(await server.stop()).toBe(0);
+    }
+
+    // After the server stopped, the CLI works on the log directly and sees what the server wrote.
+    expect(existsSync(join(dir, 'lock'))).toBe(false);
+    expect(await cliJson(['keys', 'show', keyId], env({ DATA_DIR: dir }))).toEqual({
+      ...view(keyId, 'live', 3, true),
+      balances: { credits: 3, held: 0, charged: 0, credits_added: 3, token_wallet: 3 },
+    });
+  });
+
+  test('a second server on the same data dir refuses to start', async () => {
+    const dir = dataDir();
+    const server = await serve(env({ DATA_DIR: dir, ADMIN_TOKEN: ADMIN }));
+    try {
+      const second = await cli(['serve'], env({ DATA_DIR: dir, ADMIN_TOKEN: ADMIN, PORT: '0', LOG_LEVEL: 'info' }));
+      expect(second.code).toBe(1);
+      expect(second.stdout).toContain('another tollgate process owns this data dir');
+    } finally {
+      expect(await server.stop()).toBe(0);
+    }
+  });
+});
+
+describe('generated admin token', () => {
+  test('with no ADMIN_TOKEN: DATA_DIR/admin-token, mode 0600; the log names the path, never the token', async () => {
+    const dir = dataDir();
+    const path = join(dir, 'admin-token');
+    const server = await serve(env({ DATA_DIR: dir }));
+    let token = '';
+    try {
+      expect(statSync(path).mode & 0o777).toBe(0o600);
+      token = readFileSync(path, 'utf8').trim();
+      expect(token.length).toBeGreaterThanOrEqual(32);
+
+      const generated = JSON.parse(await server.stdout.waitFor(logLine('admin token generated; read it from this file')));
+      expect(generated.path).toBe(path);
+
+      // The token in the file is the one the server checks.
+      const ok = await fetch(`${server.url}/admin/v1/keys`, { headers: { authorization: `Bearer ${token}` } });
+      expect(ok.status).toBe(200);
+      const wrong = await fetch(`${server.url}/admin/v1/keys`, { headers: { authorization: 'Bearer tga-guess' } });
+      expect(wrong.status).toBe(401);
+
+      // The CLI finds the token in the file when ADMIN_TOKEN is not set.
+      const key = await cliJson(['keys', 'create', '--name', 'via-file'], env({ DATA_DIR: dir, PORT: String(server.port) }));
+      const models = await fetch(`${server.url}/api/v1/models`, { headers: { authorization: `Bearer ${key.key}` } });
+      expect(models.status).toBe(200);
+    } finally {
+      expect(await server.stop()).toBe(0);
+    }
+    const output = [...server.stdout.all, ...server.stderr.all].join('\n');
+    expect(output).toContain(path);
+    expect(output).not.toContain(token);
+
+    // A restart reads the same token from the file and says where it came from.
+    const again = await serve(env({ DATA_DIR: dir }));
+    try {
+      const read = JSON.parse(await again.stdout.waitFor(logLine('admin token read from file')));
+      expect(read.path).toBe(path);
+      expect(readFileSync(path, 'utf8').trim()).toBe(token);
+      const ok = await fetch(`${again.url}/admin/v1/keys`, { headers: { authorization: `Bearer ${token}` } });
+      expect(ok.status).toBe(200);
+    } finally {
+      expect(await again.stop()).toBe(0);
+    }
+    expect([...again.stdout.all, ...again.stderr.all].join('\n')).not.toContain(token);
+  });
+
+  test('with ADMIN_TOKEN set, no token file is written', async () => {
+    const dir = dataDir();
+    const server = await serve(env({ DATA_DIR: dir, ADMIN_TOKEN: ADMIN }));
+    try {
+      expect(existsSync(join(dir, 'admin-token'))).toBe(false);
+      const ok = await fetch(`${server.url}/admin/v1/keys`, { headers: { authorization: `Bearer ${ADMIN}` } });
+      expect(ok.status).toBe(200);
+    } finally {
+      expect(await server.stop()).toBe(0);
+    }
+    expect([...server.stdout.all, ...server.stderr.all].join('\n')).not.toContain(ADMIN);
+  });
+});
