@@ -18,8 +18,10 @@ export async function startServer(gateway: Gateway, options: { hostname?: string
   const server = Bun.serve({
     hostname: options.hostname ?? gateway.config.server.host,
     port: options.port ?? gateway.config.server.port,
-    // Our own reader enforces max_body_bytes with the contract's 413; Bun's limit only stops abuse beyond it.
-    maxRequestBodySize: gateway.config.limits.max_body_bytes * 4,
+    // Our own reader enforces max_body_bytes with the contract's 413 and envelope (it refuses on
+    // Content-Length without reading, and stops a chunked body at the limit), so Bun's own limit,
+    // which would answer a bare 413, must never be the one that fires.
+    maxRequestBodySize: Number.MAX_SAFE_INTEGER,
     // Non-stream calls may wait on a provider for a long time without a byte flowing.
     idleTimeout: 255,
     fetch: (request) => app.handle(request),

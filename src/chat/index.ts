@@ -3,7 +3,7 @@ import { Elysia } from 'elysia';
 import { countPromptTokens } from '../billing/tokens.ts';
 import { statusUrl, type Gateway } from '../gateway.ts';
 import { parseJsonBody, readBodyText } from '../http/body.ts';
-import { errorResponse, GatewayError } from '../http/errors.ts';
+import { asGatewayError, errorResponse, GatewayError } from '../http/errors.ts';
 import { parseIdempotencyKey } from '../idempotency/store.ts';
 import { requestFingerprint } from '../idempotency/fingerprint.ts';
 import { authenticate, microToCredits } from '../keys/store.ts';
@@ -128,6 +128,8 @@ async function completions(gateway: Gateway, request: Request): Promise<Response
     }
     const onClientGone = () => actor.abort('disconnected');
     request.signal.addEventListener('abort', onClientGone, { once: true });
+    // A client that left while the body was read or the binding became durable is gone already.
+    if (request.signal.aborted) onClientGone();
     void actor.settled.then(() => request.signal.removeEventListener('abort', onClientGone));
 
     if (chat.stream) {
@@ -146,8 +148,8 @@ async function completions(gateway: Gateway, request: Request): Promise<Response
     if (!result.ok) return errorResponse(result.error, idHeader);
     const body = completionBody(requestId, admission.createdS, chat.modelId, result.content, result.toolCalls, result.finishReason, result.usage);
     return new Response(JSON.stringify(body), { status: 200, headers: { ...JSON_HEADERS, ...idHeader } });
-  } catch (error) {
-    if (!(error instanceof GatewayError)) throw error;
+  } catch (thrown) {
+    const error = asGatewayError(gateway, thrown, requestId);
     gateway.metrics.requestRefused('chat', error.code);
     return errorResponse(error, idHeader);
   }

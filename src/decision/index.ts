@@ -2,7 +2,7 @@
 import { Elysia } from 'elysia';
 import type { Gateway } from '../gateway.ts';
 import { parseJsonBody, readBodyText } from '../http/body.ts';
-import { errorResponse, GatewayError } from '../http/errors.ts';
+import { asGatewayError, errorResponse, GatewayError } from '../http/errors.ts';
 import { requestFingerprint } from '../idempotency/fingerprint.ts';
 import { parseIdempotencyKey } from '../idempotency/store.ts';
 import { authenticate, microToCredits } from '../keys/store.ts';
@@ -63,6 +63,8 @@ async function decide(gateway: Gateway, request: Request): Promise<Response> {
     const { actor } = admission;
     const onClientGone = () => actor.abort('disconnected');
     request.signal.addEventListener('abort', onClientGone, { once: true });
+    // A client that left while the body was read is gone already: cancel before the model is asked.
+    if (request.signal.aborted) onClientGone();
     const result = await runDecision(gateway, admission, decision);
     request.signal.removeEventListener('abort', onClientGone);
     if (!result.ok) return errorResponse(result.error, idHeader);
@@ -76,8 +78,8 @@ async function decide(gateway: Gateway, request: Request): Promise<Response> {
       charged: { tokens: result.value.charged.tokens, credits: microToCredits(result.value.charged.credits_micro) },
     };
     return new Response(JSON.stringify(body), { status: 200, headers: { ...JSON_HEADERS, ...idHeader } });
-  } catch (error) {
-    if (!(error instanceof GatewayError)) throw error;
+  } catch (thrown) {
+    const error = asGatewayError(gateway, thrown, requestId);
     if (!admitted) {
       gateway.metrics.requestRefused('decision', error.code);
       if (account) recordRefusal(gateway, account, requestId, model, error);

@@ -12,7 +12,8 @@ const SYSTEM_PROMPT =
 
 /** The JSON Schema of a complete answer: one property per question, labels and level indexes enumerated. */
 export function answerSchema(questions: Array<[string, Question]>): Record<string, unknown> {
-  const properties: Record<string, unknown> = {};
+  // Null-prototype maps: a question id like "__proto__" is a plain key here, not the object's prototype.
+  const properties: Record<string, unknown> = Object.create(null);
   for (const [id, question] of questions) {
     properties[id] =
       question.type === 'choice'
@@ -87,7 +88,7 @@ export function extractJsonObject(text: string): unknown {
 /** Checks a raw answer object against the questions; null when any answer is missing or not allowed. */
 export function readAnswers(raw: unknown, questions: Array<[string, Question]>): Record<string, Answer> | null {
   if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) return null;
-  const answers: Record<string, Answer> = {};
+  const answers: Record<string, Answer> = Object.create(null);
   for (const [id, question] of questions) {
     const value = (raw as Record<string, unknown>)[id];
     if (question.type === 'choice') {

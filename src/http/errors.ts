@@ -117,3 +117,18 @@ export function errorResponse(error: GatewayError, extraHeaders?: Record<string,
 export function internalError(): GatewayError {
   return new GatewayError('internal_error', 'The gateway failed unexpectedly; the failure was logged.');
 }
+
+/**
+ * A handler's catch: operating errors pass through; anything else is a bug, logged with its stack and
+ * answered as a 500 that still carries the request's id. A broken invariant also stops the process.
+ */
+export function asGatewayError(
+  context: { logger: { error(obj: object, msg: string): void }; onFatal?: (error: Error) => void },
+  thrown: unknown,
+  requestId: string,
+): GatewayError {
+  if (thrown instanceof GatewayError) return thrown;
+  context.logger.error({ requestId, err: (thrown as Error)?.stack ?? String(thrown) }, 'http: unhandled error');
+  if ((thrown as Error)?.name === 'AssertionError') queueMicrotask(() => context.onFatal?.(thrown as Error));
+  return internalError();
+}

@@ -1,11 +1,22 @@
 // Request fingerprints: SHA-256 of method, path and canonical JSON (keys sorted at every depth).
 
+import { GatewayError } from '../http/errors.ts';
+
+/** Nesting deeper than this is refused rather than recursed into (a stack overflow is not an answer). */
+export const JSON_DEPTH_MAX = 256;
+
 /** JSON with object keys sorted at every depth and no whitespace; equal content gives equal text. */
-export function canonicalJson(value: unknown): string {
+export function canonicalJson(value: unknown, depth = 0): string {
   if (value === null || typeof value !== 'object') return JSON.stringify(value) ?? 'null';
+  if (depth >= JSON_DEPTH_MAX) {
+    throw new GatewayError('invalid_request_error', `The JSON body nests deeper than ${JSON_DEPTH_MAX} levels.`, {
+      param: null,
+      detail: `JSON values may nest at most ${JSON_DEPTH_MAX} levels deep`,
+    });
+  }
   if (Array.isArray(value)) {
     let out = '[';
-    for (let i = 0; i < value.length; i++) out += (i > 0 ? ',' : '') + canonicalJson(value[i]);
+    for (let i = 0; i < value.length; i++) out += (i > 0 ? ',' : '') + canonicalJson(value[i], depth + 1);
     return out + ']';
   }
   const keys = Object.keys(value).sort();
@@ -14,7 +25,7 @@ export function canonicalJson(value: unknown): string {
   for (const key of keys) {
     const item = (value as Record<string, unknown>)[key];
     if (item === undefined) continue;
-    out += (first ? '' : ',') + JSON.stringify(key) + ':' + canonicalJson(item);
+    out += (first ? '' : ',') + JSON.stringify(key) + ':' + canonicalJson(item, depth + 1);
     first = false;
   }
   return out + '}';
