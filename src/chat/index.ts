@@ -150,6 +150,7 @@ async function completions(gateway: Gateway, request: Request): Promise<Response
     return new Response(JSON.stringify(body), { status: 200, headers: { ...JSON_HEADERS, ...idHeader } });
   } catch (thrown) {
     const error = asGatewayError(gateway, thrown, requestId);
+    if (error.settleFirst) await error.settleFirst;
     gateway.metrics.requestRefused('chat', error.code);
     return errorResponse(error, idHeader);
   }

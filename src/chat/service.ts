@@ -42,7 +42,7 @@ export function admitChat(
   const { config, store, registry } = gateway;
   const nowMs = Date.now();
   if (idempotency) {
-    checkIdempotency(store.state, account.id, idempotency.key, idempotency.fingerprint, nowMs, (id) => statusUrl(config, 'chat', id));
+    checkIdempotency(store.state, registry, account.id, idempotency.key, idempotency.fingerprint, nowMs, (id) => statusUrl(config, 'chat', id));
   }
   gateway.rateLimiter.take(account.id, account.rateLimitRpm ?? config.limits.default_rate_limit_rpm, nowMs);
 
@@ -95,6 +95,7 @@ export function admitChat(
     actorSettled(gateway),
     gateway.logger.child({ requestId, keyId: account.id, model: chat.modelId }),
   );
+  actor.started(durable);
   registry.add(actor);
   const body = chat.body;
   const providerRequest: ProviderRequest = {

@@ -80,6 +80,7 @@ async function decide(gateway: Gateway, request: Request): Promise<Response> {
     return new Response(JSON.stringify(body), { status: 200, headers: { ...JSON_HEADERS, ...idHeader } });
   } catch (thrown) {
     const error = asGatewayError(gateway, thrown, requestId);
+    if (error.settleFirst) await error.settleFirst;
     if (!admitted) {
       gateway.metrics.requestRefused('decision', error.code);
       if (account) recordRefusal(gateway, account, requestId, model, error);

@@ -55,7 +55,7 @@ export function admitDecision(
   const { config, store, registry } = gateway;
   const nowMs = Date.now();
   if (idempotency) {
-    checkIdempotency(store.state, account.id, idempotency.key, idempotency.fingerprint, nowMs, (id) => statusUrl(config, 'decision', id));
+    checkIdempotency(store.state, registry, account.id, idempotency.key, idempotency.fingerprint, nowMs, (id) => statusUrl(config, 'decision', id));
   }
   gateway.rateLimiter.take(account.id, account.rateLimitRpm ?? config.limits.default_rate_limit_rpm, nowMs);
 
@@ -116,6 +116,7 @@ export function admitDecision(
     actorSettled(gateway),
     gateway.logger.child({ requestId, keyId: account.id, model: decision.modelId }),
   );
+  actor.started(durable);
   registry.add(actor);
   return { actor, prompt: prepared.prompt, promptTokens, durable, createdS: Math.floor(nowMs / 1000) };
 }

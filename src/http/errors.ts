@@ -60,6 +60,8 @@ export interface GatewayErrorOptions {
   /** Fields placed beside `error` at the top level (the 409s' request_id, request_status, status_url). */
   topLevel?: Record<string, unknown>;
   headers?: Record<string, string>;
+  /** The answer must wait for this (a durable commit the error reports on) before it is sent. */
+  settleFirst?: Promise<void>;
   cause?: unknown;
 }
 
@@ -72,6 +74,7 @@ export class GatewayError extends Error {
   readonly fields: Record<string, unknown> | undefined;
   readonly topLevel: Record<string, unknown> | undefined;
   readonly headers: Record<string, string> | undefined;
+  readonly settleFirst: Promise<void> | undefined;
 
   constructor(code: ErrorCode, message: string, options: GatewayErrorOptions = {}) {
     super(message, options.cause === undefined ? undefined : { cause: options.cause });
@@ -82,6 +85,7 @@ export class GatewayError extends Error {
     this.fields = options.fields;
     this.topLevel = options.topLevel;
     this.headers = options.headers;
+    this.settleFirst = options.settleFirst;
   }
 
   get type(): string {

@@ -1,5 +1,6 @@
 // Idempotency-Key rules: the key format, and what a bound (API key, Idempotency-Key) pair answers.
 import { GatewayError } from '../http/errors.ts';
+import type { ActorRegistry } from '../requests/registry.ts';
 import type { GatewayState } from '../state/apply.ts';
 
 const IDEMPOTENCY_KEY_RE = /^[A-Za-z0-9._:-]{8,255}$/;
@@ -23,6 +24,7 @@ export function parseIdempotencyKey(value: string | null): string | null {
  */
 export function checkIdempotency(
   state: GatewayState,
+  live: ActorRegistry,
   keyId: string,
   idempotencyKey: string,
   fingerprint: string,
@@ -41,6 +43,9 @@ export function checkIdempotency(
   const status = record?.status ?? 'completed';
   const url = statusUrl(binding.requestId);
   const inProgress = status === 'in_progress';
+  // The 409 names the original: it must not be answered before what it reports is durable, or a crash
+  // in between would leave the client holding an id the restarted gateway has never heard of.
+  const settleFirst = live.get(binding.requestId)?.durable;
   throw new GatewayError(
     inProgress ? 'request_in_progress' : 'request_already_completed',
     inProgress
@@ -50,6 +55,7 @@ export function checkIdempotency(
       param: 'Idempotency-Key',
       topLevel: { request_id: binding.requestId, request_status: status, status_url: url },
       headers: { 'x-service-request-status': url },
+      ...(settleFirst ? { settleFirst } : {}),
     },
   );
 }

@@ -50,6 +50,8 @@ export class RequestActor {
   readonly controller = new AbortController();
   private readonly done = Promise.withResolvers<void>();
   private finishing = false;
+  /** The actor's latest commit: what anyone who names this request to a client must wait for. */
+  private lastCommit: Promise<void> = Promise.resolve();
 
   constructor(
     readonly init: ActorInit,
@@ -68,6 +70,16 @@ export class RequestActor {
 
   get signal(): AbortSignal {
     return this.controller.signal;
+  }
+
+  /** Records the commit that started this request (hold and binding), once the actor exists. */
+  started(durable: Promise<void>): void {
+    this.lastCommit = durable.catch(() => {});
+  }
+
+  /** Resolves when what is known of this request in memory is durable (start, or start and finish). */
+  get durable(): Promise<void> {
+    return this.lastCommit;
   }
 
   /** Resolves once the terminal state is durable (the hold settled or released). */
@@ -103,7 +115,7 @@ export class RequestActor {
     this.finishing = true;
     this.transition(outcome.status);
     try {
-      await this.store.commit([
+      const commit = this.store.commit([
         {
           type: 'request.finished',
           request_id: this.id,
@@ -117,6 +129,8 @@ export class RequestActor {
           at_ms: Date.now(),
         },
       ]);
+      this.lastCommit = commit.catch(() => {});
+      await commit;
     } catch (error) {
       this.logger.error({ err: (error as Error).message }, 'request: could not record the terminal state');
     } finally {
