@@ -5,12 +5,14 @@ import { actorSettled, statusUrl, type Gateway } from '../gateway.ts';
 import { GatewayError, internalError } from '../http/errors.ts';
 import { checkIdempotency } from '../idempotency/store.ts';
 import type { KeyAccount } from '../state/apply.ts';
-import type { Usage } from '../state/events.ts';
+import type { Event, Usage } from '../state/events.ts';
 import type { Delta, ProviderRequest, ToolCall } from '../providers/provider.ts';
 import { abortError, RequestActor, statusForAbort, type Outcome } from '../requests/actor.ts';
 import { assert } from '../util/assert.ts';
 import type { ChatRequest } from './model.ts';
 import type { PublicFinishReason } from './stream.ts';
+
+const RESOLVED: Promise<void> = Promise.resolve();
 
 export interface Admission {
   actor: RequestActor;
@@ -71,7 +73,7 @@ export function admitChat(
   }
   if (registry.full) throw new GatewayError('service_unavailable', 'The gateway is at its limit of requests in flight; retry shortly.');
 
-  const durable = store.commit([
+  const started: Event[] = [
     {
       type: 'request.started',
       request_id: requestId,
@@ -86,7 +88,13 @@ export function admitChat(
       budget_hold_micro: 0,
       at_ms: nowMs,
     },
-  ]);
+  ];
+  // A stream names its id in its first chunk and an Idempotency-Key makes it findable: those starts are
+  // logged now (overlapping the provider call). A plain non-stream call's id is first seen with its
+  // answer, so its start goes to the log with its finish, sparing a separate fsync.
+  let durable: Promise<void> = RESOLVED;
+  if (chat.stream || idempotency) durable = store.commit(started);
+  else store.applyUnlogged(requestId, started);
   // A failed durability is handled by whoever awaits it; never an unhandled rejection.
   durable.catch(() => {});
   const actor = new RequestActor(

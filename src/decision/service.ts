@@ -7,10 +7,12 @@ import { checkIdempotency } from '../idempotency/store.ts';
 import type { ProviderRequest } from '../providers/provider.ts';
 import { abortError, RequestActor, statusForAbort, type Outcome } from '../requests/actor.ts';
 import { DAY_MS, type KeyAccount } from '../state/apply.ts';
-import type { Amount, Usage } from '../state/events.ts';
+import type { Amount, Event, Usage } from '../state/events.ts';
 import { assert } from '../util/assert.ts';
 import type { Answer, DecisionRequest } from './model.ts';
 import { buildPrompt, DECISION_TOOL_NAME, extractJsonObject, readAnswers, type DecisionPrompt } from './prompt.ts';
+
+const RESOLVED: Promise<void> = Promise.resolve();
 
 /** A model answer that is not a valid label or level is asked again this many times, then 502. */
 const ANSWER_RETRIES = 1;
@@ -93,7 +95,7 @@ export function admitDecision(
   }
   if (registry.full) throw new GatewayError('service_unavailable', 'The gateway is at its limit of requests in flight; retry shortly.');
 
-  const durable = store.commit([
+  const started: Event[] = [
     {
       type: 'request.started',
       request_id: requestId,
@@ -108,7 +110,12 @@ export function admitDecision(
       budget_hold_micro: account.dailyDecisionBudgetMicro === null ? 0 : estimateMicro,
       at_ms: nowMs,
     },
-  ]);
+  ];
+  // Without an Idempotency-Key nobody can name this request before its answer (which carries the id),
+  // so its start is logged with its finish in one record; with one, the binding is durable first.
+  let durable: Promise<void> = RESOLVED;
+  if (idempotency) durable = store.commit(started);
+  else store.applyUnlogged(requestId, started);
   durable.catch(() => {});
   const actor = new RequestActor(
     { id: requestId, keyId: account.id, service: 'decision', model: decision.modelName, stream: false, hold },

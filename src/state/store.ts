@@ -21,6 +21,13 @@ export class StateStore {
   readonly state: GatewayState;
   private readonly wal: WriteAheadLog;
   private snapshotting: Promise<void> | null = null;
+  /**
+   * Starts applied in memory but not yet logged, by request id. A request nobody outside can name yet
+   * (a non-stream call without an Idempotency-Key: its id is first sent with its answer) needs no
+   * durable start: its start is logged together with its finish, in one record and one fsync. A crash
+   * before that loses nothing anyone was told, and the hold vanishes with the memory that held it.
+   */
+  private readonly unlogged = new Map<string, Event[]>();
 
   private constructor(state: GatewayState, wal: WriteAheadLog, private readonly options: StoreOptions) {
     this.state = state;
@@ -65,9 +72,19 @@ export class StateStore {
     if (this.wal.failure) throw this.unavailable();
     for (const event of events) checkEvent(event);
     for (const event of events) this.state.apply(event);
+    let record = events;
+    if (this.unlogged.size > 0) {
+      for (const event of events) {
+        if (event.type !== 'request.finished') continue;
+        const start = this.unlogged.get(event.request_id);
+        if (!start) continue;
+        this.unlogged.delete(event.request_id);
+        record = [...start, ...record];
+      }
+    }
     let durable: Promise<void>;
     try {
-      durable = this.wal.append(events);
+      durable = this.wal.append(record);
     } catch (error) {
       throw error instanceof WalUnavailableError ? this.unavailable() : error;
     }
@@ -75,6 +92,25 @@ export class StateStore {
     return durable.catch((error) => {
       throw error instanceof WalUnavailableError ? this.unavailable() : error;
     });
+  }
+
+  /**
+   * Applies the start of `requestId` now and logs it with the request's finish (see `unlogged`).
+   * Same checks as `commit`; the caller must commit the request's `request.finished` later.
+   */
+  applyUnlogged(requestId: string, events: Event[]): void {
+    if (this.wal.failure) throw this.unavailable();
+    for (const event of events) checkEvent(event);
+    for (const event of events) this.state.apply(event);
+    this.unlogged.set(requestId, events);
+  }
+
+  /** Logs every start still waiting for its finish (before a snapshot, which must match the log). */
+  private logUnlogged(): void {
+    if (this.unlogged.size === 0) return;
+    const record = [...this.unlogged.values()].flat();
+    this.unlogged.clear();
+    this.wal.append(record).catch(() => {});
   }
 
   private unavailable(): GatewayError {
@@ -88,6 +124,8 @@ export class StateStore {
 
   /** Writes a snapshot of the current state and drops the log segments it covers. */
   async snapshot(): Promise<void> {
+    // The snapshot holds every in-flight request, so every start it holds must be in the log by `seq`.
+    this.logUnlogged();
     const seq = this.wal.lastSeq;
     const json = serializeState(this.state);
     try {
