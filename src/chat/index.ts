@@ -194,8 +194,11 @@ export function chatController(gateway: Gateway) {
       const data = Object.entries(config.models).map(([id, model]) => ({ id, object: 'model', created: model.created, owned_by: model.provider }));
       return Response.json({ object: 'list', data });
     })
-    .get('/requests/:id', ({ request, params }) => {
+    .get('/requests/:id', async ({ request, params }) => {
       const account = authenticate(gateway.store, request.headers.get('authorization'), 'chat');
+      ownRecord(gateway, account.id, params.id);
+      // Memory may be ahead of the disk by one commit; report only what a crash cannot take back.
+      await gateway.registry.get(params.id)?.durable;
       return Response.json(statusView(gateway, ownRecord(gateway, account.id, params.id)));
     })
     .post(

@@ -108,10 +108,12 @@ function lookupView(record: RequestRecord): Record<string, unknown> {
 export function decisionController(gateway: Gateway) {
   return new Elysia({ name: 'decision', prefix: '/decision/v1' })
     .post('/decide', ({ request }) => decide(gateway, request), { parse: 'none' })
-    .get('/requests/:id', ({ request, params }) => {
+    .get('/requests/:id', async ({ request, params }) => {
       const headers = { ...JSON_HEADERS, 'x-request-id': newDecisionRequestId() };
       try {
         const account = authenticate(gateway.store, request.headers.get('authorization'), 'decision');
+        // Memory may be ahead of the disk by one commit; report only what a crash cannot take back.
+        await gateway.registry.get(params.id)?.durable;
         const record = gateway.store.state.request(params.id);
         if (!record || record.keyId !== account.id || record.service !== 'decision') {
           throw new GatewayError('request_not_found', `No decision request ${params.id} for this API key.`, { param: null });

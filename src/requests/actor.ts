@@ -114,6 +114,9 @@ export class RequestActor {
     assert(!this.finishing, `finish twice for ${this.id}`);
     this.finishing = true;
     this.transition(outcome.status);
+    // Whoever reads this request from now on (even re-entrantly, inside the commit) waits for its finish.
+    const finishDurable = Promise.withResolvers<void>();
+    this.lastCommit = finishDurable.promise;
     try {
       const commit = this.store.commit([
         {
@@ -129,11 +132,11 @@ export class RequestActor {
           at_ms: Date.now(),
         },
       ]);
-      this.lastCommit = commit.catch(() => {});
       await commit;
     } catch (error) {
       this.logger.error({ err: (error as Error).message }, 'request: could not record the terminal state');
     } finally {
+      finishDurable.resolve();
       this.onSettled(this, outcome);
       this.done.resolve();
     }

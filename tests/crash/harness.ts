@@ -1,0 +1,804 @@
+// Crash loop: load a real gateway process, SIGKILL it at a random moment, restart it on the same data dir, check recovery.
+// Shared by tests/crash/crash-loop.test.ts (≥ 20 cycles in `bun test`) and bench/soak.ts (the long soak).
+import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+
+const REPO_ROOT = resolve(import.meta.dir, '../..');
+const SERVER_ENTRY = join(REPO_ROOT, 'src/main.ts');
+const ADMIN_TOKEN = 'crash-loop-admin-token-0123456789';
+const MICRO_PER_CREDIT = 1_000_000;
+/** model_03's catalogue rates: credits per 1M tokens, i.e. µcr per token (src/config/defaults.ts). */
+const MODEL_03_RATES = { input: 5, output: 14 };
+/** No single request may take longer than this; a hang is reported as a violation, not waited out. */
+const REQUEST_TIMEOUT_MS = 15_000;
+/** A server that has not logged "tollgate listening" by then is reported as a failed start. */
+const START_TIMEOUT_MS = 15_000;
+/** Log lines kept per server process for a violation's context. */
+const LOG_TAIL_LINES = 40;
+
+/**
+ * The brief's config: a slightly slow simulator (about 25 ms per answer) so that requests are in flight
+ * when the kill lands, and fsync on every commit so that every acknowledgement is a promise about disk.
+ */
+export const CRASH_CONFIG = {
+  providers: { simulator: { type: 'simulator', ttft_ms: 5, tokens_per_second: 2000, completion_tokens: 40 } },
+  wal: { fsync: 'always' },
+};
+
+/** Keys with modest credits: model_03 without an output cap reserves ≈ 1.79 credits, so some requests get 402. */
+const KEY_PLANS = [
+  { name: 'crash-roomy', creditsMicro: 8_000_000 },
+  { name: 'crash-tight', creditsMicro: 2_500_000 },
+  { name: 'crash-tiny', creditsMicro: 60_000 },
+] as const;
+
+/** Output caps a request may carry: none (the 128k model cap, ≈ 1.79 cr hold), a medium one, one below the answer length. */
+const OUTPUT_CAPS: readonly (number | null)[] = [null, null, 2_000, 30];
+const WORDS = ['river', 'stone', 'light', 'quiet', 'garden', 'signal', 'answer', 'token', 'cloud', 'bridge', 'winter', 'market'];
+
+export interface CrashLoopOptions {
+  cycles: number;
+  /** Seed of the PRNG that draws the load mix and the kill moments; the same seed replays the same plan. */
+  seed: number;
+  /** Concurrent chat requests per cycle. */
+  requestsPerCycle?: number;
+  /** The kill lands a uniformly drawn 0..killDelayMsMax ms after the load starts. */
+  killDelayMsMax?: number;
+  /** Deep-merged over CRASH_CONFIG (e.g. a small wal.snapshot_every_records). */
+  configOverrides?: Record<string, unknown>;
+  /** Old idempotency keys and records re-checked each cycle, besides this cycle's (all are checked at the end). */
+  historySamplePerCycle?: number;
+  /** Progress lines (the soak prints them); silent when absent. */
+  log?: (line: string) => void;
+  /** Keep the data dir after the run (it is always kept when there are violations). */
+  keepDataDir?: boolean;
+}
+
+export interface CrashLoopResult {
+  seed: number;
+  cycles: number;
+  requestsSent: number;
+  /** 200s (non-stream) and streams that delivered their 200 and chatcmpl id. */
+  acknowledged: number;
+  /** Acknowledged and complete: a full JSON body, or a stream that reached [DONE]. */
+  completed: number;
+  quotaRefused: number;
+  /** Concurrent duplicates answered 409 request_in_progress while their twin ran. */
+  duplicatesRefused: number;
+  /** No HTTP status: cut off by the kill. */
+  cutOff: number;
+  topUps: { acknowledged: number; cutOff: number };
+  idempotentRetriesChecked: number;
+  recordsChecked: number;
+  interruptedRecovered: number;
+  statusCounts: Record<string, number>;
+  violations: string[];
+  dataDir: string;
+  elapsedMs: number;
+}
+
+// ---------------------------------------------------------------------------------------------- PRNG
+
+/** mulberry32: small, fast, and the same sequence for the same seed on every platform. */
+export class SeededRandom {
+  private state: number;
+  constructor(seed: number) {
+    this.state = seed >>> 0;
+  }
+  next(): number {
+    this.state = (this.state + 0x6d2b79f5) >>> 0;
+    let t = this.state;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4_294_967_296;
+  }
+  int(maxExclusive: number): number {
+    return Math.floor(this.next() * maxExclusive);
+  }
+  chance(probability: number): boolean {
+    return this.next() < probability;
+  }
+  pick<T>(items: readonly T[]): T {
+    return items[this.int(items.length)]!;
+  }
+  sample<T>(items: readonly T[], count: number): T[] {
+    if (items.length <= count) return [...items];
+    const chosen = new Set<number>();
+    while (chosen.size < count) chosen.add(this.int(items.length));
+    return [...chosen].map((index) => items[index]!);
+  }
+}
+
+// ------------------------------------------------------------------------------------------ the server
+
+function toMicro(credits: unknown): number {
+  if (typeof credits !== 'number' || !Number.isFinite(credits)) return Number.NaN;
+  return Math.round(credits * MICRO_PER_CREDIT);
+}
+
+function deepMerge(base: unknown, override: unknown): unknown {
+  const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
+  if (!isObject(base) || !isObject(override)) return override;
+  const merged: Record<string, unknown> = { ...base };
+  for (const [key, value] of Object.entries(override)) merged[key] = key in base ? deepMerge(base[key], value) : value;
+  return merged;
+}
+
+/** One `bun src/main.ts serve` process; its port is learned from the "tollgate listening" log line. */
+export class ServerProcess {
+  readonly logTail: string[] = [];
+  /** Log lines at level error (50) or above: in a crash loop each one is a bug. */
+  readonly errorLines: string[] = [];
+  private stderrText = '';
+  private constructor(
+    readonly proc: ReturnType<typeof Bun.spawn>,
+    private readonly stdoutDone: Promise<void>,
+    private readonly stderrDone: Promise<void>,
+  ) {}
+
+  url = '';
+
+  static async start(dataDir: string, configPath: string): Promise<ServerProcess> {
+    const proc = Bun.spawn([process.execPath, SERVER_ENTRY, 'serve'], {
+      cwd: REPO_ROOT,
+      env: {
+        ...process.env,
+        PORT: '0',
+        HOST: '127.0.0.1',
+        DATA_DIR: dataDir,
+        ADMIN_TOKEN,
+        LOG_LEVEL: 'info',
+        GATEWAY_CONFIG: configPath,
+      },
+      stdin: 'ignore',
+      stdout: 'pipe',
+      stderr: 'pipe',
+    });
+    const listening = Promise.withResolvers<string>();
+    let server!: ServerProcess;
+    const stdoutDone = (async () => {
+      const decoder = new TextDecoder();
+      let buffered = '';
+      for await (const chunk of proc.stdout as ReadableStream<Uint8Array>) {
+        buffered += decoder.decode(chunk, { stream: true });
+        let newline = buffered.indexOf('\n');
+        while (newline !== -1) {
+          const line = buffered.slice(0, newline);
+          buffered = buffered.slice(newline + 1);
+          newline = buffered.indexOf('\n');
+          if (line.length === 0) continue;
+          server?.remember(line);
+          try {
+            const entry = JSON.parse(line) as { msg?: string; url?: string; level?: number };
+            if (entry.msg === 'tollgate listening' && typeof entry.url === 'string') listening.resolve(entry.url);
+            if ((entry.level ?? 0) >= 50) server?.errorLines.push(line);
+          } catch {
+            // Not a pino line (Bun itself printing something); kept in the tail only.
+          }
+        }
+      }
+      if (buffered.length > 0) server?.remember(buffered);
+    })();
+    const stderrDone = (async () => {
+      const text = await new Response(proc.stderr as ReadableStream<Uint8Array>).text();
+      if (server) server.stderrText = text;
+    })();
+    server = new ServerProcess(proc, stdoutDone, stderrDone);
+    const timer = setTimeout(() => listening.reject(new Error(`no "tollgate listening" line within ${START_TIMEOUT_MS} ms`)), START_TIMEOUT_MS);
+    void proc.exited.then((code) => listening.reject(new Error(`server exited with code ${code} before listening`)));
+    try {
+      server.url = await listening.promise;
+    } catch (error) {
+      proc.kill('SIGKILL');
+      await proc.exited;
+      await Promise.allSettled([stdoutDone, stderrDone]);
+      throw new Error(`${(error as Error).message}\n${server.diagnostics()}`);
+    } finally {
+      clearTimeout(timer);
+    }
+    return server;
+  }
+
+  private remember(line: string): void {
+    this.logTail.push(line);
+    if (this.logTail.length > LOG_TAIL_LINES) this.logTail.shift();
+  }
+
+  /** True when the process ended on its own (it must only ever die by our SIGKILL). */
+  get exitedOnItsOwn(): boolean {
+    return this.proc.exitCode !== null;
+  }
+
+  async kill(): Promise<void> {
+    this.proc.kill('SIGKILL');
+    await this.proc.exited;
+    await Promise.allSettled([this.stdoutDone, this.stderrDone]);
+  }
+
+  diagnostics(): string {
+    return [`exit code ${this.proc.exitCode}, signal ${this.proc.signalCode}`, `stderr: ${this.stderrText.trim()}`, ...this.logTail.slice(-12)].join('\n');
+  }
+}
+
+// ------------------------------------------------------------------------------------------ the client
+
+interface KeyHandle {
+  id: string;
+  secret: string;
+}
+
+interface Balances {
+  creditsMicro: number;
+  heldMicro: number;
+  chargedMicro: number;
+  addedMicro: number;
+}
+
+interface ChatPlan {
+  index: number;
+  key: KeyHandle;
+  stream: boolean;
+  idempotencyKey: string | null;
+  body: string;
+  /** Sent twice at once: the twin must be refused while the original runs. */
+  duplicate: boolean;
+}
+
+interface Usage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+}
+
+interface ChatOutcome {
+  plan: ChatPlan;
+  status: number | null;
+  requestId: string | null;
+  /** The server committed to this request: a 200, or (streams) the chatcmpl id it sent. */
+  acknowledged: boolean;
+  /** The whole answer arrived: JSON body, or a stream through [DONE]. */
+  complete: boolean;
+  usage: Usage | null;
+  errorCode: string | null;
+  requestStatus: string | null;
+  transportError: string | null;
+}
+
+/** What a cycle learned about an acknowledged request, kept for later cycles and the final sweep. */
+interface Remembered {
+  cycle: number;
+  plan: ChatPlan;
+  requestId: string;
+  /** The terminal status read after the first restart; it must never change afterwards. */
+  status: string;
+  chargedMicro: number;
+}
+
+function fetchWithTimeout(url: string, init: RequestInit = {}): Promise<Response> {
+  return fetch(url, { ...init, keepalive: false, signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS) } as RequestInit);
+}
+
+function adminHeaders(): Record<string, string> {
+  return { authorization: `Bearer ${ADMIN_TOKEN}`, 'content-type': 'application/json' };
+}
+
+async function readJson(response: Response): Promise<any> {
+  const text = await response.text();
+  try {
+    return JSON.parse(text);
+  } catch {
+    return { unparsed: text };
+  }
+}
+
+async function createKey(baseUrl: string, name: string, creditsMicro: number): Promise<KeyHandle> {
+  const response = await fetchWithTimeout(`${baseUrl}/admin/v1/keys`, {
+    method: 'POST',
+    headers: adminHeaders(),
+    body: JSON.stringify({ name, services: ['chat'], credits: creditsMicro / MICRO_PER_CREDIT, rate_limit_rpm: 1_000_000 }),
+  });
+  const body = await readJson(response);
+  if (response.status !== 201) throw new Error(`creating key ${name}: ${response.status} ${JSON.stringify(body)}`);
+  return { id: body.id, secret: body.key };
+}
+
+async function readBalances(baseUrl: string, keyId: string): Promise<Balances> {
+  const response = await fetchWithTimeout(`${baseUrl}/admin/v1/keys/${keyId}`, { headers: adminHeaders() });
+  const body = await readJson(response);
+  if (response.status !== 200) throw new Error(`reading key ${keyId}: ${response.status} ${JSON.stringify(body)}`);
+  const b = body.balances ?? {};
+  return { creditsMicro: toMicro(b.credits), heldMicro: toMicro(b.held), chargedMicro: toMicro(b.charged), addedMicro: toMicro(b.credits_added) };
+}
+
+/** Reads an SSE body to its end (or until the connection dies), noting the id, usage, [DONE] and error events. */
+async function readStream(response: Response, outcome: ChatOutcome): Promise<void> {
+  const decoder = new TextDecoder();
+  let buffered = '';
+  const handle = (event: string) => {
+    for (const line of event.split('\n')) {
+      if (!line.startsWith('data: ')) continue;
+      const data = line.slice(6);
+      if (data === '[DONE]') {
+        outcome.complete = true;
+        continue;
+      }
+      const chunk = JSON.parse(data);
+      if (chunk.error) outcome.errorCode = chunk.error.code ?? 'unknown';
+      if (typeof chunk.id === 'string') outcome.requestId ??= chunk.id;
+      if (chunk.usage) outcome.usage = chunk.usage;
+    }
+  };
+  try {
+    for await (const piece of response.body as ReadableStream<Uint8Array>) {
+      buffered += decoder.decode(piece, { stream: true });
+      let end = buffered.indexOf('\n\n');
+      while (end !== -1) {
+        handle(buffered.slice(0, end));
+        buffered = buffered.slice(end + 2);
+        end = buffered.indexOf('\n\n');
+      }
+    }
+  } catch (error) {
+    outcome.transportError = `stream cut: ${(error as Error).message}`;
+  }
+}
+
+async function sendChat(baseUrl: string, plan: ChatPlan): Promise<ChatOutcome> {
+  const outcome: ChatOutcome = {
+    plan,
+    status: null,
+    requestId: null,
+    acknowledged: false,
+    complete: false,
+    usage: null,
+    errorCode: null,
+    requestStatus: null,
+    transportError: null,
+  };
+  const headers: Record<string, string> = { authorization: `Bearer ${plan.key.secret}`, 'content-type': 'application/json' };
+  if (plan.idempotencyKey) headers['idempotency-key'] = plan.idempotencyKey;
+  try {
+    const response = await fetchWithTimeout(`${baseUrl}/api/v1/chat/completions`, { method: 'POST', headers, body: plan.body });
+    outcome.status = response.status;
+    outcome.requestId = response.headers.get('x-request-id');
+    if (response.status === 200) {
+      // A 200 is sent only once the hold (and any Idempotency-Key binding) is durable: the server is committed.
+      outcome.acknowledged = true;
+      if (plan.stream) {
+        await readStream(response, outcome);
+      } else {
+        // A non-stream 200 is sent only after the terminal state is durable, even if its body is then cut.
+        outcome.complete = true;
+        try {
+          const body = (await response.json()) as { id?: unknown; usage?: Usage };
+          outcome.usage = body.usage ?? null;
+          if (typeof body.id === 'string') outcome.requestId = body.id;
+        } catch (error) {
+          outcome.transportError = `body cut: ${(error as Error).message}`;
+        }
+      }
+    } else {
+      const body = await readJson(response);
+      outcome.errorCode = body?.error?.code ?? null;
+      if (typeof body?.request_id === 'string') outcome.requestId = body.request_id;
+      outcome.requestStatus = body?.request_status ?? null;
+    }
+  } catch (error) {
+    outcome.transportError = (error as Error).message;
+  }
+  return outcome;
+}
+
+/** Sends a chat request again and reads the whole answer, whatever it is. */
+async function retryChat(baseUrl: string, plan: ChatPlan): Promise<ChatOutcome> {
+  return sendChat(baseUrl, plan);
+}
+
+async function readRecord(baseUrl: string, key: KeyHandle, requestId: string): Promise<{ status: number; body: any }> {
+  const response = await fetchWithTimeout(`${baseUrl}/api/v1/requests/${requestId}`, { headers: { authorization: `Bearer ${key.secret}` } });
+  return { status: response.status, body: await readJson(response) };
+}
+
+// -------------------------------------------------------------------------------------------- the loop
+
+function planChat(random: SeededRandom, keys: KeyHandle[], seed: number, cycle: number, index: number): ChatPlan {
+  const stream = random.chance(0.5);
+  const withKey = random.chance(1 / 3);
+  const cap = random.pick(OUTPUT_CAPS);
+  const body: Record<string, unknown> = {
+    model: 'model_03',
+    messages: [{ role: 'user', content: `crash loop ${seed} cycle ${cycle} request ${index}: ${random.pick(WORDS)} ${random.pick(WORDS)}` }],
+    stream,
+  };
+  if (cap !== null) body.max_completion_tokens = cap;
+  return {
+    index,
+    key: random.pick(keys),
+    stream,
+    idempotencyKey: withKey ? `crash-${seed}-${cycle}-${index}` : null,
+    body: JSON.stringify(body),
+    duplicate: withKey && random.chance(0.25),
+  };
+}
+
+function expectedChargeMicro(usage: Usage, holdMicro: number): number {
+  return Math.min(holdMicro, usage.prompt_tokens * MODEL_03_RATES.input + usage.completion_tokens * MODEL_03_RATES.output);
+}
+
+export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoopResult> {
+  const startedMs = performance.now();
+  const requestsPerCycle = options.requestsPerCycle ?? 16;
+  const killDelayMsMax = options.killDelayMsMax ?? 40;
+  const historySample = options.historySamplePerCycle ?? 6;
+  const log = options.log ?? (() => {});
+  const random = new SeededRandom(options.seed);
+  const dataRoot = mkdtempSync(join(tmpdir(), 'tollgate-crash-'));
+  const dataDir = join(dataRoot, 'data');
+  const configPath = join(dataRoot, 'config.json');
+  writeFileSync(configPath, JSON.stringify(deepMerge(CRASH_CONFIG, options.configOverrides ?? {})));
+
+  const result: CrashLoopResult = {
+    seed: options.seed,
+    cycles: 0,
+    requestsSent: 0,
+    acknowledged: 0,
+    completed: 0,
+    quotaRefused: 0,
+    duplicatesRefused: 0,
+    cutOff: 0,
+    topUps: { acknowledged: 0, cutOff: 0 },
+    idempotentRetriesChecked: 0,
+    recordsChecked: 0,
+    interruptedRecovered: 0,
+    statusCounts: {},
+    violations: [],
+    dataDir: dataRoot,
+    elapsedMs: 0,
+  };
+  let cycle = 0;
+  const violation = (message: string) => {
+    result.violations.push(`cycle ${cycle} (seed ${options.seed}): ${message}`);
+    log(`VIOLATION cycle ${cycle}: ${message}`);
+  };
+
+  let server: ServerProcess | null = await ServerProcess.start(dataDir, configPath);
+  const keys: KeyHandle[] = [];
+  // What each key's ledger must show: the last observed balances, to bound the next cycle's changes.
+  const last = new Map<string, Balances>();
+  for (const plan of KEY_PLANS) {
+    const key = await createKey(server.url, plan.name, plan.creditsMicro);
+    keys.push(key);
+    last.set(key.id, await readBalances(server.url, key.id));
+  }
+  const rememberedIdempotent: Remembered[] = [];
+  const rememberedRecords: Remembered[] = [];
+
+  /** The ledger of every key: the invariant to the µcr, nothing held while nothing runs, nothing negative. */
+  const checkLedgers = async (baseUrl: string, when: string): Promise<Map<string, Balances>> => {
+    const now = new Map<string, Balances>();
+    for (const key of keys) {
+      const b = await readBalances(baseUrl, key.id);
+      now.set(key.id, b);
+      const values = [b.creditsMicro, b.heldMicro, b.chargedMicro, b.addedMicro];
+      if (!values.every(Number.isSafeInteger)) violation(`${when}: key ${key.id} balances are not whole µcr: ${JSON.stringify(b)}`);
+      if (b.addedMicro !== b.creditsMicro + b.heldMicro + b.chargedMicro) {
+        violation(`${when}: key ${key.id} ledger broken: added ${b.addedMicro} ≠ balance ${b.creditsMicro} + held ${b.heldMicro} + charged ${b.chargedMicro}`);
+      }
+      if (b.creditsMicro < 0 || b.heldMicro < 0 || b.chargedMicro < 0) violation(`${when}: key ${key.id} has a negative balance: ${JSON.stringify(b)}`);
+      if (b.heldMicro !== 0) violation(`${when}: key ${key.id} still holds ${b.heldMicro} µcr with nothing in flight`);
+    }
+    return now;
+  };
+
+  /** A remembered record must still read back with the same terminal status and charge. */
+  const checkRemembered = async (baseUrl: string, entry: Remembered, when: string): Promise<void> => {
+    result.recordsChecked++;
+    const { status, body } = await readRecord(baseUrl, entry.plan.key, entry.requestId);
+    if (status !== 200) return violation(`${when}: record ${entry.requestId} (cycle ${entry.cycle}) no longer readable: ${status} ${JSON.stringify(body)}`);
+    if (body.request_status !== entry.status || toMicro(body.charged_credits) !== entry.chargedMicro) {
+      violation(
+        `${when}: record ${entry.requestId} (cycle ${entry.cycle}) changed: was ${entry.status}/${entry.chargedMicro} µcr, now ${body.request_status}/${toMicro(body.charged_credits)} µcr`,
+      );
+    }
+  };
+
+  /** A retry of an acknowledged Idempotency-Key: 409 naming the original, never a new task. */
+  const checkRetry = async (baseUrl: string, entry: Remembered, when: string): Promise<void> => {
+    result.idempotentRetriesChecked++;
+    const retry = await retryChat(baseUrl, entry.plan);
+    const ok =
+      retry.status === 409 &&
+      (retry.errorCode === 'request_already_completed' || retry.errorCode === 'request_in_progress') &&
+      retry.requestId === entry.requestId;
+    if (!ok) {
+      violation(
+        `${when}: retry of Idempotency-Key ${entry.plan.idempotencyKey} (original ${entry.requestId}, cycle ${entry.cycle}) answered ` +
+          `${retry.status} ${retry.errorCode ?? ''} request_id=${retry.requestId} ${retry.transportError ?? ''}`,
+      );
+    } else if (retry.requestStatus !== entry.status) {
+      violation(`${when}: retry of ${entry.plan.idempotencyKey} reports status ${retry.requestStatus}, the record says ${entry.status}`);
+    }
+  };
+
+  try {
+    for (cycle = 1; cycle <= options.cycles; cycle++) {
+      const baseUrl: string = server!.url;
+      const before = new Map(last);
+
+      // The load: concurrent chat requests (some sent twice at once), and now and then a top-up.
+      const plans = Array.from({ length: requestsPerCycle }, (_, index) => planChat(random, keys, options.seed, cycle, index));
+      const topUps: Array<{ keyId: string; creditsMicro: number; promise: Promise<boolean> }> = [];
+      for (const key of keys) {
+        const b = before.get(key.id)!;
+        const plan = KEY_PLANS[keys.indexOf(key)]!;
+        // Balances stay near the plan's, so the same share of requests meets 402 in cycle 500 as in cycle 5;
+        // amounts are arbitrary µcr, so that any rounding of credits on the way would show in the ledger check.
+        let creditsMicro = 0;
+        if (b.creditsMicro < plan.creditsMicro / 2) creditsMicro = plan.creditsMicro - b.creditsMicro + random.int(1_000) + 1;
+        else if (b.creditsMicro < plan.creditsMicro && random.chance(0.1)) creditsMicro = random.int(plan.creditsMicro - b.creditsMicro) + 1;
+        if (creditsMicro > 0) topUps.push({ keyId: key.id, creditsMicro, promise: Promise.resolve(false) });
+      }
+      const killDelayMs = random.int(killDelayMsMax + 1);
+      const sends: Promise<ChatOutcome>[] = [];
+      for (const plan of plans) {
+        sends.push(sendChat(baseUrl, plan));
+        if (plan.duplicate) sends.push(sendChat(baseUrl, plan));
+      }
+      for (const topUp of topUps) {
+        topUp.promise = fetchWithTimeout(`${baseUrl}/admin/v1/keys/${topUp.keyId}/credits`, {
+          method: 'POST',
+          headers: adminHeaders(),
+          body: JSON.stringify({ credits: topUp.creditsMicro / MICRO_PER_CREDIT }),
+        }).then(
+          async (response) => {
+            await response.arrayBuffer().catch(() => {});
+            return response.status === 200;
+          },
+          () => false,
+        );
+      }
+      // Waiting for a random moment, not asserting timing: the kill must land before, during or after the work.
+      if (killDelayMs > 0) await Bun.sleep(killDelayMs);
+      if (server!.exitedOnItsOwn) violation(`the server exited on its own during load:\n${server!.diagnostics()}`);
+      await server!.kill();
+      for (const line of server!.errorLines) violation(`the server logged an error: ${line}`);
+      const dead = server!;
+      server = null;
+      const outcomes = await Promise.all(sends);
+      const topUpResults = await Promise.all(topUps.map((t) => t.promise));
+      result.requestsSent += sends.length;
+
+      // Restart on the same data dir: recovery must succeed, whatever moment the kill hit.
+      try {
+        server = await ServerProcess.start(dataDir, configPath);
+      } catch (error) {
+        violation(`restart failed after the kill: ${(error as Error).message}\nlast log of the killed process:\n${dead.diagnostics()}`);
+        break;
+      }
+      const url = server.url;
+      const when = `after kill at ${killDelayMs} ms`;
+
+      // 1. The ledger of every key, and the bounds the acknowledged work sets on it.
+      const after = await checkLedgers(url, when);
+      for (const key of keys) {
+        const b0 = before.get(key.id)!;
+        const b1 = after.get(key.id)!;
+        let ackedTopUpMicro = 0;
+        let cutTopUpMicro = 0;
+        topUps.forEach((t, i) => {
+          if (t.keyId !== key.id) return;
+          if (topUpResults[i]) ackedTopUpMicro += t.creditsMicro;
+          else cutTopUpMicro += t.creditsMicro;
+        });
+        const addedDelta = b1.addedMicro - b0.addedMicro;
+        // An acknowledged top-up is durable; one cut off by the kill may or may not have been written.
+        // At most one top-up per key and cycle, so the change is exactly one of two amounts.
+        if (addedDelta !== ackedTopUpMicro && addedDelta !== ackedTopUpMicro + cutTopUpMicro) {
+          violation(`${when}: key ${key.id} credits_added moved by ${addedDelta} µcr; acknowledged top-ups ${ackedTopUpMicro}, cut off ${cutTopUpMicro}`);
+        }
+        if (b1.chargedMicro < b0.chargedMicro) violation(`${when}: key ${key.id} charged went down from ${b0.chargedMicro} to ${b1.chargedMicro}`);
+      }
+      result.topUps.acknowledged += topUpResults.filter(Boolean).length;
+      result.topUps.cutOff += topUpResults.filter((ok) => !ok).length;
+
+      // 2. Every request the server acknowledged has a durable record; count what happened.
+      const chargedByKey = new Map<string, number>();
+      const idempotentOutcomes = new Map<string, ChatOutcome[]>();
+      for (const outcome of outcomes) {
+        const label = outcome.status === null ? 'cut' : String(outcome.status);
+        result.statusCounts[label] = (result.statusCounts[label] ?? 0) + 1;
+        if (outcome.status === null) result.cutOff++;
+        if (outcome.status === 402) result.quotaRefused++;
+        if (outcome.status !== null && outcome.status >= 500) {
+          violation(`request ${outcome.plan.index} answered ${outcome.status} ${outcome.errorCode} before the kill`);
+        }
+        if (outcome.plan.idempotencyKey) {
+          const list = idempotentOutcomes.get(outcome.plan.idempotencyKey) ?? [];
+          list.push(outcome);
+          idempotentOutcomes.set(outcome.plan.idempotencyKey, list);
+        }
+        // A twin that arrives while the original runs is in progress; one that arrives after it, already completed.
+        const twinRefusal = outcome.errorCode === 'request_in_progress' || outcome.errorCode === 'request_already_completed';
+        if (outcome.status === 409 && outcome.plan.duplicate && twinRefusal) result.duplicatesRefused++;
+        else if (outcome.status === 409) violation(`request ${outcome.plan.index} answered 409 ${outcome.errorCode} during load`);
+        if (outcome.errorCode && outcome.status === 200) {
+          violation(`stream ${outcome.requestId} ended with an error event ${outcome.errorCode} before the kill`);
+        }
+        if (!outcome.acknowledged) continue;
+        result.acknowledged++;
+        if (outcome.complete) result.completed++;
+        if (!outcome.requestId) {
+          violation(`request ${outcome.plan.index} was acknowledged without a request id`);
+          continue;
+        }
+        result.recordsChecked++;
+        const { status, body } = await readRecord(url, outcome.plan.key, outcome.requestId);
+        if (status !== 200) {
+          violation(`${when}: acknowledged request ${outcome.requestId} is not readable after restart: ${status} ${JSON.stringify(body)}`);
+          continue;
+        }
+        const recordStatus: string = body.request_status;
+        const chargedMicro = toMicro(body.charged_credits);
+        const reservedMicro = toMicro(body.reserved_credits);
+        chargedByKey.set(outcome.plan.key.id, (chargedByKey.get(outcome.plan.key.id) ?? 0) + chargedMicro);
+        if (outcome.complete) {
+          if (recordStatus !== 'completed') violation(`${when}: request ${outcome.requestId} answered in full but its record is ${recordStatus}/${body.error_code}`);
+          if (outcome.usage) {
+            if (JSON.stringify(body.usage) !== JSON.stringify(outcome.usage)) {
+              violation(`${when}: request ${outcome.requestId} usage ${JSON.stringify(outcome.usage)} but the record has ${JSON.stringify(body.usage)}`);
+            }
+            const expected = expectedChargeMicro(outcome.usage, reservedMicro);
+            if (chargedMicro !== expected) violation(`${when}: request ${outcome.requestId} charged ${chargedMicro} µcr, its usage costs ${expected}`);
+          }
+        } else if (recordStatus === 'completed') {
+          if (chargedMicro > reservedMicro) violation(`${when}: request ${outcome.requestId} charged ${chargedMicro} above its hold ${reservedMicro}`);
+        } else if (recordStatus === 'error' && body.error_code === 'interrupted') {
+          result.interruptedRecovered++;
+          if (chargedMicro !== 0) violation(`${when}: interrupted request ${outcome.requestId} was charged ${chargedMicro} µcr`);
+        } else {
+          violation(`${when}: stream ${outcome.requestId} cut by the kill ended as ${recordStatus}/${body.error_code}, expected completed or error/interrupted`);
+        }
+        const entry: Remembered = { cycle, plan: outcome.plan, requestId: outcome.requestId, status: recordStatus, chargedMicro };
+        rememberedRecords.push(entry);
+      }
+      // Charges of acknowledged requests are part of the key's charged total (others may add to it, never subtract).
+      for (const key of keys) {
+        const grew = after.get(key.id)!.chargedMicro - before.get(key.id)!.chargedMicro;
+        const known = chargedByKey.get(key.id) ?? 0;
+        if (grew < known) violation(`${when}: key ${key.id} charged grew by ${grew} µcr, but acknowledged requests were charged ${known}`);
+      }
+
+      // 3. Idempotency: twins never both ran; acknowledged keys answer 409 on retry and charge nothing more.
+      const retriesNow: Remembered[] = [];
+      const unacknowledged: ChatPlan[] = [];
+      for (const [idempotencyKey, list] of idempotentOutcomes) {
+        const acked = list.filter((o) => o.acknowledged);
+        if (acked.length > 1) violation(`Idempotency-Key ${idempotencyKey} ran twice: ${acked.map((o) => o.requestId).join(', ')}`);
+        const refused = list.find((o) => o.status === 409 && o.requestId);
+        if (acked.length === 1) {
+          const entry = rememberedRecords.find((r) => r.requestId === acked[0]!.requestId);
+          if (entry) {
+            rememberedIdempotent.push(entry);
+            retriesNow.push(entry);
+          }
+          if (refused && refused.requestId !== acked[0]!.requestId) {
+            violation(`Idempotency-Key ${idempotencyKey}: the twin was told ${refused.requestId}, the original is ${acked[0]!.requestId}`);
+          }
+        } else if (refused) {
+          // The twin learned the original's id (a 409 is an acknowledgement that the request exists) but the
+          // original's own answer was cut off. Its record must exist; the status is read like any other.
+          result.recordsChecked++;
+          const { status, body } = await readRecord(url, refused.plan.key, refused.requestId!);
+          if (status !== 200) {
+            violation(
+              `${when}: Idempotency-Key ${idempotencyKey}: a 409 ${refused.errorCode} named request ${refused.requestId}, ` +
+                `which does not exist after restart (${status} ${body?.error?.code}); the binding was acknowledged before it was durable`,
+            );
+            unacknowledged.push(refused.plan);
+          } else {
+            const entry: Remembered = {
+              cycle,
+              plan: refused.plan,
+              requestId: refused.requestId!,
+              status: body.request_status,
+              chargedMicro: toMicro(body.charged_credits),
+            };
+            if (body.request_status === 'error' && body.error_code === 'interrupted') result.interruptedRecovered++;
+            rememberedRecords.push(entry);
+            rememberedIdempotent.push(entry);
+            retriesNow.push(entry);
+          }
+        } else if (list.some((o) => o.status === null)) {
+          unacknowledged.push(list[0]!.plan);
+        }
+      }
+      const older = random.sample(
+        rememberedIdempotent.filter((r) => r.cycle < cycle),
+        historySample,
+      );
+      for (const entry of [...retriesNow, ...older]) await checkRetry(url, entry, when);
+      for (const entry of random.sample(rememberedRecords.filter((r) => r.cycle < cycle), historySample)) {
+        await checkRemembered(url, entry, when);
+      }
+      const afterRetries = await checkLedgers(url, `${when}, after idempotent retries`);
+      for (const key of keys) {
+        if (afterRetries.get(key.id)!.chargedMicro !== after.get(key.id)!.chargedMicro) {
+          violation(`${when}: retries of acknowledged Idempotency-Keys changed key ${key.id}'s charged total from ${after.get(key.id)!.chargedMicro} to ${afterRetries.get(key.id)!.chargedMicro}`);
+        }
+      }
+
+      // 4. A key whose first attempt was cut before any answer may or may not be bound; either way a retry
+      //    yields exactly one task: a 409 naming a readable record, or a new 200 (the first never became durable).
+      for (const plan of unacknowledged) {
+        const retry = await retryChat(url, plan);
+        result.idempotentRetriesChecked++;
+        if (retry.status === 409) {
+          if (!retry.requestId || (retry.errorCode !== 'request_already_completed' && retry.errorCode !== 'request_in_progress')) {
+            violation(`${when}: retry of cut-off ${plan.idempotencyKey} answered 409 ${retry.errorCode} without a usable request_id`);
+            continue;
+          }
+          const { status, body } = await readRecord(url, plan.key, retry.requestId);
+          if (status !== 200) violation(`${when}: retry of ${plan.idempotencyKey} names ${retry.requestId}, which is not readable (${status})`);
+          else rememberedIdempotent.push({ cycle, plan, requestId: retry.requestId, status: body.request_status, chargedMicro: toMicro(body.charged_credits) });
+        } else if (retry.status === 200 && retry.acknowledged && retry.complete && retry.requestId) {
+          const { status, body } = await readRecord(url, plan.key, retry.requestId);
+          if (status === 200) {
+            rememberedIdempotent.push({ cycle, plan, requestId: retry.requestId, status: body.request_status, chargedMicro: toMicro(body.charged_credits) });
+            rememberedRecords.push({ cycle, plan, requestId: retry.requestId, status: body.request_status, chargedMicro: toMicro(body.charged_credits) });
+          } else {
+            violation(`${when}: retry of ${plan.idempotencyKey} completed as ${retry.requestId}, which is not readable (${status})`);
+          }
+        } else if (retry.status !== 402) {
+          violation(`${when}: retry of cut-off ${plan.idempotencyKey} answered ${retry.status} ${retry.errorCode} ${retry.transportError ?? ''}`);
+        }
+      }
+
+      // The next cycle's baseline, read once everything above has settled.
+      const settled = await checkLedgers(url, `${when}, end of cycle`);
+      for (const [id, b] of settled) last.set(id, b);
+      result.cycles = cycle;
+      if (cycle % 25 === 0 || cycle === options.cycles) {
+        log(
+          `cycle ${cycle}/${options.cycles}: sent ${result.requestsSent}, acknowledged ${result.acknowledged}, completed ${result.completed}, ` +
+            `402 ${result.quotaRefused}, cut ${result.cutOff}, interrupted ${result.interruptedRecovered}, violations ${result.violations.length}`,
+        );
+      }
+    }
+
+    // The final sweep, against the last server: every acknowledged key and every record, not a sample.
+    if (server && result.cycles === options.cycles) {
+      cycle = options.cycles + 1;
+      const url = server.url;
+      const before = await checkLedgers(url, 'final sweep');
+      for (const entry of rememberedIdempotent) await checkRetry(url, entry, 'final sweep');
+      for (const entry of rememberedRecords) await checkRemembered(url, entry, 'final sweep');
+      const after = await checkLedgers(url, 'final sweep, after retries');
+      for (const key of keys) {
+        if (after.get(key.id)!.chargedMicro !== before.get(key.id)!.chargedMicro) {
+          violation(`final sweep: retries changed key ${key.id}'s charged total from ${before.get(key.id)!.chargedMicro} to ${after.get(key.id)!.chargedMicro}`);
+        }
+      }
+      for (const line of server.errorLines) violation(`the server logged an error: ${line}`);
+    }
+  } finally {
+    if (server) await server.kill();
+    result.elapsedMs = Math.round(performance.now() - startedMs);
+    if (result.violations.length === 0 && !options.keepDataDir) rmSync(dataRoot, { recursive: true, force: true });
+  }
+  return result;
+}
+
+/** One line per number, for the soak's summary and a failing test's message. */
+export function summarize(result: CrashLoopResult): string {
+  return [
+    `seed ${result.seed}: ${result.cycles} cycles in ${(result.elapsedMs / 1000).toFixed(1)} s`,
+    `requests sent ${result.requestsSent}, acknowledged ${result.acknowledged} (complete ${result.completed}), ` +
+      `402 ${result.quotaRefused}, duplicate 409 ${result.duplicatesRefused}, cut off before an answer ${result.cutOff}`,
+    `recovered as interrupted ${result.interruptedRecovered}; top-ups acknowledged ${result.topUps.acknowledged}, cut off ${result.topUps.cutOff}`,
+    `checked: idempotent retries ${result.idempotentRetriesChecked}, records ${result.recordsChecked}`,
+    `statuses ${JSON.stringify(result.statusCounts)}`,
+    `violations ${result.violations.length}${result.violations.length > 0 ? ` (data kept in ${result.dataDir})` : ''}`,
+    ...result.violations.slice(0, 20).map((v) => `  - ${v}`),
+  ].join('\n');
+}
