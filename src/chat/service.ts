@@ -118,6 +118,7 @@ export function admitChat(
     tools: chat.tools,
     toolChoice: chat.toolChoice,
     promptTokens,
+    stream: chat.stream,
   };
   return { actor, providerRequest, durable, createdS: Math.floor(nowMs / 1000), createdMs: nowMs };
 }

@@ -192,6 +192,7 @@ export async function runDecision(
     tools: prompt.tools,
     toolChoice: prompt.toolChoice,
     promptTokens: admission.promptTokens,
+    stream: false,
   };
   let outcome: Outcome | null = null;
   const released: Amount = { credits_micro: 0, tokens: 0 };

@@ -36,6 +36,11 @@ export interface ProviderRequest {
   toolChoice: ToolChoice | null;
   /** The gateway's own count of the input, for providers that do not report usage. */
   promptTokens: number;
+  /**
+   * Whether the caller streams. When false, a provider may fetch the answer in one piece (cheaper than
+   * an event stream); it still yields the same deltas.
+   */
+  stream: boolean;
 }
 
 export type FinishReason = 'stop' | 'length' | 'tool_calls';

@@ -189,7 +189,8 @@ describe('200: a decision', () => {
     // The model was asked through a submit_decision function whose schema enumerates labels and levels.
     expect(fake.calls).toBe(1);
     const sent = fake.bodies[0];
-    expect(sent.stream).toBe(true);
+    // A decision is one answer: asked without stream, so a server that honours that sends one JSON body.
+    expect(sent.stream).toBeUndefined();
     expect(sent.model).toBe('up');
     expect(sent.tools).toEqual([
       {

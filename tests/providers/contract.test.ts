@@ -61,6 +61,7 @@ function makeRequest(overrides: Partial<ProviderRequest> = {}): ProviderRequest 
     seed: 7,
     stop: null,
     toolChoice: null,
+    stream: true,
     ...overrides,
     messages,
     tools,
@@ -414,6 +415,45 @@ describe('openai adapter', () => {
       { type: 'tool_call', index: 0, id: call!.id, name: call!.name, arguments: call!.arguments },
       { type: 'finish', reason: 'tool_calls', usage: null },
     ]);
+  });
+
+  test('a non-stream request asks for JSON and gives the deltas a stream would, merged', async () => {
+    const upstream = track(startSimulatorUpstream(FAST));
+    const request = makeRequest({ stream: false });
+    const deltas = await collect(adapter(upstream.baseUrl), request);
+    expect(upstream.requests[0]!.body.stream).toBeUndefined();
+    expect(upstream.requests[0]!.body.stream_options).toBeUndefined();
+    expect(deltas).toEqual([
+      { type: 'text', text: textOf(await referenceDeltas(FAST, request)) },
+      { type: 'finish', reason: 'stop', usage: { promptTokens: request.promptTokens, completionTokens: 24 } },
+    ]);
+  });
+
+  test('a non-stream request with tools gets the tool call from the JSON answer', async () => {
+    const upstream = track(startSimulatorUpstream(FAST));
+    const request = makeRequest({ tools: TOOLS, toolChoice: 'required', stream: false });
+    const deltas = await collect(adapter(upstream.baseUrl), request);
+    const [call] = toolCallsOf(await referenceDeltas(FAST, request));
+    expect(deltas).toEqual([
+      { type: 'tool_call', index: 0, id: call!.id, name: call!.name, arguments: call!.arguments },
+      { type: 'finish', reason: 'tool_calls', usage: { promptTokens: request.promptTokens, completionTokens: expect.any(Number) } },
+    ]);
+  });
+
+  test('an abort while a non-stream request waits for its JSON stops the upstream', async () => {
+    const upstream = track(startSimulatorUpstream(SLOW));
+    const controller = new AbortController();
+    const pending = collect(adapter(upstream.baseUrl), makeRequest({ stream: false }), controller.signal);
+    const received = await upstream.firstRequest;
+    const startedMs = performance.now();
+    controller.abort(new Error('cancelled by test'));
+    const error = await pending.then(
+      () => null,
+      (caught: unknown) => caught,
+    );
+    expect((error as Error).message).toBe('cancelled by test');
+    expect(performance.now() - startedMs).toBeLessThan(50);
+    await received.aborted;
   });
 
   test('upstream 500 is upstream_error 502, without the prompt or the key in the message', async () => {

@@ -25,7 +25,7 @@ export interface FakeUpstream {
 export interface SimulatorUpstreamOptions {
   /** Send the trailing usage chunk when asked for it (true), or never (false). */
   usage?: boolean;
-  /** Answer with one chat.completion JSON object, as a server that ignores `stream` does. */
+  /** Answer with one chat.completion JSON object even when asked to stream, as a server that ignores `stream` does. */
   json?: boolean;
 }
 
@@ -82,6 +82,7 @@ export function providerRequestFromBody(body: Record<string, unknown>): Provider
     tools,
     toolChoice: (body.tool_choice as ProviderRequest['toolChoice'] | undefined) ?? null,
     promptTokens: countPromptTokens(messages, tools),
+    stream: body.stream === true,
   };
 }
 
@@ -91,7 +92,8 @@ export function startSimulatorUpstream(config: SimulatorProviderConfig, options:
   return startUpstream((req, recorded) => {
     const request = providerRequestFromBody(recorded.body);
     const wantsUsage = options.usage !== false && (recorded.body.stream_options as { include_usage?: boolean })?.include_usage === true;
-    if (options.json) return jsonAnswer(simulator, request, req.signal, options.usage !== false);
+    // Like OpenAI: an event stream only when asked for one.
+    if (options.json || request.stream !== true) return jsonAnswer(simulator, request, req.signal, options.usage !== false);
     return sseAnswer(simulator, request, req.signal, wantsUsage);
   });
 }

@@ -24,6 +24,7 @@ function makeRequest(overrides: Partial<ProviderRequest> = {}): ProviderRequest 
     tools: null,
     toolChoice: null,
     promptTokens: 12,
+    stream: true,
     ...overrides,
   };
 }

@@ -379,8 +379,11 @@ function requestBody(request: ProviderRequest): Record<string, unknown> {
     body.tools = request.tools;
     if (request.toolChoice !== null) body.tool_choice = request.toolChoice;
   }
-  body.stream = true;
-  body.stream_options = { include_usage: true };
+  // A non-stream caller gets a non-stream upstream call: one JSON body instead of an event stream to parse.
+  if (request.stream) {
+    body.stream = true;
+    body.stream_options = { include_usage: true };
+  }
   return body;
 }
 
