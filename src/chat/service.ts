@@ -101,7 +101,7 @@ export function admitChat(
     { id: requestId, keyId: account.id, service: 'chat', model: chat.modelId, stream: chat.stream, hold: { credits_micro: holdMicro, tokens: 0 } },
     store,
     actorSettled(gateway),
-    gateway.logger.child({ requestId, keyId: account.id, model: chat.modelId }),
+    gateway.logger,
   );
   actor.started(durable);
   registry.add(actor);

@@ -121,7 +121,7 @@ export function admitDecision(
     { id: requestId, keyId: account.id, service: 'decision', model: decision.modelName, stream: false, hold },
     store,
     actorSettled(gateway),
-    gateway.logger.child({ requestId, keyId: account.id, model: decision.modelId }),
+    gateway.logger,
   );
   actor.started(durable);
   registry.add(actor);

@@ -38,6 +38,8 @@ export interface ActorInit {
   hold: Amount;
 }
 
+const RESOLVED: Promise<void> = Promise.resolve();
+
 const LEGAL: Record<RequestStatus, readonly RequestStatus[]> = {
   in_progress: ['completed', 'cancelled', 'error'],
   completed: [],
@@ -51,14 +53,21 @@ export class RequestActor {
   private readonly done = Promise.withResolvers<void>();
   private finishing = false;
   /** The actor's latest commit: what anyone who names this request to a client must wait for. */
-  private lastCommit: Promise<void> = Promise.resolve();
+  private lastCommit: Promise<void> = RESOLVED;
+  private childLogger: Logger | null = null;
 
   constructor(
     readonly init: ActorInit,
     private readonly store: StateStore,
     private readonly onSettled: (actor: RequestActor, outcome: Outcome) => void,
-    readonly logger: Logger,
+    private readonly rootLogger: Logger,
   ) {}
+
+  /** A logger bound to this request; made on first use, since most requests never log (a pino child costs µs). */
+  get logger(): Logger {
+    this.childLogger ??= this.rootLogger.child({ requestId: this.init.id, keyId: this.init.keyId, model: this.init.model });
+    return this.childLogger;
+  }
 
   get id(): string {
     return this.init.id;

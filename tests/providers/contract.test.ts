@@ -581,6 +581,35 @@ describe('openai adapter', () => {
     await upstream.closed;
   });
 
+  // A sized JSON body is read whole (not through a stream reader); the timer and aborts must still reach it.
+  const JSON_HEAD = 'HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 400\r\n\r\n{"id": "chatcmpl-1",';
+
+  test('a JSON answer that stops mid-body is upstream_timeout, and the connection is dropped', async () => {
+    const upstream = track(startHeadersOnlyServer(JSON_HEAD));
+    const request = makeRequest({ stream: false });
+    const error = await expectGatewayError(collect(adapter(upstream.baseUrl, { timeout_ms: 200 }), request), 'upstream_timeout', 504);
+    expect(error.message).toBe('Upstream fake-openai sent nothing for 200 ms.');
+    await upstream.closed;
+  });
+
+  test('an abort while a JSON answer stops mid-body throws the reason promptly and drops the connection', async () => {
+    const upstream = track(startHeadersOnlyServer(JSON_HEAD));
+    const controller = new AbortController();
+    const pending = collect(adapter(upstream.baseUrl), makeRequest({ stream: false }), controller.signal);
+    // Once the server has answered the head, give the client a turn to start reading the body.
+    await upstream.received;
+    await nextMacrotask();
+    const startedMs = performance.now();
+    controller.abort(new Error('cancelled by test'));
+    const error = await pending.then(
+      () => null,
+      (caught: unknown) => caught,
+    );
+    expect((error as Error).message).toBe('cancelled by test');
+    expect(performance.now() - startedMs).toBeLessThan(50);
+    await upstream.closed;
+  });
+
   test('silence after the first bytes is upstream_timeout (idle between reads)', async () => {
     const upstream = track(
       startUpstream((req) => {

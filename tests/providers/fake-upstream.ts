@@ -182,22 +182,27 @@ export function sseResponse(parts: string[], status = 200): Response {
 }
 
 /**
- * A raw TCP server that answers every request with status line and headers, then stays silent.
+ * A raw TCP server that answers every request with `head` (status line, headers, maybe the start of a
+ * body), then stays silent.
  * Bun.serve cannot do this: it holds back the headers of a streamed body until the first chunk.
  */
-export function startHeadersOnlyServer(): { baseUrl: string; closed: Promise<void>; stop(): void } {
+export function startHeadersOnlyServer(
+  head = 'HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n',
+): { baseUrl: string; received: Promise<void>; closed: Promise<void>; stop(): void } {
+  const received = Promise.withResolvers<void>();
   const closed = Promise.withResolvers<void>();
   const server = Bun.listen({
     hostname: '127.0.0.1',
     port: 0,
     socket: {
       data(socket) {
-        socket.write('HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n');
+        socket.write(head);
+        received.resolve();
       },
       close() {
         closed.resolve();
       },
     },
   });
-  return { baseUrl: `http://127.0.0.1:${server.port}/v1`, closed: closed.promise, stop: () => server.stop(true) };
+  return { baseUrl: `http://127.0.0.1:${server.port}/v1`, received: received.promise, closed: closed.promise, stop: () => server.stop(true) };
 }
