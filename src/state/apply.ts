@@ -1,6 +1,7 @@
 // The in-memory state and the one `apply` that changes it; live commands and replay both go through here.
 import { LRUCache } from 'lru-cache';
-import { assert } from '../util/assert.ts';
+import { assert, AssertionError } from '../util/assert.ts';
+import { RecordTable } from './records.ts';
 import type { Amount, Event, RequestFinished, RequestRecorded, RequestStarted, RequestStatus, Service, Usage } from './events.ts';
 
 export const DAY_MS = 86_400_000;
@@ -71,11 +72,11 @@ export class GatewayState {
   /** Requests holding credits right now; never evicted, bounded by admission (max_in_flight). */
   readonly inFlight = new Map<string, RequestRecord>();
   /** Finished requests, for the status endpoints; bounded, oldest go first. */
-  readonly finished: LRUCache<string, RequestRecord>;
+  readonly finished: RecordTable;
   readonly idempotency: LRUCache<string, IdempotencyBinding>;
 
   constructor(readonly limits: StateLimits) {
-    this.finished = new LRUCache({ max: limits.requestRecordsMax, ttl: limits.requestRecordTtlMs, ttlAutopurge: false });
+    this.finished = new RecordTable(limits.requestRecordsMax, limits.requestRecordTtlMs);
     this.idempotency = new LRUCache({ max: limits.idempotencyKeysMax, ttl: 1, ttlAutopurge: false });
   }
 
@@ -141,7 +142,7 @@ export class GatewayState {
   }
 
   private applyStarted(event: RequestStarted): void {
-    assert(!this.inFlight.has(event.request_id) && !this.finished.has(event.request_id), `request ${event.request_id} exists`);
+    if (this.inFlight.has(event.request_id) || this.finished.has(event.request_id)) assert(false, `request ${event.request_id} exists`);
     const account = this.account(event.key_id);
     assert(account.balanceMicro >= event.hold.credits_micro, 'hold exceeds the balance');
     assert(account.tokenWallet >= event.hold.tokens, 'hold exceeds the token wallet');
@@ -184,7 +185,7 @@ export class GatewayState {
 
   private applyFinished(event: RequestFinished): void {
     const record = this.inFlight.get(event.request_id);
-    assert(record, `finish of unknown or finished request ${event.request_id}`);
+    if (!record) throw new AssertionError(`finish of unknown or finished request ${event.request_id}`);
     const account = this.account(record.keyId);
     const { hold } = record;
     assert(event.charge.credits_micro <= hold.credits_micro, 'charge exceeds the credit hold');
@@ -213,7 +214,7 @@ export class GatewayState {
     record.httpStatus = event.http_status;
     record.answers = event.answers;
     this.inFlight.delete(record.id);
-    this.finished.set(record.id, record);
+    this.finished.add(record);
     // Decision: an original that ended without a decision frees its Idempotency-Key for the retry.
     if (record.service === 'decision' && event.status !== 'completed' && record.idempotencyKey !== null) {
       const scope = idempotencyScope(record.keyId, record.idempotencyKey);
@@ -226,7 +227,7 @@ export class GatewayState {
     // A refused request never held anything; an id seen again (cannot happen) keeps its first record.
     if (this.inFlight.has(event.request_id) || this.finished.has(event.request_id)) return;
     const nothing = { credits_micro: 0, tokens: 0 };
-    this.finished.set(event.request_id, {
+    this.finished.add({
       id: event.request_id,
       keyId: event.key_id,
       service: event.service,
@@ -248,7 +249,7 @@ export class GatewayState {
 
   account(keyId: string): KeyAccount {
     const account = this.keys.get(keyId);
-    assert(account, `unknown key ${keyId}`);
+    if (!account) throw new AssertionError(`unknown key ${keyId}`);
     return account;
   }
 }
@@ -261,11 +262,15 @@ function safeAdd(a: number, b: number): number {
 
 /** The ledger invariant, checked after every change to an account. */
 export function checkLedger(account: KeyAccount): void {
-  assert(account.balanceMicro >= 0 && account.heldMicro >= 0 && account.chargedMicro >= 0, `negative ledger on ${account.id}`);
-  assert(
-    account.creditsAddedMicro === account.balanceMicro + account.heldMicro + account.chargedMicro,
-    `ledger invariant broken on ${account.id}`,
-  );
-  assert(account.tokenWallet >= 0 && account.tokensHeld >= 0, `negative token wallet on ${account.id}`);
-  assert(account.tokensAdded === account.tokenWallet + account.tokensHeld + account.tokensCharged, `token ledger broken on ${account.id}`);
+  // Conditions first: the messages (with the key id) are built only when one fails; this runs per commit.
+  if (!(account.balanceMicro >= 0 && account.heldMicro >= 0 && account.chargedMicro >= 0)) {
+    assert(false, `negative ledger on ${account.id}`);
+  }
+  if (account.creditsAddedMicro !== account.balanceMicro + account.heldMicro + account.chargedMicro) {
+    assert(false, `ledger invariant broken on ${account.id}`);
+  }
+  if (!(account.tokenWallet >= 0 && account.tokensHeld >= 0)) assert(false, `negative token wallet on ${account.id}`);
+  if (account.tokensAdded !== account.tokenWallet + account.tokensHeld + account.tokensCharged) {
+    assert(false, `token ledger broken on ${account.id}`);
+  }
 }

@@ -12,8 +12,8 @@ export function serializeState(state: GatewayState): string {
   const snapshot: SnapshotV1 = {
     keys: [...state.keys.values()],
     inFlight: [...state.inFlight.values()],
-    // Oldest first, so restoring in order rebuilds the same recency.
-    finished: [...state.finished.rvalues()].filter((r): r is RequestRecord => r !== undefined),
+    // Oldest first, so restoring in order rebuilds the same eviction order.
+    finished: [...state.finished.values()],
     idempotency: [...state.idempotency.rentries()] as Array<[string, IdempotencyBinding]>,
   };
   return JSON.stringify(snapshot);
@@ -26,7 +26,7 @@ export function restoreState(state: GatewayState, raw: unknown, nowMs: number): 
     state.keysBySecret.set(account.secretSha256, account);
   }
   for (const record of snapshot.inFlight) state.inFlight.set(record.id, record);
-  for (const record of snapshot.finished) state.finished.set(record.id, record);
+  for (const record of snapshot.finished) state.finished.add(record);
   for (const [scope, binding] of snapshot.idempotency) {
     const ttl = binding.expiresAtMs - nowMs;
     if (ttl > 0) state.idempotency.set(scope, binding, { ttl });

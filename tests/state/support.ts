@@ -4,6 +4,9 @@ import type { StateLimits } from '../../src/state/apply.ts';
 import type { StoreOptions } from '../../src/state/store.ts';
 import { createLogger } from '../../src/util/log.ts';
 
+/** Event times: recent, since finished records expire `requestRecordTtlMs` after their finish. */
+export const T0_MS = Date.now();
+
 export const LIMITS: StateLimits = { requestRecordsMax: 1000, requestRecordTtlMs: 3_600_000, idempotencyKeysMax: 1000 };
 
 export function storeOptions(dataDir: string, overrides: Partial<StoreOptions> = {}): StoreOptions {
@@ -36,13 +39,13 @@ export function keyCreated(keyId: string, creditsMicro = 0, overrides: Partial<K
     token_wallet: 0,
     daily_decision_budget_micro: null,
     rate_limit_rpm: null,
-    at_ms: 1_700_000_000_000,
+    at_ms: T0_MS + 0,
     ...overrides,
   };
 }
 
 export function keyCredited(keyId: string, creditsMicro: number, tokens = 0) {
-  return { type: 'key.credited' as const, key_id: keyId, credits_micro: creditsMicro, tokens, at_ms: 1_700_000_000_001 };
+  return { type: 'key.credited' as const, key_id: keyId, credits_micro: creditsMicro, tokens, at_ms: T0_MS + 1 };
 }
 
 export function requestStarted(
@@ -61,7 +64,7 @@ export function requestStarted(
     hold: { credits_micro: holdMicro, tokens: 0 },
     idempotency: null,
     budget_hold_micro: 0,
-    at_ms: 1_700_000_000_002,
+    at_ms: T0_MS + 2,
     ...overrides,
   };
 }
@@ -77,7 +80,7 @@ export function requestFinished(requestId: string, chargeMicro: number, override
     charge: { credits_micro: chargeMicro, tokens: 0 },
     budget_spend_micro: 0,
     answers: null,
-    at_ms: 1_700_000_000_003,
+    at_ms: T0_MS + 3,
     ...overrides,
   };
 }

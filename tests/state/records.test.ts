@@ -1,0 +1,92 @@
+// The finished-record ring: what goes in comes out the same, the oldest go first, old ones expire.
+import { describe, expect, test } from 'bun:test';
+import type { RequestRecord } from '../../src/state/apply.ts';
+import { RecordTable } from '../../src/state/records.ts';
+
+const NOW_MS = 1_800_000_000_000;
+const TTL_MS = 60_000;
+
+function record(id: string, overrides: Partial<RequestRecord> = {}): RequestRecord {
+  return {
+    id,
+    keyId: 'key_abc',
+    service: 'chat',
+    model: 'model_03',
+    stream: true,
+    status: 'completed',
+    createdAtMs: NOW_MS - 20,
+    finishedAtMs: NOW_MS - 10,
+    hold: { credits_micro: 9_007_199_254_740_991, tokens: 0 },
+    charge: { credits_micro: 1_234_567, tokens: 0 },
+    budgetHoldMicro: 0,
+    usage: { prompt_tokens: 11, completion_tokens: 22, total_tokens: 33 },
+    errorCode: null,
+    httpStatus: 200,
+    answers: null,
+    idempotencyKey: null,
+    ...overrides,
+  };
+}
+
+describe('RecordTable', () => {
+  test('a record reads back field for field, nulls included', () => {
+    const table = new RecordTable(4, TTL_MS);
+    const completed = record('a');
+    const failed = record('b', {
+      service: 'decision',
+      stream: false,
+      status: 'error',
+      usage: null,
+      errorCode: 'upstream_timeout',
+      httpStatus: null,
+      hold: { credits_micro: 5, tokens: 700 },
+      charge: { credits_micro: 0, tokens: 650 },
+      budgetHoldMicro: 42,
+    });
+    const decided = record('c', { service: 'decision', answers: { q1: 'yes', q2: 3 } });
+    for (const r of [completed, failed, decided]) table.add(r);
+    expect(table.get('a', NOW_MS)).toEqual(completed);
+    expect(table.get('b', NOW_MS)).toEqual(failed);
+    expect(table.get('c', NOW_MS)).toEqual(decided);
+    expect(table.get('nope', NOW_MS)).toBeUndefined();
+    expect(table.size).toBe(3);
+  });
+
+  test('when full, the oldest record makes room, and its answers go with it', () => {
+    const table = new RecordTable(3, TTL_MS);
+    table.add(record('a', { answers: { q: 'first' } }));
+    for (const id of ['b', 'c', 'd', 'e']) table.add(record(id));
+    expect(table.size).toBe(3);
+    expect(table.has('a')).toBe(false);
+    expect(table.has('b')).toBe(false);
+    expect([...table.values(NOW_MS)].map((r) => r.id)).toEqual(['c', 'd', 'e']);
+    // The slot 'a' had now holds 'd', which must not inherit a's answers.
+    expect(table.get('d', NOW_MS)?.answers).toBeNull();
+  });
+
+  test('a record older than the TTL is gone for reads and snapshots', () => {
+    const table = new RecordTable(8, TTL_MS);
+    table.add(record('old', { finishedAtMs: NOW_MS - TTL_MS }));
+    table.add(record('new', { finishedAtMs: NOW_MS - TTL_MS + 1 }));
+    expect(table.get('old', NOW_MS)).toBeUndefined();
+    expect(table.get('new', NOW_MS)?.id).toBe('new');
+    expect([...table.values(NOW_MS)].map((r) => r.id)).toEqual(['new']);
+  });
+
+  test('values() in order refill a table to the same state (the snapshot path)', () => {
+    const table = new RecordTable(3, TTL_MS);
+    for (const id of ['a', 'b', 'c', 'd']) table.add(record(id, { charge: { credits_micro: id.charCodeAt(0), tokens: 0 } }));
+    const copy = new RecordTable(3, TTL_MS);
+    for (const r of table.values(NOW_MS)) copy.add(r);
+    copy.add(record('e'));
+    table.add(record('e'));
+    expect([...copy.values(NOW_MS)]).toEqual([...table.values(NOW_MS)]);
+  });
+
+  test('an id is added once; an unfinished record is refused', () => {
+    const table = new RecordTable(3, TTL_MS);
+    table.add(record('a'));
+    expect(() => table.add(record('a'))).toThrow('record a exists');
+    expect(() => table.add(record('b', { status: 'in_progress' }))).toThrow('not finished');
+  });
+});
