@@ -3,7 +3,7 @@ import { closeSync, fsync, fsyncSync, ftruncateSync, mkdirSync, openSync, readdi
 import { join } from 'node:path';
 import { assert } from '../util/assert.ts';
 import type { Logger } from '../util/log.ts';
-import { decodeFrame, encodeFrame, FRAME_HEADER_BYTES } from './frame.ts';
+import { decodeFrame, encodeTextFrame, FRAME_HEADER_BYTES } from './frame.ts';
 
 export type FsyncPolicy = 'always' | 'interval' | 'off';
 
@@ -232,9 +232,9 @@ export class WriteAheadLog {
   append(payload: unknown): Promise<void> {
     if (this.failureError) throw new WalUnavailableError(`write-ahead log unavailable: ${this.failureError.message}`);
     assert(!this.closed, 'append after close');
-    const bytes = ENCODER.encode(JSON.stringify(payload));
+    const json = JSON.stringify(payload);
     this.seq++;
-    const frame = encodeFrame(this.seq, bytes);
+    const frame = encodeTextFrame(this.seq, json);
     this.pendingFrames.push(frame);
     this.pendingBytes += frame.length;
     this.recordsSinceSnapshot++;

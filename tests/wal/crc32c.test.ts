@@ -1,6 +1,7 @@
-// CRC-32C: published check values and the slicing-by-4 path against a plain bitwise reference.
+// CRC-32C: published check values and the slicing-by-4 path against a plain bitwise reference; frame encoding.
 import { describe, expect, test } from 'bun:test';
 import { crc32c } from '../../src/wal/crc32c.ts';
+import { decodeFrame, encodeFrame, encodeTextFrame } from '../../src/wal/frame.ts';
 
 const ENCODER = new TextEncoder();
 
@@ -82,6 +83,23 @@ describe('crc32c', () => {
         expect(crc32c(bytes)).not.toBe(clean);
         bytes[i]! ^= 1 << bit;
       }
+    }
+  });
+});
+
+describe('frames', () => {
+  test('a text frame is byte for byte the frame of its UTF-8 bytes, and decodes back (multi-byte text, seq over 2^32)', () => {
+    for (const [seq, text] of [
+      [1, '{"a":1}'],
+      [2 ** 32 + 7, '{"name":"Zoë ✓ 日本 🙂"}'],
+    ] as const) {
+      const frame = encodeTextFrame(seq, text);
+      expect(frame).toEqual(encodeFrame(seq, ENCODER.encode(text)));
+      const decoded = decodeFrame(frame, 0);
+      expect(decoded.kind).toBe('ok');
+      if (decoded.kind !== 'ok') continue;
+      expect(decoded.seq).toBe(seq);
+      expect(new TextDecoder().decode(decoded.payload)).toBe(text);
     }
   });
 });
