@@ -1,0 +1,200 @@
+// Micro benchmarks (mitata) of the per-request and per-chunk hot paths, each on its own.
+//
+// Usage: bun bench/micro.ts [filter-regex]   (BENCH_JSON=1 prints one JSON line: [{name, avgNs, p50Ns, p99Ns}])
+// What is measured, with the inputs the whole-server benchmark sends:
+//   SSE parse of one upstream chunk (SseParser.feed), the chunk rewrite (ChunkEncoder.text), and the
+//   whole per-chunk relay (feed + JSON.parse + rewrite); request validation (validateChatRequest with the
+//   default config); the Idempotency-Key fingerprint (requestFingerprint); token counts of 1 KB and
+//   100 KB of text (countTextTokens); WAL append per fsync policy, one at a time and 32 at once (group commit).
+import { mkdtempSync, rmSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { join } from 'node:path';
+import { bench, do_not_optimize, group, run } from 'mitata';
+import { countTextTokens } from '../src/billing/tokens.ts';
+import { ChunkEncoder } from '../src/chat/stream.ts';
+import { validateChatRequest } from '../src/chat/model.ts';
+import { defaultConfig } from '../src/config/defaults.ts';
+import { requestFingerprint } from '../src/idempotency/fingerprint.ts';
+import { SseParser } from '../src/providers/openai/sse-parse.ts';
+import { createLogger } from '../src/util/log.ts';
+import { WriteAheadLog, type FsyncPolicy } from '../src/wal/log.ts';
+
+export interface MicroResult {
+  name: string;
+  avgNs: number;
+  p50Ns: number;
+  p99Ns: number;
+  /** Items per iteration (e.g. 32 appends): per-item time is avg / perIteration. */
+  perIteration: number;
+}
+
+const encoder = new TextEncoder();
+
+const UPSTREAM_CHUNK = encoder.encode(
+  `data: ${JSON.stringify({
+    id: 'chatcmpl-bench',
+    object: 'chat.completion.chunk',
+    created: 1_767_225_600,
+    model: 'up',
+    choices: [{ index: 0, delta: { content: 'tok07 ' }, finish_reason: null }],
+  })}\n\n`,
+);
+
+const SMALL_BODY = { model: 'model_03', messages: [{ role: 'user', content: 'hello' }], max_completion_tokens: 64 };
+const TOOLS_BODY = {
+  model: 'model_03',
+  max_completion_tokens: 256,
+  temperature: 0.2,
+  messages: [
+    { role: 'system', content: 'You are a helpful assistant that answers briefly.' },
+    ...Array.from({ length: 9 }, (_, i) => [
+      { role: 'user', content: `Question ${i}: what is the weather like in city number ${i}?` },
+      { role: 'assistant', content: `It is sunny in city ${i}, about ${15 + i} degrees.` },
+    ]).flat(),
+    { role: 'user', content: 'And tomorrow?' },
+  ],
+  tools: Array.from({ length: 4 }, (_, i) => ({
+    type: 'function',
+    function: {
+      name: `tool_${i}`,
+      description: `Tool number ${i} looks things up.`,
+      parameters: { type: 'object', properties: { city: { type: 'string' }, days: { type: 'integer' } }, required: ['city'] },
+    },
+  })),
+};
+
+/** Deterministic English-like text of about `bytes` bytes (a fixed word list, an LCG to pick). */
+export function prose(bytes: number): string {
+  const words = ['the', 'gateway', 'streams', 'tokens', 'from', 'an', 'upstream', 'model', 'and', 'bills', 'each', 'request',
+    'in', 'micro-credits', 'while', 'a', 'write-ahead', 'log', 'keeps', 'every', 'fact', 'durable', 'across', 'crashes,',
+    'restarts', 'or', 'timeouts.', 'Latency', 'matters:', '42', 'ms', 'is', 'too', 'slow!', 'naïve', 'café', '東京'];
+  let seed = 12_345;
+  let out = '';
+  while (out.length < bytes) {
+    seed = (seed * 1_103_515_245 + 12_345) % 2_147_483_648;
+    out += words[seed % words.length] + ' ';
+  }
+  return out.slice(0, bytes);
+}
+
+const logger = createLogger('silent');
+const walDirs: string[] = [];
+const wals: WriteAheadLog[] = [];
+
+function openWal(policy: FsyncPolicy): WriteAheadLog {
+  const dir = mkdtempSync(join(tmpdir(), `tollgate-bench-micro-wal-${policy}-`));
+  walDirs.push(dir);
+  const wal = WriteAheadLog.open(
+    { dir, fsync: policy, fsyncIntervalMs: 10, segmentBytes: 64 * 1024 * 1024, logger },
+    { loadSnapshot() {}, applyRecord() {} },
+  );
+  wals.push(wal);
+  return wal;
+}
+
+const WAL_RECORD = [
+  {
+    type: 'request.started',
+    request_id: 'chatcmpl-0123456789abcdefghij',
+    key_id: 'key_benchbenchbench01',
+    service: 'chat',
+    model: 'model_03',
+    stream: true,
+    hold: { credits_micro: 1_234, tokens: 0 },
+    idempotency: null,
+    budget_hold_micro: 0,
+    at_ms: 1_767_225_600_000,
+  },
+];
+
+const PER_ITERATION: Record<string, number> = {};
+
+function register(): void {
+  const config = defaultConfig();
+  const chunkEncoder = new ChunkEncoder('chatcmpl-0123456789abcdefghij', 1_767_225_600, 'model_03');
+  const parser = new SseParser();
+  const relayParser = new SseParser();
+  const text1k = prose(1024);
+  const text100k = prose(100 * 1024);
+
+  group('stream, per chunk', () => {
+    bench('sse parse (SseParser.feed, 1 chunk)', () => do_not_optimize(parser.feed(UPSTREAM_CHUNK)));
+    bench('chunk rewrite (ChunkEncoder.text)', () => do_not_optimize(chunkEncoder.text('tok07 ')));
+    bench('relay: feed + JSON.parse + rewrite', () => {
+      const events = relayParser.feed(UPSTREAM_CHUNK);
+      for (const data of events) {
+        const chunk = JSON.parse(data) as { choices: Array<{ delta: { content: string } }> };
+        do_not_optimize(chunkEncoder.text(chunk.choices[0]!.delta.content));
+      }
+    });
+  });
+
+  group('per request', () => {
+    bench('validateChatRequest (1 message)', () => do_not_optimize(validateChatRequest(SMALL_BODY, config)));
+    bench('validateChatRequest (20 messages, 4 tools)', () => do_not_optimize(validateChatRequest(TOOLS_BODY, config)));
+    bench('requestFingerprint (1 message)', () => do_not_optimize(requestFingerprint('POST', '/api/v1/chat/completions', SMALL_BODY)));
+    bench('requestFingerprint (20 messages, 4 tools)', () =>
+      do_not_optimize(requestFingerprint('POST', '/api/v1/chat/completions', TOOLS_BODY)),
+    );
+  });
+
+  group('tokenizer', () => {
+    bench('countTextTokens 1 KB', () => do_not_optimize(countTextTokens(text1k)));
+    bench('countTextTokens 100 KB', () => do_not_optimize(countTextTokens(text100k)));
+  });
+
+  group('wal append + group commit', () => {
+    for (const policy of ['always', 'interval', 'off'] as const) {
+      const wal = openWal(policy);
+      bench(`wal append x1 (fsync ${policy})`, async () => {
+        await wal.append(WAL_RECORD);
+      });
+      const name = `wal append x32 together (fsync ${policy})`;
+      PER_ITERATION[name] = 32;
+      bench(name, async () => {
+        const pending: Promise<void>[] = [];
+        for (let i = 0; i < 32; i++) pending.push(wal.append(WAL_RECORD));
+        await Promise.all(pending);
+      });
+    }
+  });
+}
+
+async function closeWals(): Promise<void> {
+  for (const wal of wals) await wal.close();
+  for (const dir of walDirs) rmSync(dir, { recursive: true, force: true });
+  wals.length = 0;
+  walDirs.length = 0;
+}
+
+/** Runs every micro benchmark quietly and returns the figures (ns per iteration). */
+export async function runMicro(filter?: RegExp): Promise<MicroResult[]> {
+  register();
+  try {
+    const { benchmarks } = await run({ format: 'quiet', ...(filter ? { filter } : {}) });
+    const results: MicroResult[] = [];
+    for (const trial of benchmarks) {
+      for (const r of trial.runs) {
+        if (!r.stats) continue;
+        results.push({ name: r.name, avgNs: r.stats.avg, p50Ns: r.stats.p50, p99Ns: r.stats.p99, perIteration: PER_ITERATION[r.name] ?? 1 });
+      }
+    }
+    return results;
+  } finally {
+    await closeWals();
+  }
+}
+
+if (import.meta.main) {
+  const filter = process.argv[2] ? new RegExp(process.argv[2]) : undefined;
+  if (process.env.BENCH_JSON === '1') {
+    console.log(JSON.stringify(await runMicro(filter)));
+  } else {
+    register();
+    try {
+      await run(filter ? { filter } : {});
+    } finally {
+      await closeWals();
+    }
+  }
+}

@@ -1,0 +1,723 @@
+// `npm run bench`: the whole server side by side (direct, trivial proxy, tollgate), memory under 1,000 open
+// streams, the WAL per fsync policy and the micro benchmarks, in one run; writes bench/results/latest.{md,json}.
+//
+// Usage: bun bench/run.ts [--rounds N] [--quick] [--skip micro,wal,memory,latency,server]
+//   BENCH_JSON=1 prints the JSON instead of the markdown (both files are written either way).
+// Layout: every gateway (proxy, tollgate) runs on core 0; the upstream, wrk and the Bun clients on core 1.
+import { mkdirSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { arch, cpus, release } from 'node:os';
+import type { MicroResult } from './micro.ts';
+import type { LatencySamples, LatencySpec } from './client.ts';
+import { CHUNKS_PER_STREAM } from './upstream.ts';
+import { walMarkdown, type WalReport } from './wal.ts';
+import {
+  BUN,
+  CORE_GATEWAY,
+  CORE_LOAD,
+  ROOT,
+  cleanup,
+  cpuSeconds,
+  drainLines,
+  ensureWrk,
+  fmt,
+  fmtInt,
+  fmtRatio,
+  installSignalCleanup,
+  median,
+  percentile,
+  pinned,
+  range,
+  rssMiB,
+  runWrk,
+  spawnChild,
+  startProxyProcess,
+  startTollgate,
+  startUpstreamProcess,
+  stopChild,
+  table,
+  tempDir,
+  wrkScript,
+  type Service,
+  type Tollgate,
+  type WrkResult,
+} from './lib.ts';
+
+// ---------------------------------------------------------------------------------------------------
+// Options
+
+const argv = process.argv.slice(2);
+const quick = argv.includes('--quick');
+const roundsAt = argv.indexOf('--rounds');
+const ROUNDS = roundsAt >= 0 ? Math.max(1, Number(argv[roundsAt + 1])) : quick ? 1 : 3;
+const skipAt = argv.indexOf('--skip');
+const SKIP = new Set(skipAt >= 0 ? (argv[skipAt + 1] ?? '').split(',') : []);
+const LOAD_SECONDS = quick ? 1 : 3; // per wrk run at 32 connections
+const LATENCY_SECONDS = quick ? 1 : 2; // per wrk run at 1 connection
+const WARMUP_SECONDS = 1;
+const LATENCY_REQUESTS = quick ? 100 : 300; // per target and mode, in the sequential client
+const OPEN_STREAMS = 1_000;
+const MEMORY_ROUNDS = quick ? 2 : 5;
+
+const log = (line: string) => process.stderr.write(`${line}\n`);
+
+// ---------------------------------------------------------------------------------------------------
+// Targets
+
+type Mode = 'nonstream' | 'stream';
+type TargetName = 'direct' | 'proxy' | 'tollgate' | 'tollgate-interval' | 'tollgate-off';
+
+interface Target {
+  name: TargetName;
+  label: string;
+  url: string;
+  /** The process whose CPU and RSS count as the gateway's (null for direct). */
+  pid: number | null;
+  headers: Record<string, string>;
+}
+
+const BODY_BASE = { model: 'model_03', messages: [{ role: 'user', content: 'hello' }], max_completion_tokens: 64 };
+function bodyFor(target: Target, mode: Mode): string {
+  // Direct and proxy reach the fake upstream, whose model is "up"; tollgate maps model_03 onto it.
+  const model = target.name === 'direct' || target.name === 'proxy' ? 'up' : 'model_03';
+  return JSON.stringify({ ...BODY_BASE, model, ...(mode === 'stream' ? { stream: true } : {}) });
+}
+
+const EXPECTED_TEXT = Array.from({ length: CHUNKS_PER_STREAM }, (_, i) => `tok${String(i + 1).padStart(2, '0')} `).join('');
+
+/** One request per target and mode before measuring: a wrong answer must not be benchmarked. */
+async function sanityCheck(target: Target, mode: Mode): Promise<void> {
+  const response = await fetch(target.url, { method: 'POST', headers: target.headers, body: bodyFor(target, mode) });
+  const text = await response.text();
+  const fail = (why: string) => {
+    throw new Error(`sanity check ${target.label} ${mode}: ${why}\n${text.slice(0, 500)}`);
+  };
+  if (response.status !== 200) fail(`HTTP ${response.status}`);
+  if (mode === 'nonstream') {
+    const json = JSON.parse(text) as { choices?: Array<{ message?: { content?: string } }> };
+    if (json.choices?.[0]?.message?.content !== EXPECTED_TEXT) fail('unexpected content');
+    return;
+  }
+  let content = '';
+  let events = 0;
+  for (const block of text.split('\n\n')) {
+    if (!block.startsWith('data: ')) continue;
+    events++;
+    const data = block.slice(6);
+    if (data === '[DONE]') continue;
+    const chunk = JSON.parse(data) as { choices?: Array<{ delta?: { content?: string } }> };
+    content += chunk.choices?.[0]?.delta?.content ?? '';
+  }
+  if (content !== EXPECTED_TEXT) fail(`unexpected streamed content ${JSON.stringify(content)}`);
+  if (!text.includes('data: [DONE]')) fail('no [DONE]');
+  if (events < CHUNKS_PER_STREAM + 2) fail(`only ${events} events`);
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Whole server
+
+interface ServerRun {
+  round: number;
+  mode: Mode;
+  connections: number;
+  target: TargetName;
+  wrk: WrkResult;
+  gatewayCpuUsPerRequest: number | null;
+  upstreamCpuUsPerRequest: number;
+  gatewayRssMiB: number | null;
+}
+
+async function measure(
+  target: Target,
+  mode: Mode,
+  connections: number,
+  seconds: number,
+  script: string,
+  upstreamPid: number,
+): Promise<Omit<ServerRun, 'round'>> {
+  const cpuBefore = target.pid === null ? 0 : cpuSeconds(target.pid);
+  const upstreamBefore = cpuSeconds(upstreamPid);
+  const wrk = await runWrk(target.url, script, connections, seconds);
+  const cpuAfter = target.pid === null ? 0 : cpuSeconds(target.pid);
+  const upstreamAfter = cpuSeconds(upstreamPid);
+  if (wrk.errors > 0 || wrk.non2xx > 0) {
+    log(`  ! ${target.label} ${mode} c${connections}: ${wrk.errors} socket errors, ${wrk.non2xx} non-2xx answers`);
+  }
+  return {
+    mode,
+    connections,
+    target: target.name,
+    wrk,
+    gatewayCpuUsPerRequest: target.pid === null ? null : ((cpuAfter - cpuBefore) * 1e6) / Math.max(1, wrk.requests),
+    upstreamCpuUsPerRequest: ((upstreamAfter - upstreamBefore) * 1e6) / Math.max(1, wrk.requests),
+    gatewayRssMiB: target.pid === null ? null : rssMiB(target.pid),
+  };
+}
+
+/** Which targets run at which connection count. */
+const PLAN: Array<{ connections: number; targets: TargetName[]; seconds: number }> = [
+  { connections: 32, targets: ['direct', 'proxy', 'tollgate', 'tollgate-off'], seconds: LOAD_SECONDS },
+  { connections: 1, targets: ['direct', 'proxy', 'tollgate', 'tollgate-interval', 'tollgate-off'], seconds: LATENCY_SECONDS },
+];
+
+async function serverBench(targets: Record<TargetName, Target>, upstream: Service): Promise<ServerRun[]> {
+  const dir = tempDir('wrk');
+  const scripts = new Map<string, string>();
+  for (const target of Object.values(targets)) {
+    for (const mode of ['nonstream', 'stream'] as const) {
+      await sanityCheck(target, mode);
+      scripts.set(`${target.name}/${mode}`, wrkScript(dir, `${target.name}-${mode}`, bodyFor(target, mode), target.headers));
+    }
+  }
+  log(`warm-up: ${WARMUP_SECONDS} s per target and mode`);
+  for (const target of Object.values(targets)) {
+    for (const mode of ['nonstream', 'stream'] as const) await runWrk(target.url, scripts.get(`${target.name}/${mode}`)!, 32, WARMUP_SECONDS);
+  }
+  const runs: ServerRun[] = [];
+  for (let round = 0; round < ROUNDS; round++) {
+    for (const mode of ['nonstream', 'stream'] as const) {
+      for (const { connections, targets: names, seconds } of PLAN) {
+        // Rotate the order each round, so no target always runs first (or right after the same one).
+        const order = names.map((_, i) => names[(i + round) % names.length]!);
+        for (const name of order) {
+          const result = await measure(targets[name], mode, connections, seconds, scripts.get(`${name}/${mode}`)!, upstream.pid);
+          runs.push({ round, ...result });
+          log(
+            `round ${round + 1}/${ROUNDS} ${mode.padEnd(9)} c${String(connections).padEnd(2)} ${targets[name].label.padEnd(22)} ` +
+              `${fmtInt(result.wrk.rps).padStart(7)} req/s  p50 ${fmt(result.wrk.p50Ms, 3)} ms  p99 ${fmt(result.wrk.p99Ms, 3)} ms` +
+              (result.gatewayCpuUsPerRequest === null ? '' : `  cpu ${fmt(result.gatewayCpuUsPerRequest, 1)} µs/req`),
+          );
+        }
+      }
+    }
+  }
+  return runs;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Sequential latency client: time to first token, and non-stream latency, interleaved over targets.
+
+async function latencyBench(targets: Record<TargetName, Target>): Promise<Record<string, LatencySamples>> {
+  const dir = tempDir('latency');
+  const spec: LatencySpec = { targets: [], warmup: 30, requests: LATENCY_REQUESTS };
+  for (const name of ['direct', 'proxy', 'tollgate', 'tollgate-interval', 'tollgate-off'] as const) {
+    const target = targets[name];
+    for (const mode of ['nonstream', 'stream'] as const) {
+      spec.targets.push({ name: `${name}/${mode}`, url: target.url, headers: target.headers, body: bodyFor(target, mode), stream: mode === 'stream' });
+    }
+  }
+  const specPath = join(dir, 'spec.json');
+  writeFileSync(specPath, JSON.stringify(spec));
+  const child = spawnChild(pinned(CORE_LOAD, [BUN, 'bench/client.ts', 'latency', specPath]));
+  const [out, err] = await Promise.all([new Response(child.stdout).text(), new Response(child.stderr).text()]);
+  const code = await child.exited;
+  const line = out.split('\n').find((l) => l.includes('"msg":"latency"'));
+  if (code !== 0 || !line) throw new Error(`latency client failed (${code}):\n${out}\n${err}`);
+  return (JSON.parse(line) as { results: Record<string, LatencySamples> }).results;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Memory: RSS of a fresh tollgate idle, with 1,000 open streams, and after they end, over several rounds.
+//
+// RSS moves with the garbage collector, not with the requests: after a burst it first rises (garbage),
+// drops within ~2 s, and the allocator hands most of the rest back only ~10–12 s later. So the idle
+// baseline and the final reading each wait QUIET_MS; the per-round "after" is read AFTER_MS after the end.
+
+const QUIET_MS = quick ? 6_000 : 13_000;
+const AFTER_MS = 2_000;
+
+interface MemoryRound {
+  round: number;
+  beforeMiB: number;
+  openMiB: number;
+  afterMiB: number;
+  opened: number;
+  completed: number;
+  openMs: number;
+}
+
+interface MemoryReport {
+  fetchLimitProbe: { opened: number; of: number; envNeeded: boolean };
+  startMiB: number;
+  finalMiB: number;
+  rounds: MemoryRound[];
+  envNote: string | null;
+}
+
+class LineChild {
+  readonly child;
+  private readonly waiters: Array<{ msg: string; resolve: (value: Record<string, unknown>) => void }> = [];
+  private readonly queue: Record<string, unknown>[] = [];
+  constructor(argv: string[], env: Record<string, string>) {
+    this.child = spawnChild(argv, { env: { ...process.env, ...env } });
+    void drainLines(this.child.stderr, (line) => process.stderr.write(`client: ${line}\n`));
+    void drainLines(this.child.stdout, (line) => {
+      if (!line.startsWith('{')) return;
+      const json = JSON.parse(line) as Record<string, unknown>;
+      const at = this.waiters.findIndex((w) => w.msg === json.msg);
+      if (at >= 0) this.waiters.splice(at, 1)[0]!.resolve(json);
+      else this.queue.push(json);
+    });
+  }
+  send(line: string): void {
+    if (this.child.exitCode !== null) return;
+    this.child.stdin.write(`${line}\n`);
+    this.child.stdin.flush();
+  }
+  next(msg: string, timeoutMs: number): Promise<Record<string, unknown> | null> {
+    const queued = this.queue.findIndex((q) => q.msg === msg);
+    if (queued >= 0) return Promise.resolve(this.queue.splice(queued, 1)[0]!);
+    return new Promise((resolve) => {
+      const timer = setTimeout(() => {
+        const at = this.waiters.indexOf(waiter);
+        if (at >= 0) this.waiters.splice(at, 1);
+        resolve(null);
+      }, timeoutMs);
+      const waiter = {
+        msg,
+        resolve: (value: Record<string, unknown>) => {
+          clearTimeout(timer);
+          resolve(value);
+        },
+      };
+      this.waiters.push(waiter);
+    });
+  }
+  async stop(): Promise<void> {
+    await stopChild(this.child, 2_000);
+  }
+}
+
+/** One open → release → end cycle; RSS read when all are open and AFTER_MS after they ended. */
+async function memoryRound(client: LineChild, pid: number, release: () => Promise<unknown>, round: number): Promise<MemoryRound> {
+  const beforeMiB = rssMiB(pid);
+  client.send('open');
+  const opened = await client.next('opened', 30_000);
+  if (!opened) throw new Error('memory: the open streams did not all start within 30 s');
+  const openMiB = rssMiB(pid);
+  await release();
+  const closed = await client.next('closed', 30_000);
+  if (!closed) throw new Error('memory: the streams did not all end within 30 s of their release');
+  await Bun.sleep(AFTER_MS);
+  return { round, beforeMiB, openMiB, afterMiB: rssMiB(pid), opened: Number(opened.opened), completed: Number(closed.completed), openMs: Number(opened.ms) };
+}
+
+async function memoryBench(upstream: Service): Promise<MemoryReport> {
+  const release = () => fetch(`${upstream.url}/bench/release`, { method: 'POST' }).then((r) => r.json());
+  const clientEnv = { BUN_CONFIG_MAX_HTTP_REQUESTS: String(OPEN_STREAMS * 4) };
+  const start = async (env: Record<string, string>) => {
+    const tollgate = await startTollgate(upstream.url, 'always', { name: 'tollgate (memory)', env });
+    const dir = tempDir('memwarm');
+    const target: Target = {
+      name: 'tollgate',
+      label: 'tollgate',
+      url: `${tollgate.url}/api/v1/chat/completions`,
+      pid: tollgate.pid,
+      headers: { authorization: `Bearer ${tollgate.key}`, 'content-type': 'application/json' },
+    };
+    await runWrk(target.url, wrkScript(dir, 'warm', bodyFor(target, 'stream'), target.headers), 32, WARMUP_SECONDS);
+    const client = new LineChild(pinned(CORE_LOAD, [BUN, 'bench/client.ts', 'open', tollgate.url, tollgate.key, String(OPEN_STREAMS)]), clientEnv);
+    if (!(await client.next('client ready', 10_000))) throw new Error('memory: the client did not start');
+    return { tollgate, client };
+  };
+
+  // Probe: does a tollgate with the default environment get 1,000 upstream streams going at once?
+  // Bun's fetch allows BUN_CONFIG_MAX_HTTP_REQUESTS (default 256) requests in flight per process.
+  let { tollgate, client } = await start({});
+  let envNote: string | null = null;
+  let probeOpened = OPEN_STREAMS;
+  try {
+    client.send('open');
+    const opened = await client.next('opened', 4_000);
+    if (opened && Number(opened.opened) === OPEN_STREAMS) {
+      await release();
+      await client.next('closed', 30_000);
+    } else {
+      probeOpened = opened ? Number(opened.opened) : ((await (await fetch(`${upstream.url}/bench/stats`)).json()) as { held: number }).held;
+      log(`memory: only ${probeOpened}/${OPEN_STREAMS} streams opened with the default env; restarting tollgate with BUN_CONFIG_MAX_HTTP_REQUESTS`);
+      await client.stop();
+      await stopChild(tollgate.child, 1_000);
+      await release();
+      const env = { BUN_CONFIG_MAX_HTTP_REQUESTS: String(OPEN_STREAMS * 4) };
+      envNote =
+        `with the default environment only ${probeOpened} of ${OPEN_STREAMS} streams reached the upstream (Bun's fetch allows ` +
+        `BUN_CONFIG_MAX_HTTP_REQUESTS, default 256, requests in flight); this tollgate ran with BUN_CONFIG_MAX_HTTP_REQUESTS=${env.BUN_CONFIG_MAX_HTTP_REQUESTS}.`;
+      ({ tollgate, client } = await start(env));
+    }
+
+    await Bun.sleep(QUIET_MS);
+    const startMiB = rssMiB(tollgate.pid);
+    const rounds: MemoryRound[] = [];
+    while (rounds.length < MEMORY_ROUNDS) {
+      const round = await memoryRound(client, tollgate.pid, release, rounds.length + 1);
+      rounds.push(round);
+      log(`memory round ${round.round}: idle ${fmt(startMiB, 1)} MiB, ${round.opened} open ${fmt(round.openMiB, 1)} MiB, ${AFTER_MS / 1000} s after ${fmt(round.afterMiB, 1)} MiB`);
+    }
+    await Bun.sleep(QUIET_MS - AFTER_MS);
+    const finalMiB = rssMiB(tollgate.pid);
+    log(`memory: ${QUIET_MS / 1000} s after the last round ${fmt(finalMiB, 1)} MiB`);
+    return { fetchLimitProbe: { opened: probeOpened, of: OPEN_STREAMS, envNeeded: envNote !== null }, startMiB, finalMiB, rounds, envNote };
+  } finally {
+    client.send('quit');
+    await client.stop();
+    await stopChild(tollgate.child, 2_000);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Sub-benchmarks in their own processes (pinned to the gateway core, which is otherwise idle by then).
+
+async function runJsonChild<T>(argv: string[]): Promise<T> {
+  const child = spawnChild(pinned(CORE_GATEWAY, [BUN, ...argv]), { env: { ...process.env, BENCH_JSON: '1' } });
+  const [out, err] = await Promise.all([new Response(child.stdout).text(), new Response(child.stderr).text()]);
+  const code = await child.exited;
+  const line = out.trim().split('\n').at(-1);
+  if (code !== 0 || !line) throw new Error(`${argv.join(' ')} failed (${code}):\n${out}\n${err}`);
+  return JSON.parse(line) as T;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Report
+
+interface Check {
+  figure: string;
+  target: string;
+  measured: string;
+  pass: boolean | null;
+}
+
+function runsOf(runs: ServerRun[], mode: Mode, connections: number, target: TargetName): ServerRun[] {
+  return runs.filter((r) => r.mode === mode && r.connections === connections && r.target === target);
+}
+
+/** Per round: f(tollgate run, reference run); then median and range over rounds. */
+function perRound(runs: ServerRun[], mode: Mode, connections: number, a: TargetName, b: TargetName, f: (a: ServerRun, b: ServerRun) => number): number[] {
+  const values: number[] = [];
+  for (let round = 0; round < ROUNDS; round++) {
+    const ra = runs.find((r) => r.round === round && r.mode === mode && r.connections === connections && r.target === a);
+    const rb = runs.find((r) => r.round === round && r.mode === mode && r.connections === connections && r.target === b);
+    if (ra && rb) values.push(f(ra, rb));
+  }
+  return values;
+}
+
+const LABELS: Record<TargetName, string> = {
+  direct: 'direct (upstream)',
+  proxy: 'trivial proxy',
+  tollgate: 'tollgate (fsync always)',
+  'tollgate-interval': 'tollgate (fsync interval)',
+  'tollgate-off': 'tollgate (fsync off)',
+};
+
+function serverTables(runs: ServerRun[]): string {
+  const out: string[] = [];
+  for (const mode of ['nonstream', 'stream'] as const) {
+    for (const { connections, targets } of PLAN) {
+      out.push(`#### ${mode === 'stream' ? `Stream (${CHUNKS_PER_STREAM} chunks; latency = time to last byte)` : 'Non-stream'}, ${connections} connection${connections > 1 ? 's' : ''}`, '');
+      const rows = targets.map((name) => {
+        const rs = runsOf(runs, mode, connections, name);
+        const rps = rs.map((r) => r.wrk.rps);
+        const cpu = rs.map((r) => r.gatewayCpuUsPerRequest ?? NaN);
+        const rss = rs.map((r) => r.gatewayRssMiB ?? NaN);
+        const [rpsLow, rpsHigh] = range(rps);
+        const bad = rs.reduce((sum, r) => sum + r.wrk.errors + r.wrk.non2xx, 0);
+        return [
+          LABELS[name],
+          `${fmtInt(median(rps))} (${fmtInt(rpsLow)}–${fmtInt(rpsHigh)})`,
+          fmt(median(rs.map((r) => r.wrk.p50Ms)), 3),
+          fmt(median(rs.map((r) => r.wrk.p99Ms)), 3),
+          name === 'direct' ? '—' : fmt(median(cpu), 1),
+          fmt(median(rs.map((r) => r.upstreamCpuUsPerRequest)), 1),
+          name === 'direct' ? '—' : fmt(Math.max(...rss), 1),
+          String(bad),
+        ];
+      });
+      out.push(
+        table(['target', 'req/s median (range)', 'p50 ms', 'p99 ms', 'gateway CPU µs/req', 'upstream CPU µs/req', 'gateway RSS MiB (max)', 'errors'], rows),
+        '',
+      );
+      const ratioRows: string[][] = [];
+      for (const name of targets.filter((t) => t.startsWith('tollgate'))) {
+        ratioRows.push([
+          LABELS[name],
+          fmtRatio(perRound(runs, mode, connections, name, 'proxy', (a, b) => a.wrk.rps / b.wrk.rps)),
+          fmtRatio(perRound(runs, mode, connections, name, 'direct', (a, b) => a.wrk.rps / b.wrk.rps)),
+          fmtRatio(perRound(runs, mode, connections, name, 'proxy', (a, b) => a.gatewayCpuUsPerRequest! / b.gatewayCpuUsPerRequest!)),
+          fmtRatio(perRound(runs, mode, connections, name, 'proxy', (a, b) => a.wrk.p50Ms / b.wrk.p50Ms)),
+          fmtRatio(perRound(runs, mode, connections, name, 'direct', (a, b) => a.wrk.p50Ms - b.wrk.p50Ms), 3),
+        ]);
+      }
+      out.push(
+        table(['per round, median (range)', 'req/s ÷ proxy', 'req/s ÷ direct', 'CPU/req ÷ proxy', 'p50 ÷ proxy', 'p50 − direct (ms)'], ratioRows),
+        '',
+      );
+    }
+  }
+  return out.join('\n');
+}
+
+function latencyTable(samples: Record<string, LatencySamples>): { markdown: string; addedMs: Record<string, number> } {
+  const addedMs: Record<string, number> = {};
+  const directTtft = percentile(samples['direct/stream']!.ttftMs, 50);
+  const directTotal = percentile(samples['direct/nonstream']!.totalMs, 50);
+  const rows: string[][] = [];
+  for (const name of ['direct', 'proxy', 'tollgate', 'tollgate-interval', 'tollgate-off'] as const) {
+    const stream = samples[`${name}/stream`]!;
+    const nonstream = samples[`${name}/nonstream`]!;
+    const ttft = percentile(stream.ttftMs, 50);
+    const total = percentile(nonstream.totalMs, 50);
+    addedMs[`${name}/ttft`] = ttft - directTtft;
+    addedMs[`${name}/nonstream`] = total - directTotal;
+    rows.push([
+      LABELS[name],
+      fmt(ttft, 3),
+      fmt(percentile(stream.ttftMs, 99), 3),
+      name === 'direct' ? '—' : fmt(ttft - directTtft, 3),
+      fmt(total, 3),
+      name === 'direct' ? '—' : fmt(total - directTotal, 3),
+    ]);
+  }
+  return {
+    markdown: table(['target', 'TTFT p50 ms', 'TTFT p99 ms', 'TTFT p50 − direct (ms)', 'non-stream p50 ms', 'non-stream p50 − direct (ms)'], rows),
+    addedMs,
+  };
+}
+
+function microTable(results: MicroResult[]): string {
+  const ns = (value: number) => (value >= 1e6 ? `${fmt(value / 1e6, 2)} ms` : value >= 1e3 ? `${fmt(value / 1e3, 2)} µs` : `${fmt(value, 0)} ns`);
+  const rows = results.map((r) => [r.name, ns(r.avgNs), ns(r.p50Ns), ns(r.p99Ns), r.perIteration > 1 ? ns(r.avgNs / r.perIteration) : '']);
+  return table(['benchmark', 'avg / iter', 'p50', 'p99', 'avg / item'], rows);
+}
+
+function verdict(pass: boolean | null): string {
+  return pass === null ? 'n/a' : pass ? 'PASS' : 'MISS';
+}
+
+// ---------------------------------------------------------------------------------------------------
+
+async function main(): Promise<void> {
+  installSignalCleanup();
+  const startedMs = Date.now();
+  const report: Record<string, unknown> = {
+    startedAt: new Date(startedMs).toISOString(),
+    command: `bun bench/run.ts ${argv.join(' ')}`.trim(),
+    machine: { cpu: cpus()[0]?.model ?? 'unknown', cores: cpus().length, arch: arch(), kernel: release(), bun: Bun.version, loadAvgAtStart: (await Bun.file('/proc/loadavg').text()).trim() },
+    settings: { rounds: ROUNDS, loadSeconds: LOAD_SECONDS, latencySeconds: LATENCY_SECONDS, latencyRequests: LATENCY_REQUESTS, openStreams: OPEN_STREAMS, memoryRounds: MEMORY_ROUNDS },
+  };
+  const checks: Check[] = [];
+  const sections: string[] = [];
+  let runs: ServerRun[] = [];
+  let latency: ReturnType<typeof latencyTable> | null = null;
+
+  if (!SKIP.has('server') || !SKIP.has('latency') || !SKIP.has('memory')) {
+    await ensureWrk();
+    const upstream = await startUpstreamProcess();
+    if (!SKIP.has('server') || !SKIP.has('latency')) {
+      log(`upstream ${upstream.url}; starting the proxy and three tollgates (fsync always, interval, off)`);
+      const proxy = await startProxyProcess(upstream.url);
+      const [always, interval, off] = [
+        await startTollgate(upstream.url, 'always'),
+        await startTollgate(upstream.url, 'interval'),
+        await startTollgate(upstream.url, 'off'),
+      ];
+      const json = { 'content-type': 'application/json' };
+      const tollgateTarget = (name: TargetName, t: Tollgate): Target => ({
+        name,
+        label: LABELS[name],
+        url: `${t.url}/api/v1/chat/completions`,
+        pid: t.pid,
+        headers: { ...json, authorization: `Bearer ${t.key}` },
+      });
+      const targets: Record<TargetName, Target> = {
+        direct: { name: 'direct', label: LABELS.direct, url: `${upstream.url}/v1/chat/completions`, pid: null, headers: { ...json, authorization: 'Bearer direct' } },
+        proxy: { name: 'proxy', label: LABELS.proxy, url: `${proxy.url}/v1/chat/completions`, pid: proxy.pid, headers: { ...json, authorization: 'Bearer direct' } },
+        tollgate: tollgateTarget('tollgate', always),
+        'tollgate-interval': tollgateTarget('tollgate-interval', interval),
+        'tollgate-off': tollgateTarget('tollgate-off', off),
+      };
+      const idleRss = Object.fromEntries(Object.values(targets).filter((t) => t.pid !== null).map((t) => [t.name, rssMiB(t.pid!)]));
+      if (!SKIP.has('server')) {
+        runs = await serverBench(targets, upstream);
+        report.server = { idleRssMiB: idleRss, runs };
+      }
+      if (!SKIP.has('latency')) {
+        log(`latency client: ${LATENCY_REQUESTS} sequential requests per target and mode, interleaved`);
+        const samples = await latencyBench(targets);
+        latency = latencyTable(samples);
+        report.latency = { addedMs: latency.addedMs, p50Ms: Object.fromEntries(Object.entries(samples).map(([k, v]) => [k, { ttft: percentile(v.ttftMs, 50), total: percentile(v.totalMs, 50) }])) };
+      }
+      for (const service of [proxy, always, interval, off]) await stopChild(service.child);
+    }
+    if (!SKIP.has('memory')) {
+      log(`memory: ${OPEN_STREAMS} open streams through a fresh tollgate, ${MEMORY_ROUNDS} rounds`);
+      report.memory = await memoryBench(upstream);
+    }
+    await stopChild(upstream.child);
+  }
+
+  let wal: WalReport | null = null;
+  if (!SKIP.has('wal')) {
+    log('wal: appends/s and append-to-durable latency per fsync policy');
+    wal = await runJsonChild<WalReport>(['bench/wal.ts', '--seconds', quick ? '0.5' : '1.5']);
+    report.wal = wal;
+  }
+  let micro: MicroResult[] | null = null;
+  if (!SKIP.has('micro')) {
+    log('micro: mitata');
+    micro = await runJsonChild<MicroResult[]>(['bench/micro.ts']);
+    report.micro = micro;
+  }
+
+  // ---- checks against the issue's figures
+  if (runs.length > 0) {
+    const ratio = (mode: Mode, f: (a: ServerRun, b: ServerRun) => number) => median(perRound(runs, mode, 32, 'tollgate', 'proxy', f));
+    const cpuNs = ratio('nonstream', (a, b) => a.gatewayCpuUsPerRequest! / b.gatewayCpuUsPerRequest!);
+    const rpsNs = ratio('nonstream', (a, b) => a.wrk.rps / b.wrk.rps);
+    const cpuSt = ratio('stream', (a, b) => a.gatewayCpuUsPerRequest! / b.gatewayCpuUsPerRequest!);
+    const rpsSt = ratio('stream', (a, b) => a.wrk.rps / b.wrk.rps);
+    checks.push(
+      { figure: 'Non-stream CPU/request ÷ proxy (c32)', target: '≤ 2.0', measured: fmt(cpuNs), pass: cpuNs <= 2.0 },
+      { figure: 'Non-stream req/s ÷ proxy (c32)', target: '≥ 0.5', measured: fmt(rpsNs), pass: rpsNs >= 0.5 },
+      { figure: 'Stream CPU/request ÷ proxy (c32)', target: '≤ 1.5', measured: fmt(cpuSt), pass: cpuSt <= 1.5 },
+      { figure: 'Stream req/s ÷ proxy (c32)', target: '≥ 0.7', measured: fmt(rpsSt), pass: rpsSt >= 0.7 },
+    );
+    for (const [name, limit] of [['tollgate', 0.5], ['tollgate-interval', 0.25]] as const) {
+      const added = median(perRound(runs, 'nonstream', 1, name, 'direct', (a, b) => a.wrk.p50Ms - b.wrk.p50Ms));
+      checks.push({ figure: `Non-stream p50 added over direct, c1, wrk (${LABELS[name]})`, target: `≤ ${limit} ms`, measured: `${fmt(added, 3)} ms`, pass: added <= limit });
+    }
+  }
+  if (latency) {
+    for (const [name, limit] of [['tollgate', 0.5], ['tollgate-interval', 0.25]] as const) {
+      const ttft = latency.addedMs[`${name}/ttft`]!;
+      checks.push({ figure: `TTFT p50 added over direct, c1 (${LABELS[name]})`, target: `≤ ${limit} ms`, measured: `${fmt(ttft, 3)} ms`, pass: ttft <= limit });
+      if (runs.length === 0) {
+        const ns = latency.addedMs[`${name}/nonstream`]!;
+        checks.push({ figure: `Non-stream p50 added over direct, c1, client (${LABELS[name]})`, target: `≤ ${limit} ms`, measured: `${fmt(ns, 3)} ms`, pass: ns <= limit });
+      }
+    }
+  }
+  const memory = report.memory as MemoryReport | undefined;
+  if (memory && memory.rounds.length > 0) {
+    // Round 1 starts from the quiet idle baseline; later rounds also carry the garbage earlier rounds left.
+    const openCost = memory.rounds[0]!.openMiB - memory.startMiB;
+    const growth = (memory.finalMiB - memory.startMiB) / memory.startMiB;
+    checks.push(
+      { figure: `RSS with ${OPEN_STREAMS} open streams over quiet idle (round 1)`, target: '≤ 30 MiB', measured: `${fmt(openCost, 1)} MiB`, pass: openCost <= 30 },
+      {
+        figure: `RSS after the streams end vs idle start (${QUIET_MS / 1000} s after ${memory.rounds.length} rounds)`,
+        target: 'within 10 %',
+        measured: `${growth >= 0 ? '+' : ''}${fmt(growth * 100, 1)} % (${fmt(memory.startMiB, 1)} → ${fmt(memory.finalMiB, 1)} MiB)`,
+        pass: Math.abs(growth) <= 0.1,
+      },
+      {
+        figure: `(finding) ${OPEN_STREAMS} streams open at once with tollgate's default environment`,
+        target: `${OPEN_STREAMS}`,
+        measured: `${memory.fetchLimitProbe.opened}`,
+        pass: !memory.fetchLimitProbe.envNeeded,
+      },
+    );
+  }
+  report.checks = checks;
+  report.elapsedS = (Date.now() - startedMs) / 1000;
+
+  // ---- markdown
+  const m = report.machine as Record<string, unknown>;
+  sections.push(
+    '# tollgate benchmarks — latest run',
+    '',
+    `Produced by \`${report.command}\` (\`npm run bench\`) at ${report.startedAt}, in ${fmt(report.elapsedS as number, 0)} s.`,
+    `Machine: ${m.cpu}, ${m.cores} cores, ${m.arch}, Linux ${m.kernel}, Bun ${m.bun}; load average at start ${m.loadAvgAtStart}.`,
+    `Gateways (proxy, tollgate) pinned to core ${CORE_GATEWAY}; upstream, wrk and clients to core ${CORE_LOAD}. ` +
+      `All figures come from this one run; ratios are taken per round, then the median (and range) over ${ROUNDS} rounds.`,
+    '',
+  );
+  if (checks.length > 0) {
+    sections.push('## Targets (issue 5)', '', table(['figure', 'target', 'measured', ''], checks.map((c) => [c.figure, c.target, c.measured, verdict(c.pass)])), '');
+  }
+  if (runs.length > 0) {
+    sections.push(
+      '## Whole server, side by side',
+      '',
+      `wrk -t1, ${LOAD_SECONDS} s per run at 32 connections and ${LATENCY_SECONDS} s at 1, after a ${WARMUP_SECONDS} s warm-up per target. ` +
+        'Direct and proxy pass the client\'s `stream` flag to the upstream (non-stream = one JSON reply); so does tollgate (since 8200c6f; before, it always streamed from the upstream). ' +
+        'Gateway CPU = utime+stime of the gateway process from /proc over the run ÷ requests; RSS after the run.',
+      '',
+      serverTables(runs),
+      '### Added latency of fsync `always` over `off` (issue 3, from the runs above)',
+      '',
+      table(
+        ['mode', 'connections', 'p50 always − off (ms)', 'p99 always − off (ms)', 'req/s always ÷ off'],
+        (['nonstream', 'stream'] as const).flatMap((mode) =>
+          [1, 32].map((c) => [
+            mode,
+            String(c),
+            fmtRatio(perRound(runs, mode, c, 'tollgate', 'tollgate-off', (a, b) => a.wrk.p50Ms - b.wrk.p50Ms), 3),
+            fmtRatio(perRound(runs, mode, c, 'tollgate', 'tollgate-off', (a, b) => a.wrk.p99Ms - b.wrk.p99Ms), 3),
+            fmtRatio(perRound(runs, mode, c, 'tollgate', 'tollgate-off', (a, b) => a.wrk.rps / b.wrk.rps)),
+          ]),
+        ),
+      ),
+      '',
+    );
+  }
+  if (latency) {
+    sections.push(
+      '## Time to first token and non-stream latency, 1 connection',
+      '',
+      `A sequential Bun client on core ${CORE_LOAD}, ${LATENCY_REQUESTS} requests per target and mode after 30 warm-up, interleaved over the targets. ` +
+        'TTFT = time from sending the request to the first SSE `data:` bytes.',
+      '',
+      latency.markdown,
+      '',
+    );
+  }
+  if (memory) {
+    sections.push(
+      `## Memory: ${OPEN_STREAMS} concurrent open streams (tollgate, fsync always)`,
+      '',
+      `A fresh tollgate, ${WARMUP_SECONDS} s of streaming load, then idle ${QUIET_MS / 1000} s: that RSS is the start. Per round, ${OPEN_STREAMS} streams ` +
+        `are opened (each has had its first chunk), RSS is read, the upstream finishes them all, RSS is read again ${AFTER_MS / 1000} s after the last ends. ` +
+        `The final reading is ${QUIET_MS / 1000} s after the last round (the garbage collector and allocator return memory late). ` +
+        'Only round 1 starts from the quiet idle, so it is the one checked; later rounds open while earlier garbage is still resident.' +
+        (memory.envNote ? ` Note: ${memory.envNote}` : ''),
+      '',
+      table(
+        ['round', 'before MiB', 'open MiB', 'open − start MiB', 'open − before MiB', `${AFTER_MS / 1000} s after MiB`, 'opened', 'completed with [DONE]', 'all open in ms'],
+        memory.rounds.map((r) => [
+          String(r.round),
+          fmt(r.beforeMiB, 1),
+          fmt(r.openMiB, 1),
+          fmt(r.openMiB - memory.startMiB, 1),
+          fmt(r.openMiB - r.beforeMiB, 1),
+          fmt(r.afterMiB, 1),
+          String(r.opened),
+          String(r.completed),
+          fmt(r.openMs, 0),
+        ]),
+      ),
+      '',
+      `Start (idle): ${fmt(memory.startMiB, 1)} MiB; final (${QUIET_MS / 1000} s after the last round): ${fmt(memory.finalMiB, 1)} MiB.`,
+      '',
+    );
+  }
+  if (wal) sections.push('## WAL per fsync policy (issue 3)', '', '`bun bench/wal.ts`: concurrent appenders in one process, records shaped like `request.started`.', '', walMarkdown(wal), '');
+  if (micro) sections.push('## Micro (mitata)', '', '`bun bench/micro.ts`, pinned to the gateway core.', '', microTable(micro), '');
+
+  const markdown = sections.join('\n');
+  const dir = join(ROOT, 'bench', 'results');
+  mkdirSync(dir, { recursive: true });
+  writeFileSync(join(dir, 'latest.md'), markdown);
+  writeFileSync(join(dir, 'latest.json'), JSON.stringify(report, null, 2));
+  if (process.env.BENCH_JSON === '1') console.log(JSON.stringify(report));
+  else console.log(markdown);
+  log(`bench: done in ${fmt(report.elapsedS as number, 0)} s; wrote bench/results/latest.md and latest.json`);
+}
+
+try {
+  await main();
+} catch (error) {
+  process.stderr.write(`bench failed: ${(error as Error).stack ?? error}\n`);
+  process.exitCode = 1;
+} finally {
+  await cleanup();
+}
