@@ -18,6 +18,7 @@ import { requestFingerprint } from '../src/idempotency/fingerprint.ts';
 import { SseParser } from '../src/providers/openai/sse-parse.ts';
 import { createLogger } from '../src/util/log.ts';
 import { WriteAheadLog, type FsyncPolicy } from '../src/wal/log.ts';
+import { benchRecord } from './wal.ts';
 
 export interface MicroResult {
   name: string;
@@ -92,20 +93,7 @@ function openWal(policy: FsyncPolicy): WriteAheadLog {
   return wal;
 }
 
-const WAL_RECORD = [
-  {
-    type: 'request.started',
-    request_id: 'chatcmpl-0123456789abcdefghij',
-    key_id: 'key_benchbenchbench01',
-    service: 'chat',
-    model: 'model_03',
-    stream: true,
-    hold: { credits_micro: 1_234, tokens: 0 },
-    idempotency: null,
-    budget_hold_micro: 0,
-    at_ms: 1_767_225_600_000,
-  },
-];
+const WAL_RECORD = benchRecord(0, 1_767_225_600_000);
 
 const PER_ITERATION: Record<string, number> = {};
 

@@ -39,8 +39,8 @@ export interface WalReport {
 const FSYNC_INTERVAL_MS = 10; // the default wal.fsync_interval_ms
 const logger = createLogger('silent');
 
-function record(i: number): unknown[] {
-  const nowMs = Date.now();
+/** One commit as the gateway logs a stream's start: the shape every WAL benchmark appends. */
+export function benchRecord(i: number, nowMs = Date.now()): unknown[] {
   return [
     {
       type: 'request.started',
@@ -111,7 +111,7 @@ async function runOne(policy: FsyncPolicy, concurrency: number, seconds: number)
   const appender = async () => {
     while (performance.now() < endMs) {
       const start = performance.now();
-      await wal.append(record(counter++));
+      await wal.append(benchRecord(counter++));
       const now = performance.now();
       ackMs.push(now - start);
       ackedAt.push(now);

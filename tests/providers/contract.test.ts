@@ -123,6 +123,18 @@ async function expectGatewayError(promise: Promise<unknown>, code: string, statu
   return gatewayError;
 }
 
+/** Aborts `controller` with a reason and expects `pending` to throw exactly that reason within 50 ms. */
+async function expectPromptAbort(controller: AbortController, pending: Promise<unknown>): Promise<void> {
+  const startedMs = performance.now();
+  controller.abort(new Error('cancelled by test'));
+  const error = await pending.then(
+    () => null,
+    (caught: unknown) => caught,
+  );
+  expect((error as Error).message).toBe('cancelled by test');
+  expect(performance.now() - startedMs).toBeLessThan(50);
+}
+
 interface ContractTarget {
   provider: Provider;
   /** The fake upstream behind the provider, when there is one. */
@@ -445,14 +457,7 @@ describe('openai adapter', () => {
     const controller = new AbortController();
     const pending = collect(adapter(upstream.baseUrl), makeRequest({ stream: false }), controller.signal);
     const received = await upstream.firstRequest;
-    const startedMs = performance.now();
-    controller.abort(new Error('cancelled by test'));
-    const error = await pending.then(
-      () => null,
-      (caught: unknown) => caught,
-    );
-    expect((error as Error).message).toBe('cancelled by test');
-    expect(performance.now() - startedMs).toBeLessThan(50);
+    await expectPromptAbort(controller, pending);
     await received.aborted;
   });
 
@@ -599,14 +604,7 @@ describe('openai adapter', () => {
     // Once the server has answered the head, give the client a turn to start reading the body.
     await upstream.received;
     await nextMacrotask();
-    const startedMs = performance.now();
-    controller.abort(new Error('cancelled by test'));
-    const error = await pending.then(
-      () => null,
-      (caught: unknown) => caught,
-    );
-    expect((error as Error).message).toBe('cancelled by test');
-    expect(performance.now() - startedMs).toBeLessThan(50);
+    await expectPromptAbort(controller, pending);
     await upstream.closed;
   });
 
