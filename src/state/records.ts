@@ -32,16 +32,20 @@ const STREAM = 1;
 const STATUS = 2;
 const FLAGS = 3;
 
+const INITIAL_SLOTS = 1024;
+
 export class RecordTable {
   private readonly slotOf = new Map<string, number>();
-  private readonly ids: (string | null)[];
-  private readonly keyIds: string[];
-  private readonly models: string[];
-  private readonly errorCodes: (string | null)[];
+  private readonly ids: (string | null)[] = [];
+  private readonly keyIds: string[] = [];
+  private readonly models: string[] = [];
+  private readonly errorCodes: (string | null)[] = [];
   /** Answers of completed decisions, by slot (chat records have none). */
   private readonly answers = new Map<number, Record<string, unknown>>();
-  private readonly numbers: Float64Array;
-  private readonly flags: Uint8Array;
+  // Grown by doubling up to `capacity`, so a small gateway does not pay for the largest table up front.
+  private numbers: Float64Array;
+  private flags: Uint8Array;
+  private allocated: number;
   private readonly interned = new Map<string, string>();
   /** The slot the next record goes to; once full, it holds the oldest record. */
   private next = 0;
@@ -52,12 +56,9 @@ export class RecordTable {
     private readonly ttlMs: number,
   ) {
     assert(Number.isSafeInteger(capacity) && capacity > 0, 'record capacity must be a positive integer');
-    this.ids = new Array<string | null>(capacity).fill(null);
-    this.keyIds = new Array<string>(capacity).fill('');
-    this.models = new Array<string>(capacity).fill('');
-    this.errorCodes = new Array<string | null>(capacity).fill(null);
-    this.numbers = new Float64Array(capacity * NUMBERS);
-    this.flags = new Uint8Array(capacity * FLAGS);
+    this.allocated = Math.min(capacity, INITIAL_SLOTS);
+    this.numbers = new Float64Array(this.allocated * NUMBERS);
+    this.flags = new Uint8Array(this.allocated * FLAGS);
   }
 
   get size(): number {
@@ -81,12 +82,14 @@ export class RecordTable {
     assert(record.status !== 'in_progress', `record ${record.id} is not finished`);
     assert(!this.slotOf.has(record.id), `record ${record.id} exists`);
     const slot = this.next;
-    const evicted = this.ids[slot];
-    if (evicted !== null && evicted !== undefined) {
+    if (this.count < this.capacity) {
+      // Not full yet: slots fill in order, so `slot === count`, and nothing is evicted.
+      if (slot === this.allocated) this.grow();
+      this.count++;
+    } else {
+      const evicted = this.ids[slot]!;
       this.slotOf.delete(evicted);
       this.answers.delete(slot);
-    } else {
-      this.count++;
     }
     this.next = slot + 1 === this.capacity ? 0 : slot + 1;
     this.ids[slot] = record.id;
@@ -121,6 +124,17 @@ export class RecordTable {
       const slot = (start + i) % this.capacity;
       if (!this.expired(slot, nowMs)) yield this.read(slot);
     }
+  }
+
+  private grow(): void {
+    const allocated = Math.min(this.capacity, this.allocated * 2);
+    const numbers = new Float64Array(allocated * NUMBERS);
+    numbers.set(this.numbers);
+    const flags = new Uint8Array(allocated * FLAGS);
+    flags.set(this.flags);
+    this.numbers = numbers;
+    this.flags = flags;
+    this.allocated = allocated;
   }
 
   private expired(slot: number, nowMs: number): boolean {

@@ -83,6 +83,18 @@ describe('RecordTable', () => {
     expect([...copy.values(NOW_MS)]).toEqual([...table.values(NOW_MS)]);
   });
 
+  test('a table larger than its first allocation grows, then wraps, keeping the newest in order', () => {
+    const table = new RecordTable(3_000, TTL_MS);
+    for (let i = 0; i < 7_000; i++) table.add(record(`r${i}`, { charge: { credits_micro: i, tokens: 0 }, answers: i % 1000 === 999 ? { i } : null }));
+    expect(table.size).toBe(3_000);
+    const ids = [...table.values(NOW_MS)].map((r) => r.id);
+    expect(ids).toEqual(Array.from({ length: 3_000 }, (_, k) => `r${4_000 + k}`));
+    expect(table.get('r3999', NOW_MS)).toBeUndefined();
+    expect(table.get('r4000', NOW_MS)?.charge.credits_micro).toBe(4_000);
+    expect(table.get('r6999', NOW_MS)).toMatchObject({ charge: { credits_micro: 6_999, tokens: 0 }, answers: { i: 6_999 } });
+    expect(table.get('r5998', NOW_MS)?.answers).toBeNull();
+  });
+
   test('an id is added once; an unfinished record is refused', () => {
     const table = new RecordTable(3, TTL_MS);
     table.add(record('a'));
