@@ -17,6 +17,7 @@ const COMPLETIONS_PATH = '/api/v1/chat/completions';
 const JSON_HEADERS = { 'content-type': 'application/json' };
 /** Bytes a slow reader may leave queued before the run loop waits (backpressure). */
 const STREAM_QUEUE_BYTES_MAX = 64 * 1024;
+const ENCODER = new TextEncoder();
 
 /** Collects a non-stream completion; `result` resolves when the terminal state is durable. */
 class CollectSink implements ChatSink {
@@ -32,6 +33,10 @@ class CollectSink implements ChatSink {
 /**
  * Relays a stream as SSE. `opened` resolves when the first output is ready (then the caller answers
  * 200 with `body`), or with the error when the run failed before any output (then a plain error reply).
+ *
+ * Frames are gathered as text and handed to the response once per event-loop turn: the deltas of one
+ * upstream read become one encode and one socket write instead of one each, and every frame is still
+ * its own SSE event. A slow reader is felt through the stream's byte budget (backpressure).
  */
 class SseSink implements ChatSink {
   readonly opened = Promise.withResolvers<GatewayError | null>();
@@ -40,6 +45,13 @@ class SseSink implements ChatSink {
   private wake: (() => void) | null = null;
   private closed = false;
   private started = false;
+  /** Frames not yet handed to the response. */
+  private pending = '';
+  private flushQueued = false;
+  private readonly flushQueuedFrames = (): void => {
+    this.flushQueued = false;
+    this.flush();
+  };
 
   constructor(
     private readonly encoder: ChunkEncoder,
@@ -53,6 +65,7 @@ class SseSink implements ChatSink {
         pull: () => this.resume(),
         cancel: () => {
           this.closed = true;
+          this.pending = '';
           this.resume();
           onCancel();
         },
@@ -67,23 +80,38 @@ class SseSink implements ChatSink {
     wake?.();
   }
 
-  private async write(bytes: Uint8Array): Promise<void> {
-    if (this.closed) return;
+  private flush(): void {
+    if (this.closed || this.pending.length === 0) return;
+    const bytes = ENCODER.encode(this.pending);
+    this.pending = '';
     this.controller.enqueue(bytes);
-    if ((this.controller.desiredSize ?? 1) <= 0) await new Promise<void>((resolve) => (this.wake = resolve));
   }
 
-  begin(): Promise<void> {
+  private write(frame: string): void | Promise<void> {
+    if (this.closed) return;
+    this.pending += frame;
+    if (!this.flushQueued) {
+      this.flushQueued = true;
+      setImmediate(this.flushQueuedFrames);
+    }
+    // Frames are mostly ASCII JSON, so their length stands for their bytes here.
+    if ((this.controller.desiredSize ?? 1) - this.pending.length > 0) return;
+    this.flush();
+    if ((this.controller.desiredSize ?? 1) > 0) return;
+    return new Promise<void>((resolve) => (this.wake = resolve));
+  }
+
+  begin(): void | Promise<void> {
     this.started = true;
     this.opened.resolve(null);
     return this.write(this.encoder.role());
   }
 
-  text(text: string): Promise<void> {
+  text(text: string): void | Promise<void> {
     return this.write(this.encoder.text(text));
   }
 
-  toolCall(index: number, id: string | null, name: string | null, args: string): Promise<void> {
+  toolCall(index: number, id: string | null, name: string | null, args: string): void | Promise<void> {
     return this.write(this.encoder.toolCall(index, id, name, args));
   }
 
@@ -93,13 +121,10 @@ class SseSink implements ChatSink {
       if (!result.ok) return;
     }
     if (this.closed) return;
-    if (result.ok) {
-      this.controller.enqueue(this.encoder.finish(result.finishReason));
-      this.controller.enqueue(this.encoder.usage(result.usage));
-      this.controller.enqueue(DONE_FRAME);
-    } else {
-      this.controller.enqueue(errorFrame(result.error));
-    }
+    this.pending += result.ok
+      ? this.encoder.finish(result.finishReason) + this.encoder.usage(result.usage) + DONE_FRAME
+      : errorFrame(result.error);
+    this.flush();
     this.closed = true;
     this.controller.close();
   }
