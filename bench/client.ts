@@ -4,7 +4,7 @@
 //     Sequential requests (one at a time), interleaved over the spec's targets so drift hits all alike.
 //     Streams: time to the first SSE `data:` bytes and to the end; non-stream: time to the whole body.
 //     Prints one JSON line {"msg":"latency","results":{name:{ttftMs:[…],totalMs:[…]}}}.
-//   bun bench/client.ts open <url> <key> <n>
+//   bun bench/client.ts open <url> <key> <n> [model]
 //     Reads commands on stdin: `open` starts n streams and prints {"msg":"opened",…} once every one has
 //     sent its first chunk, then {"msg":"closed",…} when they have all ended; `quit` exits.
 // Run it pinned to the load core (taskset -c 1), with BUN_CONFIG_MAX_HTTP_REQUESTS above n for `open`.
@@ -65,8 +65,8 @@ async function latency(spec: LatencySpec): Promise<Record<string, LatencySamples
   return results;
 }
 
-async function openStreams(url: string, key: string, n: number): Promise<void> {
-  const body = JSON.stringify({ model: 'model_02', messages: [{ role: 'user', content: 'hello' }], max_completion_tokens: 64, stream: true });
+async function openStreams(url: string, key: string, n: number, model = 'model_02'): Promise<void> {
+  const body = JSON.stringify({ model, messages: [{ role: 'user', content: 'hello' }], max_completion_tokens: 64, stream: true });
   const headers = { authorization: `Bearer ${key}`, 'content-type': 'application/json' };
   const startMs = performance.now();
   let opened = 0;
@@ -116,7 +116,7 @@ if (import.meta.main) {
     const results = await latency(spec);
     console.log(JSON.stringify({ msg: 'latency', results }));
   } else if (mode === 'open') {
-    const [url, key, n] = args;
+    const [url, key, n, model] = args;
     console.log(JSON.stringify({ msg: 'client ready', url: 'stdin' }));
     const decoderIn = new TextDecoder();
     let buffer = '';
@@ -126,13 +126,13 @@ if (import.meta.main) {
       while ((newline = buffer.indexOf('\n')) !== -1) {
         const command = buffer.slice(0, newline).trim();
         buffer = buffer.slice(newline + 1);
-        if (command === 'open') void openStreams(url!, key!, Number(n));
+        if (command === 'open') void openStreams(url!, key!, Number(n), model);
         else if (command === 'quit') process.exit(0);
       }
     }
     process.exit(0);
   } else {
-    console.error('usage: bun bench/client.ts latency <spec.json> | open <url> <key> <n>');
+    console.error('usage: bun bench/client.ts latency <spec.json> | open <url> <key> <n> [model]');
     process.exit(64);
   }
 }

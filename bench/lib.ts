@@ -150,8 +150,8 @@ export async function startUpstreamProcess(): Promise<Service> {
   return startService('upstream', pinned(CORE_LOAD, [BUN, 'bench/upstream.ts', '0']), { readyMsg: 'upstream listening' });
 }
 
-export async function startProxyProcess(target: string): Promise<Service> {
-  return startService('proxy', pinned(CORE_GATEWAY, [BUN, 'bench/proxy.ts', target, '0']), { readyMsg: 'proxy listening' });
+export async function startProxyProcess(target: string, env: Record<string, string> = {}): Promise<Service> {
+  return startService('proxy', pinned(CORE_GATEWAY, [BUN, 'bench/proxy.ts', target, '0']), { readyMsg: 'proxy listening', env });
 }
 
 export type FsyncPolicy = 'always' | 'interval' | 'off';

@@ -242,6 +242,8 @@ interface MemoryReport {
   finalMiB: number;
   rounds: MemoryRound[];
   envNote: string | null;
+  /** The same first round through the trivial proxy: the floor any Bun gateway pays for open streams. */
+  proxy: { startMiB: number; openMiB: number; opened: number } | null;
 }
 
 class LineChild {
@@ -356,11 +358,32 @@ async function memoryBench(upstream: Service): Promise<MemoryReport> {
     await Bun.sleep(QUIET_MS - AFTER_MS);
     const finalMiB = rssMiB(tollgate.pid);
     log(`memory: ${QUIET_MS / 1000} s after the last round ${fmt(finalMiB, 1)} MiB`);
-    return { fetchLimitProbe: { opened: probeOpened, of: OPEN_STREAMS, envNeeded: envNote !== null }, startMiB, finalMiB, rounds, envNote };
+    return { fetchLimitProbe: { opened: probeOpened, of: OPEN_STREAMS, envNeeded: envNote !== null }, startMiB, finalMiB, rounds, envNote, proxy: null };
   } finally {
     client.send('quit');
     await client.stop();
     await stopChild(tollgate.child, 2_000);
+  }
+}
+
+/** Round 1 of the memory benchmark through the trivial proxy (same warm-up, quiet wait and streams). */
+async function proxyMemoryReference(upstream: Service): Promise<MemoryReport['proxy']> {
+  const env = { BUN_CONFIG_MAX_HTTP_REQUESTS: String(OPEN_STREAMS * 4) };
+  const proxy = await startProxyProcess(upstream.url, env);
+  const client = new LineChild(pinned(CORE_LOAD, [BUN, 'bench/client.ts', 'open', proxy.url, 'none', String(OPEN_STREAMS), 'hold']), env);
+  try {
+    const headers = { 'content-type': 'application/json' };
+    const body = JSON.stringify({ model: 'model_03', messages: [{ role: 'user', content: 'hello' }], max_completion_tokens: 64, stream: true });
+    await runWrk(`${proxy.url}/api/v1/chat/completions`, wrkScript(tempDir('memproxy'), 'warm', body, headers), 32, WARMUP_SECONDS);
+    if (!(await client.next('client ready', 10_000))) throw new Error('memory: the client did not start');
+    await Bun.sleep(QUIET_MS);
+    const round = await memoryRound(client, proxy.pid, () => fetch(`${upstream.url}/bench/release`, { method: 'POST' }).then((r) => r.json()), 1);
+    log(`memory (trivial proxy): idle ${fmt(round.beforeMiB, 1)} MiB, ${round.opened} open ${fmt(round.openMiB, 1)} MiB`);
+    return { startMiB: round.beforeMiB, openMiB: round.openMiB, opened: round.opened };
+  } finally {
+    client.send('quit');
+    await client.stop();
+    await stopChild(proxy.child, 2_000);
   }
 }
 
@@ -550,7 +573,9 @@ async function main(): Promise<void> {
     }
     if (!SKIP.has('memory')) {
       log(`memory: ${OPEN_STREAMS} open streams through a fresh tollgate, ${MEMORY_ROUNDS} rounds`);
-      report.memory = await memoryBench(upstream);
+      const memory = await memoryBench(upstream);
+      memory.proxy = await proxyMemoryReference(upstream);
+      report.memory = memory;
     }
     await stopChild(upstream.child);
   }
@@ -609,6 +634,16 @@ async function main(): Promise<void> {
         measured: `${growth >= 0 ? '+' : ''}${fmt(growth * 100, 1)} % (${fmt(memory.startMiB, 1)} → ${fmt(memory.finalMiB, 1)} MiB)`,
         pass: Math.abs(growth) <= 0.1,
       },
+      ...(memory.proxy
+        ? [
+            {
+              figure: `(reference) trivial proxy: RSS with ${OPEN_STREAMS} open streams over quiet idle`,
+              target: '—',
+              measured: `${fmt(memory.proxy.openMiB - memory.proxy.startMiB, 1)} MiB`,
+              pass: null,
+            },
+          ]
+        : []),
       {
         figure: `(finding) ${OPEN_STREAMS} streams open at once with tollgate's default environment`,
         target: `${OPEN_STREAMS}`,
@@ -698,6 +733,14 @@ async function main(): Promise<void> {
       '',
       `Start (idle): ${fmt(memory.startMiB, 1)} MiB; final (${QUIET_MS / 1000} s after the last round): ${fmt(memory.finalMiB, 1)} MiB.`,
       '',
+      ...(memory.proxy
+        ? [
+            `Reference, the trivial proxy through the same round 1 (warm-up, quiet wait, ${OPEN_STREAMS} streams held by the upstream): ` +
+              `${fmt(memory.proxy.startMiB, 1)} → ${fmt(memory.proxy.openMiB, 1)} MiB, +${fmt(memory.proxy.openMiB - memory.proxy.startMiB, 1)} MiB ` +
+              `(${memory.proxy.opened} opened). Tollgate's round 1 above costs ${fmt(memory.rounds[0]!.openMiB - memory.startMiB - (memory.proxy.openMiB - memory.proxy.startMiB), 1)} MiB more.`,
+            '',
+          ]
+        : []),
     );
   }
   if (wal) sections.push('## WAL per fsync policy (issue 3)', '', '`bun bench/wal.ts`: concurrent appenders in one process, records shaped like `request.started`.', '', walMarkdown(wal), '');
