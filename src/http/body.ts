@@ -43,11 +43,55 @@ export async function readBodyText(request: Request, maxBytes: number): Promise<
   return DECODER.decode(all);
 }
 
-/** 400 invalid_request_error for malformed JSON. */
+/** Objects and arrays may nest this deep in a request body; deeper is refused before anything recurses. */
+export const JSON_DEPTH_MAX = 256;
+
+/**
+ * 400 invalid_request_error for malformed JSON, and for JSON nested deeper than JSON_DEPTH_MAX: every
+ * later step (validation, token counts, fingerprints, a provider's own serialization) may recurse, and
+ * a stack overflow there would be a 500 for what is the client's mistake.
+ */
 export function parseJsonBody(text: string): unknown {
+  let value: unknown;
   try {
-    return JSON.parse(text);
+    value = JSON.parse(text);
   } catch {
     throw new GatewayError('invalid_request_error', 'The body is not valid JSON.', { param: null });
   }
+  if (nestsDeeperThan(value, JSON_DEPTH_MAX)) {
+    throw new GatewayError('invalid_request_error', `The JSON body nests deeper than ${JSON_DEPTH_MAX} levels.`, {
+      param: null,
+      detail: `JSON values may nest at most ${JSON_DEPTH_MAX} levels deep`,
+    });
+  }
+  return value;
+}
+
+/** Whether objects and arrays in `value` nest more than `levels` deep; iterative, so it cannot overflow. */
+export function nestsDeeperThan(value: unknown, levels: number): boolean {
+  if (value === null || typeof value !== 'object') return false;
+  const pending: object[] = [value];
+  const depths: number[] = [1];
+  while (pending.length > 0) {
+    const node = pending.pop()!;
+    const depth = depths.pop()!;
+    if (depth > levels) return true;
+    if (Array.isArray(node)) {
+      for (const item of node) {
+        if (item !== null && typeof item === 'object') {
+          pending.push(item);
+          depths.push(depth + 1);
+        }
+      }
+    } else {
+      for (const key in node) {
+        const item = (node as Record<string, unknown>)[key];
+        if (item !== null && typeof item === 'object') {
+          pending.push(item);
+          depths.push(depth + 1);
+        }
+      }
+    }
+  }
+  return false;
 }

@@ -1,9 +1,7 @@
 // Request fingerprints: SHA-256 of method, path and canonical JSON (keys sorted at every depth).
 
+import { JSON_DEPTH_MAX } from '../http/body.ts';
 import { GatewayError } from '../http/errors.ts';
-
-/** Nesting deeper than this is refused rather than recursed into (a stack overflow is not an answer). */
-export const JSON_DEPTH_MAX = 256;
 
 /** JSON with object keys sorted at every depth and no whitespace; equal content gives equal text. */
 export function canonicalJson(value: unknown, depth = 0): string {

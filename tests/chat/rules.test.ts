@@ -1,5 +1,6 @@
 // The request rules of spec 000 and CONTRACT §4 as one table: each rule, the status, code and param it gets.
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test';
+import { JSON_DEPTH_MAX, nestsDeeperThan } from '../../src/http/body.ts';
 import { ADMIN_TOKEN, bearer, chatBody, openTestGateway, type TestGateway } from '../support/gateway.ts';
 
 let t: TestGateway;
@@ -48,6 +49,18 @@ const toolCallHistory = [
 ];
 const weatherTool = { type: 'function', function: { name: 'weather', parameters: { type: 'object', properties: {} } } };
 
+/** A chat body whose one tool's parameters schema nests `levels` objects deep. */
+function deepToolBody(levels: number): string {
+  const open = '{"type":"object","properties":{"a":'.repeat(levels);
+  return (
+    '{"model":"model_03","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":' +
+    open +
+    '{"type":"object"}' +
+    '}}'.repeat(levels) +
+    '}}],"tool_choice":"required"}'
+  );
+}
+
 interface Rule {
   name: string;
   body: unknown;
@@ -65,6 +78,9 @@ const rules: Rule[] = [
   { name: 'decision-only key', body: chatBody(), headers: () => bearer(decisionOnlyKey), status: 401, code: 'invalid_api_key', reason: 'wrong_type' },
   { name: 'malformed JSON', body: '{"model": ', status: 400, code: 'invalid_request_error', param: null },
   { name: 'body not an object', body: '[1,2]', status: 400, code: 'invalid_request_error', param: null },
+  // Every later step may recurse (validation, token counts, fingerprints); a stack overflow would be a 500.
+  { name: 'tool parameters nested 300 levels deep', body: deepToolBody(300), status: 400, code: 'invalid_request_error', param: null },
+  { name: 'tool parameters nested 20,000 levels deep (was a 500)', body: deepToolBody(20_000), status: 400, code: 'invalid_request_error', param: null },
   { name: 'model missing', body: { messages: [{ role: 'user', content: 'x' }] }, status: 400, code: 'invalid_request_error', param: 'model' },
   { name: 'messages missing', body: { model: 'model_03' }, status: 400, code: 'invalid_request_error', param: 'messages' },
   { name: 'messages empty', body: chatBody({ messages: [] }), status: 400, code: 'invalid_request_error', param: 'messages' },
@@ -260,5 +276,20 @@ describe('rate limit', () => {
       code: 'rate_limit_exceeded',
       param: null,
     });
+  });
+});
+
+describe('JSON nesting limit', () => {
+  const nested = (levels: number): unknown => {
+    let value: unknown = 'leaf';
+    for (let i = 0; i < levels; i++) value = i % 2 === 0 ? [value] : { k: value };
+    return value;
+  };
+  test('256 levels of objects and arrays pass, 257 do not; scalars never nest', () => {
+    expect(nestsDeeperThan(nested(256), JSON_DEPTH_MAX)).toBe(false);
+    expect(nestsDeeperThan(nested(257), JSON_DEPTH_MAX)).toBe(true);
+    expect(nestsDeeperThan('text', 0)).toBe(false);
+    expect(nestsDeeperThan({ a: [1, { b: null }] }, 3)).toBe(false);
+    expect(nestsDeeperThan({ a: [1, { b: {} }] }, 3)).toBe(true);
   });
 });
