@@ -40,35 +40,16 @@ export class Metrics {
     new Gauge({ name: 'tollgate_requests_in_flight', help: 'Requests running now', registers, collect() { this.set(inFlight()); } });
   }
 
-  // prom-client hashes a label object on every call; the label sets are few (services × statuses × codes,
-  // models), so each child is looked up once and kept.
-  private readonly finishedChildren = new Map<string, { inc(value?: number): void }>();
-  private readonly refusedChildren = new Map<string, { inc(value?: number): void }>();
-  private readonly chargedChildren = new Map<string, { inc(value?: number): void }>();
-  private readonly ttftChildren = new Map<string, { observe(value: number): void }>();
-
   requestFinished(service: Service, status: string, code: string | null, chargedMicro: number): void {
-    const key = `${service} ${status} ${code ?? ''}`;
-    let finished = this.finishedChildren.get(key);
-    if (!finished) this.finishedChildren.set(key, (finished = this.finished.labels(service, status, code ?? '')));
-    finished.inc();
-    if (chargedMicro > 0) {
-      let charged = this.chargedChildren.get(service);
-      if (!charged) this.chargedChildren.set(service, (charged = this.chargedMicro.labels(service)));
-      charged.inc(chargedMicro);
-    }
+    this.finished.inc({ service, status, code: code ?? '' });
+    if (chargedMicro > 0) this.chargedMicro.inc({ service }, chargedMicro);
   }
 
   requestRefused(service: Service, code: string): void {
-    const key = `${service} ${code}`;
-    let refused = this.refusedChildren.get(key);
-    if (!refused) this.refusedChildren.set(key, (refused = this.refused.labels(service, code)));
-    refused.inc();
+    this.refused.inc({ service, code });
   }
 
   firstToken(model: string, seconds: number): void {
-    let ttft = this.ttftChildren.get(model);
-    if (!ttft) this.ttftChildren.set(model, (ttft = this.ttft.labels(model)));
-    ttft.observe(seconds);
+    this.ttft.observe({ model }, seconds);
   }
 }
