@@ -6,7 +6,7 @@ import { ConfigError, loadConfig } from './config/load.ts';
 import type { Config } from './config/model.ts';
 import { openGateway } from './gateway.ts';
 import { startServer } from './server.ts';
-import { createLogger } from './util/log.ts';
+import { createLogger, type Logger } from './util/log.ts';
 import { WalCorruptionError } from './wal/log.ts';
 
 async function serve(config: Config): Promise<number> {
@@ -50,7 +50,7 @@ async function serve(config: Config): Promise<number> {
  * rest, while their upstream timeout runs. Only the environment at process start sets it (Bun reads it
  * before any script runs), so the gateway can only say so.
  */
-function warnIfFetchCapped(config: Config, logger: ReturnType<typeof createLogger>): void {
+function warnIfFetchCapped(config: Config, logger: Logger): void {
   const usesHttp = Object.values(config.providers).some((provider) => provider.type === 'openai');
   const cap = Number(process.env.BUN_CONFIG_MAX_HTTP_REQUESTS ?? 256);
   if (usesHttp && cap < config.limits.max_in_flight) {

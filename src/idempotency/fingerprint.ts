@@ -1,17 +1,13 @@
 // Request fingerprints: SHA-256 of method, path and canonical JSON (keys sorted at every depth).
 
 import { JSON_DEPTH_MAX } from '../http/body.ts';
-import { GatewayError } from '../http/errors.ts';
+import { assert } from '../util/assert.ts';
 
 /** JSON with object keys sorted at every depth and no whitespace; equal content gives equal text. */
 export function canonicalJson(value: unknown, depth = 0): string {
   if (value === null || typeof value !== 'object') return JSON.stringify(value) ?? 'null';
-  if (depth >= JSON_DEPTH_MAX) {
-    throw new GatewayError('invalid_request_error', `The JSON body nests deeper than ${JSON_DEPTH_MAX} levels.`, {
-      param: null,
-      detail: `JSON values may nest at most ${JSON_DEPTH_MAX} levels deep`,
-    });
-  }
+  // Bodies nested deeper are refused when parsed (parseJsonBody); reaching this is a bug, not a client error.
+  assert(depth < JSON_DEPTH_MAX, 'canonicalJson of a value nested deeper than parseJsonBody allows');
   if (Array.isArray(value)) {
     let out = '[';
     for (let i = 0; i < value.length; i++) out += (i > 0 ? ',' : '') + canonicalJson(value[i], depth + 1);

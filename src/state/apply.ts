@@ -142,7 +142,7 @@ export class GatewayState {
   }
 
   private applyStarted(event: RequestStarted): void {
-    if (this.inFlight.has(event.request_id) || this.finished.has(event.request_id)) assert(false, `request ${event.request_id} exists`);
+    if (this.inFlight.has(event.request_id) || this.finished.has(event.request_id)) throw new AssertionError(`request ${event.request_id} exists`);
     const account = this.account(event.key_id);
     assert(account.balanceMicro >= event.hold.credits_micro, 'hold exceeds the balance');
     assert(account.tokenWallet >= event.hold.tokens, 'hold exceeds the token wallet');
@@ -264,13 +264,13 @@ function safeAdd(a: number, b: number): number {
 export function checkLedger(account: KeyAccount): void {
   // Conditions first: the messages (with the key id) are built only when one fails; this runs per commit.
   if (!(account.balanceMicro >= 0 && account.heldMicro >= 0 && account.chargedMicro >= 0)) {
-    assert(false, `negative ledger on ${account.id}`);
+    throw new AssertionError(`negative ledger on ${account.id}`);
   }
   if (account.creditsAddedMicro !== account.balanceMicro + account.heldMicro + account.chargedMicro) {
-    assert(false, `ledger invariant broken on ${account.id}`);
+    throw new AssertionError(`ledger invariant broken on ${account.id}`);
   }
-  if (!(account.tokenWallet >= 0 && account.tokensHeld >= 0)) assert(false, `negative token wallet on ${account.id}`);
+  if (!(account.tokenWallet >= 0 && account.tokensHeld >= 0)) throw new AssertionError(`negative token wallet on ${account.id}`);
   if (account.tokensAdded !== account.tokenWallet + account.tokensHeld + account.tokensCharged) {
-    assert(false, `token ledger broken on ${account.id}`);
+    throw new AssertionError(`token ledger broken on ${account.id}`);
   }
 }
