@@ -1,31 +1,16 @@
 // A chat request's life through HTTP: status, cancel, disconnect, timeouts, upstream failures, billing.
-import { afterEach, describe, expect, test } from 'bun:test';
-import { ADMIN_TOKEN, bearer, chatBody, startTestServer, type TestServer } from '../support/gateway.ts';
+import { describe, expect, test } from 'bun:test';
+import { ADMIN_TOKEN, bearer, chatBody, closedAfterEach, type TestServer } from '../support/gateway.ts';
 import { SseReader } from '../support/sse.ts';
 import { startFakeUpstream, upstreamOverrides, type FakeUpstream } from '../support/upstream.ts';
 
 const SLOW_SIMULATOR = { providers: { simulator: { type: 'simulator', ttft_ms: 0, tokens_per_second: 50, completion_tokens: 5000 } } };
 
-let servers: TestServer[] = [];
-let upstreams: FakeUpstream[] = [];
-
-afterEach(async () => {
-  for (const upstream of upstreams) upstream.stop();
-  await Promise.all(servers.map((server) => server.close()));
-  servers = [];
-  upstreams = [];
-});
-
-async function server(overrides: unknown = {}): Promise<TestServer> {
-  const started = await startTestServer(overrides);
-  servers.push(started);
-  return started;
-}
+const cleanup = closedAfterEach();
+const server = cleanup.server;
 
 function upstream(mode: Parameters<typeof startFakeUpstream>[0]): FakeUpstream {
-  const started = startFakeUpstream(mode);
-  upstreams.push(started);
-  return started;
+  return cleanup.track(startFakeUpstream(mode));
 }
 
 function post(t: TestServer, key: string, body: unknown, headers: Record<string, string> = {}, signal?: AbortSignal): Promise<Response> {

@@ -1,5 +1,5 @@
 // The TollgateClient's retry rule (spec 001, rules 4–6) against a real server whose fake upstream fails on demand.
-import { afterEach, describe, expect, test } from 'bun:test';
+import { describe, expect, test } from 'bun:test';
 import { retryDelayMs, TollgateClient, TollgateError, type ClientOptions, type DecideRequest } from '../../src/client/index.ts';
 import {
   answerValidly,
@@ -11,7 +11,7 @@ import {
   type UpstreamCall,
   type UpstreamReply,
 } from '../support/decision-upstream.ts';
-import { ADMIN_TOKEN, bearer, startTestServer, type TestServer } from '../support/gateway.ts';
+import { ADMIN_TOKEN, bearer, closedAfterEach, type TestServer } from '../support/gateway.ts';
 
 const DECIDE = '/decision/v1/decide/';
 const IDEMPOTENCY_KEY_RE = /^[A-Za-z0-9._:-]{8,255}$/;
@@ -19,26 +19,12 @@ const REQUEST_ID_RE = /^dec_[A-Za-z0-9]+$/;
 /** One decision at model_03 rates (5 / 14 µcr per token) for the fake upstream's usage. */
 const DECISION_MICRO = DEFAULT_USAGE.prompt_tokens * 5 + DEFAULT_USAGE.completion_tokens * 14;
 
-let servers: TestServer[] = [];
-let upstreams: DecisionUpstream[] = [];
-
-afterEach(async () => {
-  for (const upstream of upstreams) upstream.stop();
-  await Promise.all(servers.map((server) => server.close()));
-  servers = [];
-  upstreams = [];
-});
-
-async function server(overrides: unknown = {}): Promise<TestServer> {
-  const started = await startTestServer(overrides);
-  servers.push(started);
-  return started;
-}
+const cleanup = closedAfterEach();
+const server = cleanup.server;
 
 /** A real gateway whose decision-fast model is a fake upstream running `script`. */
 async function serverWithUpstream(script: (call: UpstreamCall) => UpstreamReply): Promise<{ t: TestServer; fake: DecisionUpstream }> {
-  const fake = startDecisionUpstream(script);
-  upstreams.push(fake);
+  const fake = cleanup.track(startDecisionUpstream(script));
   return { t: await server(decisionUpstreamOverrides(fake.url)), fake };
 }
 

@@ -1,7 +1,7 @@
 // The decision endpoint's status table (spec 001), row by row through HTTP: status, code, type, detail, no charge, X-Request-ID.
-import { afterEach, describe, expect, test } from 'bun:test';
+import { describe, expect, test } from 'bun:test';
 import { countTokens } from 'gpt-tokenizer/encoding/o200k_base';
-import { ADMIN_TOKEN, bearer, openTestGateway, startTestServer, type TestGateway, type TestServer } from '../support/gateway.ts';
+import { ADMIN_TOKEN, bearer, closedAfterEach, type TestGateway, type TestServer } from '../support/gateway.ts';
 import {
   answerValidly,
   closedPortUrl,
@@ -35,32 +35,12 @@ const TYPE_BY_STATUS: Record<number, string> = {
   504: 'timeout_error',
 };
 
-let gateways: TestGateway[] = [];
-let upstreams: DecisionUpstream[] = [];
-
-afterEach(async () => {
-  for (const upstream of upstreams) upstream.stop();
-  await Promise.all(gateways.map((gateway) => gateway.close()));
-  gateways = [];
-  upstreams = [];
-});
-
-function gateway(overrides: unknown = {}): TestGateway {
-  const opened = openTestGateway(overrides);
-  gateways.push(opened);
-  return opened;
-}
-
-async function server(overrides: unknown = {}): Promise<TestServer> {
-  const started = await startTestServer(overrides);
-  gateways.push(started);
-  return started;
-}
+const cleanup = closedAfterEach();
+const gateway = cleanup.gateway;
+const server = cleanup.server;
 
 function upstream(script?: (call: UpstreamCall) => UpstreamReply): DecisionUpstream {
-  const started = startDecisionUpstream(script);
-  upstreams.push(started);
-  return started;
+  return cleanup.track(startDecisionUpstream(script));
 }
 
 /** A gateway whose decision-fast model (model_03) is served by a fake upstream running `script`. */

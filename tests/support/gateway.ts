@@ -1,4 +1,5 @@
 // Test support: a real gateway on a temp data dir, driven through app.handle or a listening server.
+import { afterEach } from 'bun:test';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -83,6 +84,35 @@ export async function startTestServer(overrides: unknown = {}, dataDir?: string)
     async close() {
       await server.shutdown(0);
       if (!dataDir) rmSync(opened.config.data_dir, { recursive: true, force: true });
+    },
+  };
+}
+
+/**
+ * Per-file cleanup: gateways and servers made through it, and anything passed to `track` (fake
+ * upstreams), are stopped after each test — upstreams first, so no request is left waiting on one.
+ */
+export function closedAfterEach() {
+  const gateways: TestGateway[] = [];
+  const stoppables: { stop(): void }[] = [];
+  afterEach(async () => {
+    for (const stoppable of stoppables.splice(0)) stoppable.stop();
+    await Promise.all(gateways.splice(0).map((gateway) => gateway.close()));
+  });
+  return {
+    gateway(overrides: unknown = {}): TestGateway {
+      const opened = openTestGateway(overrides);
+      gateways.push(opened);
+      return opened;
+    },
+    async server(overrides: unknown = {}): Promise<TestServer> {
+      const started = await startTestServer(overrides);
+      gateways.push(started);
+      return started;
+    },
+    track<T extends { stop(): void }>(stoppable: T): T {
+      stoppables.push(stoppable);
+      return stoppable;
     },
   };
 }

@@ -180,9 +180,9 @@ describe('failure', () => {
     await wal.close();
   });
 
-  test('the store answers 503 service_unavailable after the log fails and says why', async () => {
-    const dataDir = dirs.make();
-    const store = StateStore.open({
+  /** A store whose every record starts a new segment, so the next segment's file can be made to fail. */
+  const openOneRecordSegments = (dataDir: string) =>
+    StateStore.open({
       dataDir,
       fsync: 'always',
       fsyncIntervalMs: 5,
@@ -191,6 +191,10 @@ describe('failure', () => {
       limits: { requestRecordsMax: 100, requestRecordTtlMs: 60_000, idempotencyKeysMax: 100 },
       logger: SILENT,
     });
+
+  test('the store answers 503 service_unavailable after the log fails and says why', async () => {
+    const dataDir = dirs.make();
+    const store = openOneRecordSegments(dataDir);
     const link = linkNextSegment(join(dataDir, 'wal'), '/dev/null');
     const created = (id: string, secret: string) => ({
       type: 'key.created' as const,
@@ -223,15 +227,7 @@ describe('failure', () => {
     expect((refused as GatewayError).code).toBe('service_unavailable');
     await store.close();
     unlinkSync(link);
-    const reopened = StateStore.open({
-      dataDir,
-      fsync: 'always',
-      fsyncIntervalMs: 5,
-      segmentBytes: 1,
-      snapshotEveryRecords: 1_000_000,
-      limits: { requestRecordsMax: 100, requestRecordTtlMs: 60_000, idempotencyKeysMax: 100 },
-      logger: SILENT,
-    });
+    const reopened = openOneRecordSegments(dataDir);
     expect([...reopened.state.keys.keys()]).toEqual(['k1']);
     await reopened.close();
   });
