@@ -69,8 +69,10 @@ describe('simulator text', () => {
       if (delta.type === 'text') arrivalsMs.push(performance.now() - startedMs);
     }
     // Lower bounds only: timers never fire early by more than a millisecond, but they may fire late.
+    // Token k is due at ttft + k ms after the start (not after the first arrival, which may be late and
+    // then carry the tokens due by then), so the 40th is due at 30 + 39 ms.
     expect(arrivalsMs[0]!).toBeGreaterThanOrEqual(29);
-    expect(arrivalsMs.at(-1)! - arrivalsMs[0]!).toBeGreaterThanOrEqual(38);
+    expect(arrivalsMs.at(-1)!).toBeGreaterThanOrEqual(68);
   });
 
   test('an output limit at or above completion_tokens finishes with stop', async () => {
