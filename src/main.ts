@@ -6,7 +6,7 @@ import { ConfigError, loadConfig } from './config/load.ts';
 import type { Config } from './config/model.ts';
 import { openGateway } from './gateway.ts';
 import { startServer } from './server.ts';
-import { createLogger, type Logger } from './util/log.ts';
+import { createLogger } from './util/log.ts';
 import { WalCorruptionError } from './wal/log.ts';
 
 async function serve(config: Config): Promise<number> {
@@ -39,26 +39,9 @@ async function serve(config: Config): Promise<number> {
       process.exit(0);
     });
   };
-  warnIfFetchCapped(config, logger);
   process.once('SIGTERM', () => stop('SIGTERM'));
   process.once('SIGINT', () => stop('SIGINT'));
   return -1;
-}
-
-/**
- * Bun's fetch sends at most BUN_CONFIG_MAX_HTTP_REQUESTS (default 256) requests at once and queues the
- * rest, while their upstream timeout runs. Only the environment at process start sets it (Bun reads it
- * before any script runs), so the gateway can only say so.
- */
-function warnIfFetchCapped(config: Config, logger: Logger): void {
-  const usesHttp = Object.values(config.providers).some((provider) => provider.type === 'openai');
-  const cap = Number(process.env.BUN_CONFIG_MAX_HTTP_REQUESTS ?? 256);
-  if (usesHttp && cap < config.limits.max_in_flight) {
-    logger.warn(
-      { fetchCap: cap, maxInFlight: config.limits.max_in_flight },
-      'upstream calls beyond the fetch cap wait in a queue; start with BUN_CONFIG_MAX_HTTP_REQUESTS set to limits.max_in_flight',
-    );
-  }
 }
 
 async function main(argv: string[]): Promise<number> {

@@ -41,6 +41,7 @@ export async function startServer(gateway: Gateway, options: { hostname?: string
       for (const actor of rest) actor.abort('interrupted');
       await Promise.all(rest.map((actor) => actor.settled));
       await gateway.store.close();
+      for (const provider of gateway.providers.values()) provider.close?.();
       server.stop(true);
     })();
     return stopping;

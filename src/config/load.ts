@@ -1,7 +1,7 @@
 // Loads the config: built-in defaults, then GATEWAY_CONFIG deep-merged over them, then env; validated once.
 import { readFileSync } from 'node:fs';
 import { Value } from '@sinclair/typebox/value';
-import { ConfigSchema, type Config } from './model.ts';
+import { ConfigSchema, type Config, type OpenAIProviderConfig } from './model.ts';
 import { defaultConfig } from './defaults.ts';
 
 /** A config that cannot run; the message names the field so the operator can fix it. */
@@ -72,6 +72,36 @@ export function loadConfig(options: LoadOptions = {}): Config {
   return validateConfig(config);
 }
 
+/** Header fields the HTTP client writes itself: a configured one would break the framing or the routing. */
+const RESERVED_HEADERS = new Set(['host', 'content-length', 'transfer-encoding', 'connection', 'accept-encoding', 'content-type', 'upgrade', 'te', 'trailer', 'keep-alive']);
+const TOKEN_RE = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
+const HEADER_VALUE_RE = /^[\x20-\x7e]*$/;
+
+function checkOpenAIProvider(name: string, provider: OpenAIProviderConfig): void {
+  const field = `config field providers.${name}`;
+  let url: URL;
+  try {
+    url = new URL(provider.base_url);
+  } catch {
+    throw new ConfigError(`${field}.base_url: not a URL (got ${JSON.stringify(provider.base_url)})`);
+  }
+  if (url.username || url.password) throw new ConfigError(`${field}.base_url: credentials in the URL are not sent; use api_key_env`);
+  for (const [header, value] of Object.entries(provider.headers ?? {})) {
+    if (!TOKEN_RE.test(header)) throw new ConfigError(`${field}.headers: ${JSON.stringify(header)} is not a header field name`);
+    if (RESERVED_HEADERS.has(header.toLowerCase())) throw new ConfigError(`${field}.headers.${header}: set by the gateway itself`);
+    if (!HEADER_VALUE_RE.test(value)) throw new ConfigError(`${field}.headers.${header}: only visible ASCII and spaces are allowed`);
+  }
+  if (provider.ca_file !== undefined) {
+    let pem: string;
+    try {
+      pem = readFileSync(provider.ca_file, 'utf8');
+    } catch (error) {
+      throw new ConfigError(`${field}.ca_file: cannot read ${provider.ca_file} (${(error as Error).message})`);
+    }
+    if (!pem.includes('-----BEGIN CERTIFICATE-----')) throw new ConfigError(`${field}.ca_file: ${provider.ca_file} holds no PEM certificate`);
+  }
+}
+
 /** Validates the schema, then the references between sections that a schema cannot express. */
 export function validateConfig(candidate: unknown): Config {
   const first = Value.Errors(ConfigSchema, candidate).First();
@@ -80,6 +110,9 @@ export function validateConfig(candidate: unknown): Config {
     throw new ConfigError(`config field ${field}: ${first.message} (got ${JSON.stringify(first.value)})`);
   }
   const config = candidate as Config;
+  for (const [name, provider] of Object.entries(config.providers)) {
+    if (provider.type === 'openai') checkOpenAIProvider(name, provider);
+  }
   for (const [id, model] of Object.entries(config.models)) {
     if (!config.providers[model.provider]) {
       throw new ConfigError(`config field models.${id}.provider: no provider named ${JSON.stringify(model.provider)}`);

@@ -20,7 +20,8 @@ export const OpenAIProviderSchema = Type.Object(
     base_url: Type.String({ pattern: '^https?://', description: 'OpenAI-compatible base URL, e.g. http://host/v1' }),
     api_key_env: Type.Optional(Type.String({ minLength: 1, description: 'name of the env var holding the upstream key' })),
     timeout_ms: Type.Optional(PositiveInt('upstream timeout; defaults to limits.upstream_timeout_ms')),
-    headers: Type.Optional(Type.Record(Type.String(), Type.String())),
+    headers: Type.Optional(Type.Record(Type.String(), Type.String(), { description: 'extra request header fields' })),
+    ca_file: Type.Optional(Type.String({ minLength: 1, description: 'PEM file of the certificates to trust for https (instead of the built-in roots)' })),
   },
   { additionalProperties: false },
 );

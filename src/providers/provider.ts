@@ -61,6 +61,8 @@ export interface Provider {
    * by throwing the signal's reason. Failures throw `GatewayError` with an upstream_* code.
    */
   stream(request: ProviderRequest, signal: AbortSignal): AsyncIterable<Delta>;
+  /** Releases what the provider keeps between calls (idle upstream connections); called at shutdown. */
+  close?(): void;
 }
 
 /**

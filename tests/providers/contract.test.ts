@@ -1,5 +1,6 @@
 // The provider contract, run against every adapter, plus the OpenAI adapter's failure mapping.
 import { afterEach, describe, expect, test } from 'bun:test';
+import { join } from 'node:path';
 import { countPromptTokens, countTextTokens } from '../../src/billing/tokens.ts';
 import type { OpenAIProviderConfig, SimulatorProviderConfig } from '../../src/config/model.ts';
 import { GatewayError } from '../../src/http/errors.ts';
@@ -630,6 +631,52 @@ describe('openai adapter', () => {
     const error = await expectGatewayError(collect(adapter(upstream.baseUrl, { timeout_ms: 200 }), makeRequest()), 'upstream_timeout', 504);
     expect(error.message).toBe('Upstream fake-openai sent no response headers within 200 ms.');
     await upstream.requests[0]!.aborted;
+  });
+
+  test('https with the CA of ca_file: the answer arrives, and the connection is kept for the next call', async () => {
+    const tlsDir = join(import.meta.dir, '../support/tls');
+    const ports = new Set<number>();
+    const server = Bun.serve({
+      hostname: '127.0.0.1',
+      port: 0,
+      tls: { key: Bun.file(join(tlsDir, 'server.key')), cert: Bun.file(join(tlsDir, 'server.crt')) },
+      fetch(request, srv) {
+        ports.add(srv.requestIP(request)!.port);
+        return Response.json({ choices: [{ index: 0, message: { role: 'assistant', content: 'secure' }, finish_reason: 'stop' }] });
+      },
+    });
+    track({ stop: () => server.stop(true) });
+    const provider = adapter(`https://127.0.0.1:${server.port}/v1`, { ca_file: join(tlsDir, 'ca.crt') });
+    for (let i = 0; i < 2; i++) {
+      expect(await collect(provider, makeRequest({ stream: false }))).toEqual([
+        { type: 'text', text: 'secure' },
+        { type: 'finish', reason: 'stop', usage: null },
+      ]);
+    }
+    expect(ports.size).toBe(1);
+  });
+
+  test('an https upstream whose certificate is not trusted is upstream_unreachable', async () => {
+    const tlsDir = join(import.meta.dir, '../support/tls');
+    const server = Bun.serve({
+      hostname: '127.0.0.1',
+      port: 0,
+      tls: { key: Bun.file(join(tlsDir, 'server.key')), cert: Bun.file(join(tlsDir, 'server.crt')) },
+      fetch: () => new Response('never'),
+    });
+    track({ stop: () => server.stop(true) });
+    const provider = adapter(`https://127.0.0.1:${server.port}/v1`, { ca_file: join(tlsDir, 'other-ca.crt') });
+    await expectGatewayError(collect(provider, makeRequest()), 'upstream_unreachable', 502);
+  });
+
+  test('a compressed body (asked for identity) is upstream_invalid_response', async () => {
+    const upstream = track(
+      startUpstream((_req, recorded) => {
+        expect(recorded.headers['accept-encoding']).toBe('identity');
+        return new Response(Bun.gzipSync(JSON.stringify({ choices: [] })), { headers: { 'content-type': 'application/json', 'content-encoding': 'gzip' } });
+      }),
+    );
+    await expectGatewayError(collect(adapter(upstream.baseUrl), makeRequest({ stream: false })), 'upstream_invalid_response', 502);
   });
 
   test('a refused connection is upstream_unreachable', async () => {

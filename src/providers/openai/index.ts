@@ -1,9 +1,11 @@
 // The OpenAI-compatible provider: one streamed Chat Completions call, relayed as provider deltas.
+import { readFileSync } from 'node:fs';
 import type { OpenAIProviderConfig } from '../../config/model.ts';
 import { GatewayError } from '../../http/errors.ts';
 import { newToolCallId } from '../../util/ids.ts';
 import type { Logger } from '../../util/log.ts';
 import type { Delta, FinishReason, Provider, ProviderRequest } from '../provider.ts';
+import { HttpClient, type ExchangeHandler, type HttpClientError, type HttpExchange, type ResponseHead } from '../http/client.ts';
 import { SseParser } from './sse-parse.ts';
 
 export interface OpenAIProviderOptions {
@@ -18,25 +20,34 @@ export const UPSTREAM_JSON_BYTES_MAX = 32 * 1024 * 1024;
 const ERROR_BODY_BYTES_MAX = 64 * 1024;
 /** Upstream error codes are echoed only when they look like identifiers, never free text. */
 const SAFE_CODE_CHARS_MAX = 64;
+/** Body bytes received but not yet consumed before the upstream socket is paused (a slow client). */
+const QUEUED_BYTES_MAX = 1024 * 1024;
 
 type Usage = { promptTokens: number; completionTokens: number };
 type ReadResult = { done: false; value: Uint8Array } | { done: true; value: undefined };
 
 export class OpenAIProvider implements Provider {
   readonly name: string;
-  private readonly url: string;
+  private readonly client: HttpClient;
+  /** Request line and the fixed header fields, up to where the per-call ones go. */
+  private readonly requestHead: string;
   private readonly timeoutMs: number;
   private readonly apiKeyEnv: string | undefined;
-  private readonly extraHeaders: Record<string, string>;
   private readonly logger: Logger;
 
   constructor(name: string, config: OpenAIProviderConfig, options: OpenAIProviderOptions) {
     this.name = name;
-    const base = config.base_url.endsWith('/') ? config.base_url.slice(0, -1) : config.base_url;
-    this.url = `${base}/chat/completions`;
+    const base = new URL(config.base_url.endsWith('/') ? config.base_url : `${config.base_url}/`);
+    const url = new URL('chat/completions', base);
+    this.client = new HttpClient(url, config.ca_file !== undefined ? { ca: readFileSync(config.ca_file, 'utf8') } : {});
+    let head =
+      `POST ${url.pathname}${url.search} HTTP/1.1\r\nhost: ${url.host}\r\ncontent-type: application/json\r\n` +
+      'accept: text/event-stream, application/json\r\naccept-encoding: identity\r\nuser-agent: tollgate\r\n';
+    // Names and values were checked when the config was loaded (no CR, LF or framing fields).
+    for (const [field, value] of Object.entries(config.headers ?? {})) head += `${field}: ${value}\r\n`;
+    this.requestHead = head;
     this.timeoutMs = config.timeout_ms ?? options.defaultTimeoutMs;
     this.apiKeyEnv = config.api_key_env;
-    this.extraHeaders = config.headers ?? {};
     this.logger = options.logger;
   }
 
@@ -44,9 +55,11 @@ export class OpenAIProvider implements Provider {
     signal.throwIfAborted();
     const call = new UpstreamCall(this.name, this.timeoutMs, signal);
     try {
-      const response = await call.send(this.url, this.requestHeaders(), JSON.stringify(requestBody(request)));
-      if (!response.ok) throw await this.errorFromResponse(response, call);
-      const contentType = response.headers.get('content-type') ?? '';
+      const head = await call.send(this.client, this.requestText(JSON.stringify(requestBody(request))));
+      if (head.status < 200 || head.status > 299) throw await this.errorFromResponse(head.status, call);
+      const encoding = head.headers.get('content-encoding');
+      if (encoding !== undefined && encoding.toLowerCase() !== 'identity') throw invalid(this.name, 'answered with a compressed body');
+      const contentType = head.headers.get('content-type') ?? '';
       if (contentType.includes('text/event-stream')) {
         yield* this.relaySse(call);
       } else if (contentType.includes('json')) {
@@ -64,16 +77,23 @@ export class OpenAIProvider implements Provider {
     }
   }
 
-  private requestHeaders(): Record<string, string> {
-    const headers: Record<string, string> = {
-      'content-type': 'application/json',
-      accept: 'text/event-stream, application/json',
-      ...this.extraHeaders,
-    };
+  close(): void {
+    this.client.close();
+  }
+
+  /** The whole request: head, the per-call fields, and the body. */
+  private requestText(body: string): { text: string; bytes: number } {
+    let head = this.requestHead;
     // Read per call, so a rotated key in the environment takes effect without a restart.
     const key = this.apiKeyEnv === undefined ? undefined : process.env[this.apiKeyEnv];
-    if (key) headers.authorization = `Bearer ${key}`;
-    return headers;
+    if (key) {
+      if (!isHeaderValue(key)) throw new GatewayError('upstream_error', `The key in ${this.apiKeyEnv} for upstream ${this.name} is not a valid header value.`);
+      head += `authorization: Bearer ${key}\r\n`;
+    }
+    const bodyBytes = Buffer.byteLength(body);
+    head += `content-length: ${bodyBytes}\r\n\r\n`;
+    // The head is ASCII (checked above and at config load), so its length is its size in bytes.
+    return { text: head + body, bytes: head.length + bodyBytes };
   }
 
   private async *relaySse(call: UpstreamCall): AsyncGenerator<Delta> {
@@ -110,7 +130,7 @@ export class OpenAIProvider implements Provider {
     yield translator.finish();
   }
 
-  private async errorFromResponse(response: Response, call: UpstreamCall): Promise<GatewayError> {
+  private async errorFromResponse(status: number, call: UpstreamCall): Promise<GatewayError> {
     let code: string | null = null;
     let message = '';
     try {
@@ -122,45 +142,47 @@ export class OpenAIProvider implements Provider {
       }
     } catch (error) {
       // Abort and timeout still win; an unreadable error body just means no code.
-      if (error instanceof GatewayError || call.signal.aborted) throw error;
+      if (call.signal.aborted || call.timedOut) throw error;
     }
     const safeCode = code !== null && isIdentifier(code) ? code : null;
-    this.logger.warn({ status: response.status, upstreamCode: safeCode }, 'upstream answered an error');
+    this.logger.warn({ status, upstreamCode: safeCode }, 'upstream answered an error');
     // vLLM and others say it only in the message; the message itself is never passed on (it may quote the prompt).
     const contextExceeded = code === 'context_length_exceeded' || message.includes('maximum context length');
-    if (response.status === 400 && contextExceeded) {
+    if (status === 400 && contextExceeded) {
       return new GatewayError('context_length_exceeded', `The input is longer than the upstream model's context window.`, {
         param: 'messages',
       });
     }
     const suffix = safeCode === null ? '' : ` (${safeCode})`;
-    return new GatewayError('upstream_error', `Upstream ${this.name} answered HTTP ${response.status}${suffix}.`);
+    return new GatewayError('upstream_error', `Upstream ${this.name} answered HTTP ${status}${suffix}.`);
   }
 }
 
 /**
- * One HTTP exchange with its timers and its link to the caller's signal. The timer measures upstream
+ * One HTTP exchange with its timer and its link to the caller's signal. The timer measures upstream
  * silence only while we wait (for headers, then for each read), so a slow consumer is not a timeout.
+ * Body bytes arrive as the socket reads them and wait in a bounded queue for `read`.
  */
-class UpstreamCall {
+class UpstreamCall implements ExchangeHandler {
   readonly signal: AbortSignal;
   /** Set once the answer was fully translated, so closing does not abort a finished exchange. */
   finished = false;
+  timedOut = false;
   private readonly providerName: string;
   private readonly timeoutMs: number;
-  private readonly controller = new AbortController();
   private readonly timer: ReturnType<typeof setTimeout>;
-  private response: Response | null = null;
-  /** Made on the first streamed read; a whole-body read of a sized answer never needs one. */
-  private reader: ReadableStreamDefaultReader<Uint8Array> | null = null;
-  private waiting = true;
-  private bodyDone = false;
-  private timedOut = false;
+  private exchange: HttpExchange | null = null;
+  private head: ResponseHead | null = null;
+  private readonly queue: Uint8Array[] = [];
+  private queuedBytes = 0;
+  private ended = false;
+  private failure: unknown = null;
+  /** The pending `send` or `read`, woken by the socket's next event. */
+  private waiter: PromiseWithResolvers<void> | null = null;
   private phase: 'headers' | 'body' = 'headers';
   private readonly onAbort = (): void => {
-    this.controller.abort(this.signal.reason);
-    // Cancelling settles a pending read at once even if the transport is slow to notice the abort.
-    this.reader?.cancel(this.signal.reason).catch(ignore);
+    this.exchange?.abort();
+    this.wake(this.signal.reason);
   };
 
   constructor(providerName: string, timeoutMs: number, signal: AbortSignal) {
@@ -171,61 +193,33 @@ class UpstreamCall {
     signal.addEventListener('abort', this.onAbort, { once: true });
   }
 
-  async send(url: string, headers: Record<string, string>, body: string): Promise<Response> {
-    let response: Response;
-    try {
-      response = await fetch(url, { method: 'POST', headers, body, signal: this.controller.signal });
-    } catch (error) {
-      throw this.failure(error, 'unreachable');
+  async send(client: HttpClient, request: { text: string; bytes: number }): Promise<ResponseHead> {
+    this.exchange = client.request(request.text, request.bytes, this);
+    while (this.head === null) {
+      this.throwIfFailed();
+      await this.wait();
     }
     this.phase = 'body';
-    this.waiting = false;
-    this.response = response;
-    // A body-less answer reads as empty, which the callers then judge (an error status or invalid).
-    if (response.body === null) this.bodyDone = true;
-    return response;
+    return this.head;
   }
 
   async read(): Promise<ReadResult> {
-    this.throwIfAborted();
-    if (this.bodyDone) return { done: true, value: undefined };
-    this.reader ??= this.response!.body!.getReader() as ReadableStreamDefaultReader<Uint8Array>;
-    this.waiting = true;
-    this.timer.refresh();
-    let result: ReadResult;
-    try {
-      result = await this.reader.read();
-    } catch (error) {
-      throw this.failure(error, 'broken');
-    } finally {
-      this.waiting = false;
+    for (;;) {
+      this.throwIfAborted();
+      const value = this.queue.shift();
+      if (value !== undefined) {
+        this.queuedBytes -= value.length;
+        if (this.queuedBytes < QUEUED_BYTES_MAX / 2) this.exchange?.resume();
+        return { done: false, value };
+      }
+      this.throwIfFailed();
+      if (this.ended) return { done: true, value: undefined };
+      await this.wait();
     }
-    // A cancel from onAbort ends the read as `done`; that is an abort, not the end of the answer.
-    this.throwIfAborted();
-    if (result.done) this.bodyDone = true;
-    return result;
   }
 
   /** The rest of the body as text, refused past `bytesMax` (or cut there when `truncate`). */
   async readAll(bytesMax: number, truncate = false): Promise<string> {
-    const declared = Number(this.response?.headers.get('content-length') ?? NaN);
-    if (this.reader === null && !this.bodyDone && declared <= bytesMax) {
-      // A sized answer within the limit: the native whole-body read, without a JS stream (the hot path
-      // of a non-stream call). The timer still covers the wait, and an abort still ends it.
-      this.throwIfAborted();
-      this.waiting = true;
-      this.timer.refresh();
-      try {
-        const text = await this.response!.text();
-        this.throwIfAborted();
-        this.bodyDone = true;
-        return text;
-      } catch (error) {
-        throw this.failure(error, 'broken');
-      } finally {
-        this.waiting = false;
-      }
-    }
     const chunks: Uint8Array[] = [];
     let bytes = 0;
     for (;;) {
@@ -239,7 +233,32 @@ class UpstreamCall {
       chunks.push(value);
       bytes += value.byteLength;
     }
-    return new TextDecoder().decode(Buffer.concat(chunks));
+    return DECODER.decode(chunks.length === 1 ? chunks[0] : Buffer.concat(chunks));
+  }
+
+  onHead(head: ResponseHead): void {
+    this.head = head;
+    this.wake(null);
+  }
+
+  onBody(bytes: Uint8Array): void {
+    this.queue.push(bytes);
+    this.queuedBytes += bytes.length;
+    // A consumer slower than the upstream: stop reading the socket until it catches up.
+    if (this.queuedBytes > QUEUED_BYTES_MAX) this.exchange?.pause();
+    this.wake(null);
+  }
+
+  onEnd(): void {
+    this.ended = true;
+    this.exchange = null;
+    this.wake(null);
+  }
+
+  onError(error: HttpClientError): void {
+    this.failure = error;
+    this.exchange = null;
+    this.wake(null);
   }
 
   throwIfAborted(): void {
@@ -250,28 +269,42 @@ class UpstreamCall {
   close(): void {
     clearTimeout(this.timer);
     this.signal.removeEventListener('abort', this.onAbort);
-    if (this.bodyDone) return;
-    // The consumer stopped early, something failed, or bytes follow [DONE]: drop the connection
-    // rather than drain it. Aborting also closes the socket, which a cancel alone may not.
-    if (!this.finished) this.controller.abort();
-    this.reader?.cancel().catch(ignore);
+    // The consumer stopped early or something failed: drop the connection rather than drain it.
+    if (!this.ended) this.exchange?.abort();
+  }
+
+  private wait(): Promise<void> {
+    this.waiter = Promise.withResolvers<void>();
+    this.timer.refresh();
+    return this.waiter.promise;
+  }
+
+  /** Wakes the pending wait: with an error to throw, or null to look again. */
+  private wake(error: unknown): void {
+    const waiter = this.waiter;
+    if (waiter === null) return;
+    this.waiter = null;
+    if (error === null) waiter.resolve();
+    else waiter.reject(error);
+  }
+
+  private throwIfFailed(): void {
+    this.throwIfAborted();
+    const failure = this.failure as HttpClientError | null;
+    if (failure === null) return;
+    const code = failure.code === null ? '' : ` (${failure.code})`;
+    if (failure.kind === 'protocol') throw invalid(this.providerName, `sent ${failure.message}`);
+    if (failure.kind === 'connect' || this.phase === 'headers') {
+      throw new GatewayError('upstream_unreachable', `Could not reach upstream ${this.providerName}${code}.`);
+    }
+    throw invalid(this.providerName, `broke the connection mid-answer${code}`);
   }
 
   private onTimeout(): void {
-    if (!this.waiting) return; // the next wait re-arms the timer
+    if (this.waiter === null) return; // the next wait re-arms the timer
     this.timedOut = true;
-    this.controller.abort();
-    this.reader?.cancel().catch(ignore);
-  }
-
-  private failure(error: unknown, kind: 'unreachable' | 'broken'): unknown {
-    if (this.signal.aborted) return this.signal.reason;
-    if (this.timedOut) return this.timeoutError();
-    if (error instanceof GatewayError) return error;
-    const code = isRecord(error) && typeof error.code === 'string' && isIdentifier(error.code) ? ` (${error.code})` : '';
-    return kind === 'unreachable'
-      ? new GatewayError('upstream_unreachable', `Could not reach upstream ${this.providerName}${code}.`)
-      : invalid(this.providerName, `broke the connection mid-answer${code}`);
+    this.exchange?.abort();
+    this.wake(this.timeoutError());
   }
 
   private timeoutError(): GatewayError {
@@ -283,6 +316,8 @@ class UpstreamCall {
     );
   }
 }
+
+const DECODER = new TextDecoder();
 
 /** Turns chat.completion.chunk objects into deltas, remembering what the end of the stream needs. */
 class ChunkTranslator {
@@ -466,4 +501,11 @@ function isIdentifier(text: string): boolean {
   return true;
 }
 
-function ignore(): void {}
+/** A header value we may write as is: visible ASCII and spaces, nothing that could end the line. */
+export function isHeaderValue(text: string): boolean {
+  for (let i = 0; i < text.length; i++) {
+    const c = text.charCodeAt(i);
+    if (c < 32 || c > 126) return false;
+  }
+  return true;
+}

@@ -1,0 +1,339 @@
+// Incremental HTTP/1.1 response parser (RFC 9112): bytes in, split anywhere; head, body and end out.
+//
+// It reads the answers to our own requests to an upstream, so it is strict where a mistake would
+// misframe a message (status line, Content-Length, chunk sizes) and lenient where RFC 9112 allows it
+// (a bare LF ends a line, obs-fold is joined with a space). Every buffer it keeps has a limit.
+
+/** Status line plus header fields; a larger head is refused. */
+export const HEAD_BYTES_MAX_DEFAULT = 64 * 1024;
+/** A chunk-size line (with extensions) or a trailer line longer than this is refused. */
+const LINE_BYTES_MAX = 8 * 1024;
+/** All trailer fields of a chunked body together. */
+const TRAILER_BYTES_MAX = 64 * 1024;
+
+const CR = 13;
+const LF = 10;
+
+export class HttpProtocolError extends Error {
+  override name = 'HttpProtocolError';
+}
+
+export interface ResponseHead {
+  status: number;
+  /** Field names in lower case; repeated fields joined with ", ". */
+  headers: Map<string, string>;
+}
+
+export interface ResponseSink {
+  head(head: ResponseHead): void;
+  /** A piece of the decoded body (chunked framing removed); a view into the bytes given to `feed`. */
+  body(bytes: Uint8Array): void;
+  /** The message is complete. */
+  end(): void;
+}
+
+const enum State {
+  Head,
+  Length,
+  ChunkSize,
+  ChunkData,
+  ChunkDataEnd,
+  Trailer,
+  UntilClose,
+  Done,
+}
+
+const LATIN1 = new TextDecoder('latin1');
+
+export class ResponseParser {
+  private state = State.Head;
+  /** Head bytes of earlier reads (a head split across reads); null while none are pending. */
+  private headParts: Uint8Array[] | null = null;
+  private headBytes = 0;
+  private remaining = 0;
+  /** The current chunk-size or trailer line, across reads. */
+  private line = '';
+  private trailerBytes = 0;
+  private reusable = false;
+  private received = false;
+
+  constructor(
+    private readonly sink: ResponseSink,
+    private readonly headBytesMax = HEAD_BYTES_MAX_DEFAULT,
+  ) {}
+
+  /** Any byte of a response arrived. */
+  get started(): boolean {
+    return this.received;
+  }
+
+  get done(): boolean {
+    return this.state === State.Done;
+  }
+
+  /** After `end`: whether the connection may carry another request (framing known, no `close`). */
+  get keepAlive(): boolean {
+    return this.state === State.Done && this.reusable;
+  }
+
+  /** Consumes one read. Throws HttpProtocolError on a malformed response. */
+  feed(bytes: Uint8Array): void {
+    if (bytes.length > 0) this.received = true;
+    let at = 0;
+    while (at < bytes.length) {
+      switch (this.state) {
+        case State.Head:
+          at = this.feedHead(bytes, at);
+          break;
+        case State.Length:
+          at = this.passBody(bytes, at);
+          if (this.remaining === 0) this.finish();
+          break;
+        case State.ChunkSize:
+          at = this.feedChunkSize(bytes, at);
+          break;
+        case State.ChunkData:
+          at = this.passBody(bytes, at);
+          if (this.remaining === 0) this.state = State.ChunkDataEnd;
+          break;
+        case State.ChunkDataEnd: {
+          // CRLF after the chunk data; a bare LF is accepted.
+          const byte = bytes[at]!;
+          if (byte === CR && this.line.length === 0) {
+            this.line = '\r';
+            at++;
+          } else if (byte === LF) {
+            this.line = '';
+            this.state = State.ChunkSize;
+            at++;
+          } else {
+            throw new HttpProtocolError('chunk data not followed by CRLF');
+          }
+          break;
+        }
+        case State.Trailer:
+          at = this.feedTrailer(bytes, at);
+          break;
+        case State.UntilClose:
+          this.sink.body(at === 0 ? bytes : bytes.subarray(at));
+          at = bytes.length;
+          break;
+        case State.Done:
+          // Bytes after a complete answer to the one request sent: the connection is not trustworthy.
+          this.reusable = false;
+          return;
+      }
+    }
+  }
+
+  /**
+   * The connection closed. Completes a body framed by the close and returns true; returns false when
+   * the answer was cut off (or never started).
+   */
+  close(): boolean {
+    if (this.state === State.UntilClose) {
+      this.finish();
+      return true;
+    }
+    return this.state === State.Done;
+  }
+
+  /** Hands up to `remaining` body bytes from `at` to the sink; returns where it stopped. */
+  private passBody(bytes: Uint8Array, at: number): number {
+    const take = Math.min(this.remaining, bytes.length - at);
+    this.remaining -= take;
+    this.sink.body(bytes.subarray(at, at + take));
+    return at + take;
+  }
+
+  private feedHead(bytes: Uint8Array, at: number): number {
+    const parts = this.headParts;
+    if (parts === null) {
+      // The usual case: the whole head is in this read.
+      const end = findHeadEnd(bytes, at);
+      if (end !== -1) {
+        if (end - at > this.headBytesMax) throw new HttpProtocolError(`response head over ${this.headBytesMax} bytes`);
+        this.parseHead(LATIN1.decode(bytes.subarray(at, end)));
+        return end;
+      }
+      this.keepHeadPart(bytes.subarray(at));
+      return bytes.length;
+    }
+    // The head was split across reads: join what is pending with this read and rescan it whole.
+    const pendingBytes = this.headBytes;
+    const joined = new Uint8Array(pendingBytes + bytes.length - at);
+    let offset = 0;
+    for (const part of parts) {
+      joined.set(part, offset);
+      offset += part.length;
+    }
+    joined.set(bytes.subarray(at), offset);
+    const end = findHeadEnd(joined, 0);
+    if (end === -1) {
+      this.headParts = null;
+      this.headBytes = 0;
+      this.keepHeadPart(joined);
+      return bytes.length;
+    }
+    if (end > this.headBytesMax) throw new HttpProtocolError(`response head over ${this.headBytesMax} bytes`);
+    this.headParts = null;
+    this.headBytes = 0;
+    this.parseHead(LATIN1.decode(joined.subarray(0, end)));
+    // The pending bytes held no complete head, so it ends inside this read.
+    return at + (end - pendingBytes);
+  }
+
+  private keepHeadPart(part: Uint8Array): void {
+    this.headBytes += part.length;
+    if (this.headBytes > this.headBytesMax) throw new HttpProtocolError(`response head over ${this.headBytesMax} bytes`);
+    (this.headParts ??= []).push(part);
+  }
+
+  private parseHead(text: string): void {
+    // Lines end with LF, optionally preceded by CR; the text ends with the empty line.
+    const lines = text.split('\n');
+    const statusLine = stripCr(lines[0]!);
+    if (!/^HTTP\/1\.[01] \d{3}(?: |$)/.test(statusLine)) throw new HttpProtocolError('malformed status line');
+    const http10 = statusLine.charCodeAt(7) === 48; // "HTTP/1.0"
+    const status = Number(statusLine.slice(9, 12));
+    const headers = new Map<string, string>();
+    let lastName: string | null = null;
+    for (let i = 1; i < lines.length; i++) {
+      const line = stripCr(lines[i]!);
+      if (line.length === 0) continue;
+      const first = line.charCodeAt(0);
+      if (first === 32 || first === 9) {
+        // obs-fold: a continuation of the previous field, joined with a space (RFC 9112 §5.2).
+        if (lastName === null) throw new HttpProtocolError('header continuation without a field');
+        headers.set(lastName, `${headers.get(lastName)} ${line.trim()}`);
+        continue;
+      }
+      const colon = line.indexOf(':');
+      if (colon <= 0) throw new HttpProtocolError('malformed header field');
+      const name = line.slice(0, colon).toLowerCase();
+      if (!isToken(name)) throw new HttpProtocolError('malformed header field name');
+      const value = line.slice(colon + 1).trim();
+      const previous = headers.get(name);
+      headers.set(name, previous === undefined ? value : `${previous}, ${value}`);
+      lastName = name;
+    }
+
+    if (status < 200) {
+      // Interim answers (100 Continue, 103 Early Hints) precede the real one; 101 would switch protocols.
+      if (status === 101) throw new HttpProtocolError('unexpected protocol switch');
+      this.state = State.Head;
+      return;
+    }
+    this.sink.head({ status, headers });
+
+    const connection = headers.get('connection')?.toLowerCase() ?? '';
+    this.reusable = !http10 && !hasToken(connection, 'close');
+    const transferEncoding = headers.get('transfer-encoding');
+    const contentLength = headers.get('content-length');
+    if (status === 204 || status === 304) {
+      this.finish();
+    } else if (transferEncoding !== undefined) {
+      if (transferEncoding.trim().toLowerCase() !== 'chunked') throw new HttpProtocolError(`unsupported transfer-encoding ${transferEncoding}`);
+      // With both, Transfer-Encoding wins and the connection is not reused (RFC 9112 §6.3).
+      if (contentLength !== undefined) this.reusable = false;
+      this.line = '';
+      this.state = State.ChunkSize;
+    } else if (contentLength !== undefined) {
+      const length = parseContentLength(contentLength);
+      this.remaining = length;
+      this.state = State.Length;
+      if (length === 0) this.finish();
+    } else {
+      this.reusable = false;
+      this.state = State.UntilClose;
+    }
+  }
+
+  private feedChunkSize(bytes: Uint8Array, at: number): number {
+    const newline = bytes.indexOf(LF, at);
+    const end = newline === -1 ? bytes.length : newline;
+    if (this.line.length + (end - at) > LINE_BYTES_MAX) throw new HttpProtocolError('chunk-size line too long');
+    this.line += LATIN1.decode(bytes.subarray(at, end));
+    if (newline === -1) return bytes.length;
+    const line = stripCr(this.line);
+    this.line = '';
+    const semicolon = line.indexOf(';');
+    const hex = (semicolon === -1 ? line : line.slice(0, semicolon)).trim();
+    if (!/^[0-9A-Fa-f]{1,13}$/.test(hex)) throw new HttpProtocolError('malformed chunk size');
+    const size = parseInt(hex, 16);
+    if (size === 0) {
+      this.trailerBytes = 0;
+      this.state = State.Trailer;
+    } else {
+      this.remaining = size;
+      this.state = State.ChunkData;
+    }
+    return newline + 1;
+  }
+
+  private feedTrailer(bytes: Uint8Array, at: number): number {
+    const newline = bytes.indexOf(LF, at);
+    const end = newline === -1 ? bytes.length : newline;
+    this.trailerBytes += end - at;
+    if (this.trailerBytes > TRAILER_BYTES_MAX) throw new HttpProtocolError('trailer fields too large');
+    this.line += LATIN1.decode(bytes.subarray(at, end));
+    if (newline === -1) return bytes.length;
+    const line = stripCr(this.line);
+    this.line = '';
+    // Trailer fields carry nothing we use; the empty line ends the message.
+    if (line.length === 0) this.finish();
+    return newline + 1;
+  }
+
+  private finish(): void {
+    this.state = State.Done;
+    this.sink.end();
+  }
+}
+
+/** Index just past the empty line that ends a head, or -1. */
+function findHeadEnd(bytes: Uint8Array, from: number): number {
+  let newline = bytes.indexOf(LF, from);
+  while (newline !== -1) {
+    const next = bytes[newline + 1];
+    if (next === LF) return newline + 2;
+    if (next === CR && bytes[newline + 2] === LF) return newline + 3;
+    newline = bytes.indexOf(LF, newline + 1);
+  }
+  return -1;
+}
+
+function stripCr(line: string): string {
+  return line.charCodeAt(line.length - 1) === CR ? line.slice(0, -1) : line;
+}
+
+function parseContentLength(value: string): number {
+  // Repeated fields (or a list) must all name the same length.
+  let length = -1;
+  for (const part of value.split(',')) {
+    const text = part.trim();
+    if (!/^\d{1,15}$/.test(text)) throw new HttpProtocolError('malformed content-length');
+    const parsed = Number(text);
+    if (length !== -1 && parsed !== length) throw new HttpProtocolError('conflicting content-length');
+    length = parsed;
+  }
+  return length;
+}
+
+function hasToken(list: string, token: string): boolean {
+  for (const part of list.split(',')) if (part.trim() === token) return true;
+  return false;
+}
+
+function isToken(name: string): boolean {
+  for (let i = 0; i < name.length; i++) {
+    const c = name.charCodeAt(i);
+    const ok =
+      (c >= 97 && c <= 122) ||
+      (c >= 48 && c <= 57) ||
+      c === 45 || c === 95 || c === 46 || c === 33 || c === 35 || c === 36 || c === 37 || c === 38 ||
+      c === 39 || c === 42 || c === 43 || c === 94 || c === 96 || c === 124 || c === 126 || (c >= 65 && c <= 90);
+    if (!ok) return false;
+  }
+  return name.length > 0;
+}

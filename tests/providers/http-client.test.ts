@@ -1,0 +1,280 @@
+// The upstream HTTP/1.1 client against real sockets: keep-alive, stale connections, large bodies, TLS, aborts.
+import { afterEach, describe, expect, test } from 'bun:test';
+import { join } from 'node:path';
+import type { Socket } from 'bun';
+import { HttpClient, HttpClientError, type ExchangeHandler, type HttpExchange } from '../../src/providers/http/client.ts';
+import type { ResponseHead } from '../../src/providers/http/response-parser.ts';
+
+const TLS_DIR = join(import.meta.dir, '../support/tls');
+const decoder = new TextDecoder();
+
+interface Answer {
+  status: number;
+  headers: Map<string, string>;
+  body: string;
+}
+
+/** One request through `client`, collected; rejects with the client's error. */
+function send(client: HttpClient, path: string, body = '', extra: Partial<ExchangeHandler> = {}): { exchange: HttpExchange; answer: Promise<Answer> } {
+  const { promise, resolve, reject } = Promise.withResolvers<Answer>();
+  let head: ResponseHead | null = null;
+  const parts: Uint8Array[] = [];
+  const text = `POST ${path} HTTP/1.1\r\nhost: test\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`;
+  const exchange = client.request(text, Buffer.byteLength(text), {
+    onHead(h) {
+      head = h;
+      extra.onHead?.(h);
+    },
+    onBody(bytes) {
+      parts.push(bytes);
+      extra.onBody?.(bytes);
+    },
+    onEnd() {
+      resolve({ status: head!.status, headers: head!.headers, body: decoder.decode(Buffer.concat(parts)) });
+    },
+    onError: reject,
+  });
+  return { exchange, answer: promise };
+}
+
+async function failure(answer: Promise<Answer>): Promise<HttpClientError> {
+  const caught = await answer.then(
+    () => null,
+    (error: unknown) => error,
+  );
+  expect(caught).toBeInstanceOf(HttpClientError);
+  return caught as HttpClientError;
+}
+
+const stops: (() => void)[] = [];
+afterEach(() => {
+  for (const stop of stops.splice(0)) stop();
+});
+
+/** A Bun.serve upstream that echoes the path and body size, and counts its connections (by client port). */
+function echoServer(options: { tls?: boolean; hostname?: string } = {}) {
+  const ports = new Set<number>();
+  const hostname = options.hostname ?? '127.0.0.1';
+  const server = Bun.serve({
+    hostname,
+    port: 0,
+    ...(options.tls ? { tls: { key: Bun.file(join(TLS_DIR, 'server.key')), cert: Bun.file(join(TLS_DIR, 'server.crt')) } } : {}),
+    async fetch(request, srv) {
+      ports.add(srv.requestIP(request)!.port);
+      const body = await request.arrayBuffer();
+      return Response.json({ path: new URL(request.url).pathname, bytes: body.byteLength });
+    },
+  });
+  stops.push(() => server.stop(true));
+  const origin = `${options.tls ? 'https' : 'http'}://${hostname}:${server.port}`;
+  return { origin, connections: () => ports.size };
+}
+
+/** A raw TCP upstream; `onRequest` gets each request's socket and the count of requests on it so far. */
+function rawServer(onRequest: (socket: Socket<{ requests: number }>, nth: number) => void) {
+  const closed: Promise<void>[] = [];
+  let connections = 0;
+  const server = Bun.listen<{ requests: number; closed: PromiseWithResolvers<void> }>({
+    hostname: '127.0.0.1',
+    port: 0,
+    socket: {
+      open(socket) {
+        connections++;
+        socket.data = { requests: 0, closed: Promise.withResolvers<void>() };
+        closed.push(socket.data.closed.promise);
+      },
+      data(socket, bytes) {
+        // Each test request fits in one read and carries an empty body.
+        if (!decoder.decode(bytes).includes('\r\n\r\n')) return;
+        socket.data.requests++;
+        onRequest(socket as unknown as Socket<{ requests: number }>, socket.data.requests);
+      },
+      close(socket) {
+        socket.data.closed.resolve();
+      },
+    },
+  });
+  stops.push(() => server.stop(true));
+  return { origin: `http://127.0.0.1:${server.port}`, connections: () => connections, closed };
+}
+
+describe('keep-alive', () => {
+  test('sequential requests share one connection', async () => {
+    const upstream = echoServer();
+    const client = new HttpClient(new URL(upstream.origin));
+    for (const path of ['/a', '/b', '/c']) {
+      const answer = await send(client, path, 'hello').answer;
+      expect({ status: answer.status, body: JSON.parse(answer.body) }).toEqual({ status: 200, body: { path, bytes: 5 } });
+    }
+    expect(upstream.connections()).toBe(1);
+    expect(client.idleCount).toBe(1);
+    client.close();
+  });
+
+  test('concurrent requests open one connection each, and at most idleMax stay open', async () => {
+    const upstream = echoServer();
+    const client = new HttpClient(new URL(upstream.origin), { idleMax: 2 });
+    const answers = await Promise.all(['/1', '/2', '/3', '/4'].map((path) => send(client, path).answer));
+    expect(answers.map((answer) => JSON.parse(answer.body).path)).toEqual(['/1', '/2', '/3', '/4']);
+    expect(upstream.connections()).toBe(4);
+    expect(client.idleCount).toBe(2);
+    client.close();
+    expect(client.idleCount).toBe(0);
+  });
+
+  test('a kept connection the upstream closes under the next request is replaced once', async () => {
+    // The upstream answers the first request on a connection and closes it when a second one comes,
+    // as a server does whose idle timeout fires just as the request arrives.
+    const upstream = rawServer((socket, nth) => {
+      if (nth === 1) socket.write('HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfirst');
+      else socket.terminate();
+    });
+    const client = new HttpClient(new URL(upstream.origin));
+    expect((await send(client, '/one').answer).body).toBe('first');
+    expect((await send(client, '/two').answer).body).toBe('first');
+    expect(upstream.connections()).toBe(2);
+    client.close();
+  });
+
+  test('a new connection closed before any answer is an error, not a retry', async () => {
+    const upstream = rawServer((socket) => socket.terminate());
+    const client = new HttpClient(new URL(upstream.origin));
+    const error = await failure(send(client, '/x').answer);
+    expect(error.kind).toBe('closed');
+    expect(upstream.connections()).toBe(1);
+  });
+
+  test('an answer with connection: close, or without a length, is not kept', async () => {
+    const upstream = rawServer((socket, nth) => {
+      if (nth === 1) socket.write('HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 2\r\n\r\nok');
+      else socket.write('unexpected');
+    });
+    const client = new HttpClient(new URL(upstream.origin));
+    expect((await send(client, '/a').answer).body).toBe('ok');
+    expect(client.idleCount).toBe(0);
+    await upstream.closed[0];
+    const untilClose = rawServer((socket) => {
+      socket.write('HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{"done":');
+      socket.end('true}');
+    });
+    const second = new HttpClient(new URL(untilClose.origin));
+    expect((await send(second, '/b').answer).body).toBe('{"done":true}');
+    expect(second.idleCount).toBe(0);
+  });
+});
+
+describe('bodies and failures', () => {
+  test('a request body larger than the socket takes at once arrives whole', async () => {
+    const upstream = echoServer();
+    const client = new HttpClient(new URL(upstream.origin));
+    const body = 'x'.repeat(8 * 1024 * 1024) + 'é';
+    const answer = await send(client, '/big', body).answer;
+    expect(JSON.parse(answer.body)).toEqual({ path: '/big', bytes: Buffer.byteLength(body) });
+    client.close();
+  });
+
+  test('a refused connection is a connect error with its code', async () => {
+    const listener = Bun.listen({ hostname: '127.0.0.1', port: 0, socket: { data() {} } });
+    const port = listener.port;
+    listener.stop(true);
+    const error = await failure(send(new HttpClient(new URL(`http://127.0.0.1:${port}`)), '/').answer);
+    expect({ kind: error.kind, code: error.code }).toEqual({ kind: 'connect', code: 'ECONNREFUSED' });
+  });
+
+  test('a malformed answer is a protocol error and the connection is dropped', async () => {
+    const upstream = rawServer((socket) => socket.write('HTTP/1.1 200 OK\r\ncontent-length: nope\r\n\r\n'));
+    const client = new HttpClient(new URL(upstream.origin));
+    const error = await failure(send(client, '/').answer);
+    expect(error.kind).toBe('protocol');
+    await upstream.closed[0];
+    expect(client.idleCount).toBe(0);
+  });
+
+  test('an answer cut off mid-body is a closed error', async () => {
+    const upstream = rawServer((socket) => {
+      socket.write('HTTP/1.1 200 OK\r\ncontent-length: 100\r\n\r\npartial');
+      socket.end();
+    });
+    const error = await failure(send(new HttpClient(new URL(upstream.origin)), '/').answer);
+    expect(error.kind).toBe('closed');
+  });
+
+  test('abort closes the connection at once and reports nothing more', async () => {
+    const headSent = Promise.withResolvers<void>();
+    const upstream = rawServer((socket) => {
+      socket.write('HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nfirst\r\n');
+      headSent.resolve();
+    });
+    const client = new HttpClient(new URL(upstream.origin));
+    const seen: string[] = [];
+    const firstBody = Promise.withResolvers<void>();
+    const { exchange, answer } = send(client, '/', '', {
+      onBody: (bytes) => {
+        seen.push(decoder.decode(bytes));
+        firstBody.resolve();
+      },
+    });
+    let settled = false;
+    void answer.then(
+      () => (settled = true),
+      () => (settled = true),
+    );
+    await headSent.promise;
+    await firstBody.promise;
+    exchange.abort();
+    await upstream.closed[0];
+    expect(seen).toEqual(['first']);
+    expect(settled).toBe(false);
+    expect(client.idleCount).toBe(0);
+  });
+
+  test('a paused exchange gets the rest of its body after resume', async () => {
+    const upstream = rawServer((socket) => {
+      socket.write('HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nfirst');
+      socket.flush();
+      setImmediate(() => socket.write('-last'));
+    });
+    const client = new HttpClient(new URL(upstream.origin));
+    const resumed = Promise.withResolvers<void>();
+    const { exchange, answer } = send(client, '/', '', {
+      onHead: () => {
+        exchange.pause();
+        setImmediate(() => {
+          exchange.resume();
+          resumed.resolve();
+        });
+      },
+    });
+    expect((await answer).body).toBe('first-last');
+    await resumed.promise;
+    client.close();
+  });
+});
+
+describe('tls', () => {
+  test('https with a trusted CA, verified against the host name', async () => {
+    const upstream = echoServer({ tls: true });
+    const client = new HttpClient(new URL(upstream.origin), { ca: await Bun.file(join(TLS_DIR, 'ca.crt')).text() });
+    expect(JSON.parse((await send(client, '/secure', 'abc').answer).body)).toEqual({ path: '/secure', bytes: 3 });
+    expect(JSON.parse((await send(client, '/again').answer).body)).toEqual({ path: '/again', bytes: 0 });
+    expect(upstream.connections()).toBe(1);
+    client.close();
+  });
+
+  test('a certificate from an untrusted CA is refused with the reason', async () => {
+    const upstream = echoServer({ tls: true });
+    const client = new HttpClient(new URL(upstream.origin), { ca: await Bun.file(join(TLS_DIR, 'other-ca.crt')).text() });
+    const error = await failure(send(client, '/').answer);
+    expect(error.kind).toBe('connect');
+    expect(error.message).toMatch(/^TLS: /);
+  });
+
+  test('a certificate for another address is refused', async () => {
+    // The certificate names localhost and 127.0.0.1; the server answers on 127.0.0.2 (loopback too).
+    const upstream = echoServer({ tls: true, hostname: '127.0.0.2' });
+    const client = new HttpClient(new URL(upstream.origin), { ca: await Bun.file(join(TLS_DIR, 'ca.crt')).text() });
+    const error = await failure(send(client, '/').answer);
+    expect(error.kind).toBe('connect');
+    expect(error.message).toMatch(/^TLS: .*127\.0\.0\.2/);
+  });
+});
