@@ -8,29 +8,38 @@ export const FRAME_PAYLOAD_BYTES_MAX = 16 * 1024 * 1024;
 export function encodeFrame(seq: number, payload: Uint8Array): Uint8Array {
   const frame = new Uint8Array(FRAME_HEADER_BYTES + payload.length);
   frame.set(payload, FRAME_HEADER_BYTES);
-  sealFrame(frame, seq, payload.length);
+  sealFrame(frame, 0, seq, payload.length);
   return frame;
+}
+
+/** The most bytes the frame of `text` can take: UTF-8 needs at most 3 bytes per UTF-16 code unit. */
+export function textFrameBytesMax(text: string): number {
+  return FRAME_HEADER_BYTES + text.length * 3;
 }
 
 /**
- * The frame of a JSON text, encoded straight into place: one allocation and no intermediate copy
- * (this runs for every commit).
+ * Writes the frame of a JSON text into `out` at `offset`, encoding the text straight into place (no
+ * intermediate copy: this runs for every commit), and returns the frame's length. `out` must have
+ * textFrameBytesMax(text) bytes from `offset`.
  */
-export function encodeTextFrame(seq: number, text: string): Uint8Array {
-  const frame = new Uint8Array(FRAME_HEADER_BYTES + Buffer.byteLength(text, 'utf8'));
-  const { written } = ENCODER.encodeInto(text, frame.subarray(FRAME_HEADER_BYTES));
-  sealFrame(frame, seq, written);
-  return frame;
+export function writeTextFrame(out: Buffer, offset: number, seq: number, text: string): number {
+  const written = out.write(text, offset + FRAME_HEADER_BYTES, 'utf8');
+  sealFrame(out, offset, seq, written);
+  return FRAME_HEADER_BYTES + written;
 }
 
-const ENCODER = new TextEncoder();
+/** The frame of a JSON text as its own array (tests, tools). */
+export function encodeTextFrame(seq: number, text: string): Uint8Array {
+  const out = Buffer.alloc(textFrameBytesMax(text));
+  return new Uint8Array(out.subarray(0, writeTextFrame(out, 0, seq, text)));
+}
 
-/** Writes the header of a frame whose payload is in place; byte by byte, without a DataView. */
-function sealFrame(frame: Uint8Array, seq: number, payloadBytes: number): void {
-  writeU32(frame, 0, payloadBytes);
-  writeU32(frame, 8, seq % 0x1_0000_0000);
-  writeU32(frame, 12, Math.floor(seq / 0x1_0000_0000));
-  writeU32(frame, 4, crc32c(frame, 8));
+/** Writes the header of the frame at `offset` whose payload is in place; byte by byte, without a DataView. */
+function sealFrame(frame: Uint8Array, offset: number, seq: number, payloadBytes: number): void {
+  writeU32(frame, offset, payloadBytes);
+  writeU32(frame, offset + 8, seq % 0x1_0000_0000);
+  writeU32(frame, offset + 12, Math.floor(seq / 0x1_0000_0000));
+  writeU32(frame, offset + 4, crc32c(frame, offset + 8, offset + FRAME_HEADER_BYTES + payloadBytes));
 }
 
 function writeU32(bytes: Uint8Array, offset: number, value: number): void {

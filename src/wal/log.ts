@@ -3,7 +3,7 @@ import { closeSync, fsync, fsyncSync, ftruncateSync, mkdirSync, openSync, readdi
 import { join } from 'node:path';
 import { assert } from '../util/assert.ts';
 import type { Logger } from '../util/log.ts';
-import { decodeFrame, encodeTextFrame, FRAME_HEADER_BYTES } from './frame.ts';
+import { decodeFrame, FRAME_HEADER_BYTES, textFrameBytesMax, writeTextFrame } from './frame.ts';
 
 export type FsyncPolicy = 'always' | 'interval' | 'off';
 
@@ -38,6 +38,8 @@ interface Waiter {
 }
 
 const SEGMENT_RE = /^segment-(\d{12})\.wal$/;
+/** The write buffer grows to fit a batch; one larger than this gets a buffer of its own, not kept. */
+const WRITE_BUFFER_BYTES_KEPT = 1024 * 1024;
 const SNAPSHOT_FILE = 'snapshot.json';
 const ENCODER = new TextEncoder();
 const DECODER = new TextDecoder('utf-8', { fatal: true });
@@ -79,8 +81,12 @@ export class WriteAheadLog {
   private segmentIndex = 0;
   private segmentSizeBytes = 0;
   private seq = 0;
-  private pendingFrames: Uint8Array[] = [];
-  private pendingBytes = 0;
+  /** JSON of the records appended but not yet written, in seq order; framed only when written. */
+  private pendingTexts: string[] = [];
+  /** The most bytes their frames can take. */
+  private pendingBytesMax = 0;
+  /** Where a batch is framed before its one write; reused, so a commit allocates no bytes of its own. */
+  private writeBuffer = Buffer.allocUnsafeSlow(WRITE_BUFFER_BYTES_KEPT);
   private pendingWaiters: Waiter[] = [];
   private flushing: Promise<void> | null = null;
   private flushScheduled = false;
@@ -234,9 +240,8 @@ export class WriteAheadLog {
     assert(!this.closed, 'append after close');
     const json = JSON.stringify(payload);
     this.seq++;
-    const frame = encodeTextFrame(this.seq, json);
-    this.pendingFrames.push(frame);
-    this.pendingBytes += frame.length;
+    this.pendingTexts.push(json);
+    this.pendingBytesMax += textFrameBytesMax(json);
     this.recordsSinceSnapshot++;
     const { promise, resolve, reject } = Promise.withResolvers<void>();
     this.pendingWaiters.push({ resolve, reject });
@@ -263,23 +268,23 @@ export class WriteAheadLog {
       this.flushing = null;
       // A waiter resolved by the loop runs before this callback; what it appended after the loop's last
       // check is still pending, and nothing else would ever write it.
-      if (this.pendingFrames.length > 0) this.scheduleFlush();
+      if (this.pendingTexts.length > 0) this.scheduleFlush();
     });
   }
 
   private async flushLoop(): Promise<void> {
-    while (this.pendingFrames.length > 0) {
-      const frames = this.pendingFrames;
+    while (this.pendingTexts.length > 0) {
+      const texts = this.pendingTexts;
       const waiters = this.pendingWaiters;
-      const totalBytes = this.pendingBytes;
-      // append() bumps seq and queues its frame in one step, so the batch ends at the current seq.
+      const bytesMax = this.pendingBytesMax;
+      // append() bumps seq and queues its text in one step, so the batch ends at the current seq.
       const batchLastSeq = this.seq;
-      this.pendingFrames = [];
+      this.pendingTexts = [];
       this.pendingWaiters = [];
-      this.pendingBytes = 0;
+      this.pendingBytesMax = 0;
       try {
         if (this.failureError) throw this.failureError;
-        const batch = frames.length === 1 ? frames[0]! : concat(frames, totalBytes);
+        const batch = this.frameBatch(texts, batchLastSeq - texts.length + 1, bytesMax);
         let written = 0;
         while (written < batch.length) written += writeSync(this.fd, batch, written, batch.length - written);
         this.segmentSizeBytes += batch.length;
@@ -295,6 +300,18 @@ export class WriteAheadLog {
       for (const waiter of waiters) waiter.resolve();
       if (this.segmentSizeBytes >= this.options.segmentBytes) this.rollSegment();
     }
+  }
+
+  /** Frames `texts` (seqs from `firstSeq`) one after the other; the view is valid until the next batch. */
+  private frameBatch(texts: string[], firstSeq: number, bytesMax: number): Buffer {
+    let out = this.writeBuffer;
+    if (bytesMax > out.length) {
+      out = Buffer.allocUnsafeSlow(Math.max(bytesMax, out.length * 2));
+      if (out.length <= WRITE_BUFFER_BYTES_KEPT) this.writeBuffer = out;
+    }
+    let offset = 0;
+    for (let i = 0; i < texts.length; i++) offset += writeTextFrame(out, offset, firstSeq + i, texts[i]!);
+    return out.subarray(0, offset);
   }
 
   private fail(error: Error): void {
@@ -330,7 +347,7 @@ export class WriteAheadLog {
 
   /** Resolves when everything appended so far has been written (and fsynced under `always`). */
   async flush(): Promise<void> {
-    while (this.flushing || this.flushScheduled || this.pendingFrames.length > 0) {
+    while (this.flushing || this.flushScheduled || this.pendingTexts.length > 0) {
       if (this.flushing) {
         await this.flushing;
       } else {
@@ -393,14 +410,4 @@ export class WriteAheadLog {
       }
     }
   }
-}
-
-function concat(chunks: Uint8Array[], totalBytes: number): Uint8Array {
-  const out = new Uint8Array(totalBytes);
-  let offset = 0;
-  for (const chunk of chunks) {
-    out.set(chunk, offset);
-    offset += chunk.length;
-  }
-  return out;
 }
