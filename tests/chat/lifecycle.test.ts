@@ -375,16 +375,25 @@ describe('concurrency', () => {
 });
 
 describe('metrics', () => {
-  test('/metrics exposes finished and refused requests in Prometheus text', async () => {
+  test('/metrics exposes finished and refused requests, charges and time to first token in Prometheus text', async () => {
     const t = await server();
     const { key } = await t.createKey({ credits: 10 });
-    expect((await post(t, key, chatBody())).status).toBe(200);
+    const completed = await post(t, key, chatBody());
+    expect(completed.status).toBe(200);
+    const { id } = (await completed.json()) as { id: string };
     expect((await post(t, key, chatBody({ model: 'model_99' }))).status).toBe(404);
-    const response = await fetch(`${t.baseUrl}/metrics`);
-    expect(response.status).toBe(200);
-    const text = await response.text();
-    expect(text).toContain('tollgate_requests_finished_total{service="chat",status="completed",code=""} 1');
-    expect(text).toContain('tollgate_requests_refused_total{service="chat",code="model_not_found"} 1');
-    expect(text).toContain('tollgate_requests_in_flight 0');
+    const status = (await (await fetch(`${t.baseUrl}/api/v1/requests/${id}`, { headers: bearer(key) })).json()) as { charged_credits: number };
+    // Scraped twice: the totals are set, not added, on each scrape.
+    for (let scrape = 0; scrape < 2; scrape++) {
+      const response = await fetch(`${t.baseUrl}/metrics`);
+      expect(response.status).toBe(200);
+      const text = await response.text();
+      expect(text).toContain('tollgate_requests_finished_total{service="chat",status="completed",code=""} 1\n');
+      expect(text).toContain('tollgate_requests_refused_total{service="chat",code="model_not_found"} 1\n');
+      expect(text).toContain(`tollgate_charged_microcredits_total{service="chat"} ${Math.round(status.charged_credits * 1e6)}\n`);
+      expect(text).toContain('tollgate_time_to_first_token_seconds_bucket{le="+Inf",model="model_03"} 1\n');
+      expect(text).toContain('tollgate_time_to_first_token_seconds_count{model="model_03"} 1\n');
+      expect(text).toContain('tollgate_requests_in_flight 0');
+    }
   });
 });
