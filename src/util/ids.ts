@@ -1,16 +1,24 @@
 // Random identifiers and secrets: base62 from the system CSPRNG, rejection-sampled so there is no bias.
 const ALPHABET = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789';
 
+/** CSPRNG bytes drawn in bulk (one getRandomValues per 4 KiB instead of one per id); each byte is used once. */
+const POOL = new Uint8Array(4096);
+let poolAt = POOL.length;
+
+function randomByte(): number {
+  if (poolAt === POOL.length) {
+    crypto.getRandomValues(POOL);
+    poolAt = 0;
+  }
+  return POOL[poolAt++]!;
+}
+
 export function randomBase62(length: number): string {
   let out = '';
-  const bytes = new Uint8Array(length * 2);
   while (out.length < length) {
-    crypto.getRandomValues(bytes);
-    for (let i = 0; i < bytes.length && out.length < length; i++) {
-      const byte = bytes[i]!;
-      // 248 = 62 * 4: bytes at or above it would favour the first letters.
-      if (byte < 248) out += ALPHABET[byte % 62];
-    }
+    const byte = randomByte();
+    // 248 = 62 * 4: bytes at or above it would favour the first letters.
+    if (byte < 248) out += ALPHABET[byte % 62];
   }
   return out;
 }
