@@ -190,29 +190,34 @@ export class ResponseParser {
   }
 
   private parseHead(text: string): void {
-    // Lines end with LF, optionally preceded by CR; the text ends with the empty line.
-    const lines = text.split('\n');
-    const statusLine = stripCr(lines[0]!);
-    if (!/^HTTP\/1\.[01] \d{3}(?: |$)/.test(statusLine)) throw new HttpProtocolError('malformed status line');
-    const http10 = statusLine.charCodeAt(7) === 48; // "HTTP/1.0"
-    const status = Number(statusLine.slice(9, 12));
+    // Lines end with LF, optionally preceded by CR; the text ends with the empty line. Scanned in place:
+    // this runs for every upstream answer.
+    let newline = text.indexOf('\n');
+    const status = parseStatusLine(text, lineEnd(text, 0, newline));
+    if (status === -1) throw new HttpProtocolError('malformed status line');
+    const http10 = text.charCodeAt(7) === 48; // "HTTP/1.0"
     const headers = new Map<string, string>();
     let lastName: string | null = null;
-    for (let i = 1; i < lines.length; i++) {
-      const line = stripCr(lines[i]!);
-      if (line.length === 0) continue;
-      const first = line.charCodeAt(0);
+    for (let start = newline + 1; start < text.length; start = newline + 1) {
+      newline = text.indexOf('\n', start);
+      const end = lineEnd(text, start, newline);
+      if (end === start) continue;
+      const first = text.charCodeAt(start);
       if (first === 32 || first === 9) {
         // obs-fold: a continuation of the previous field, joined with a space (RFC 9112 §5.2).
         if (lastName === null) throw new HttpProtocolError('header continuation without a field');
-        headers.set(lastName, `${headers.get(lastName)} ${line.trim()}`);
+        headers.set(lastName, `${headers.get(lastName)} ${text.slice(start, end).trim()}`);
         continue;
       }
-      const colon = line.indexOf(':');
-      if (colon <= 0) throw new HttpProtocolError('malformed header field');
-      const name = line.slice(0, colon).toLowerCase();
-      if (!isToken(name)) throw new HttpProtocolError('malformed header field name');
-      const value = line.slice(colon + 1).trim();
+      const colon = text.indexOf(':', start);
+      if (colon <= start || colon >= end) throw new HttpProtocolError('malformed header field');
+      const name = fieldName(text, start, colon);
+      if (name === null) throw new HttpProtocolError('malformed header field name');
+      let valueStart = colon + 1;
+      let valueEnd = end;
+      while (valueStart < valueEnd && isWhitespace(text.charCodeAt(valueStart))) valueStart++;
+      while (valueEnd > valueStart && isWhitespace(text.charCodeAt(valueEnd - 1))) valueEnd--;
+      const value = text.slice(valueStart, valueEnd);
       const previous = headers.get(name);
       headers.set(name, previous === undefined ? value : `${previous}, ${value}`);
       lastName = name;
@@ -291,6 +296,46 @@ export class ResponseParser {
   }
 }
 
+/** Where the line from `start` to the LF at `newline` ends, without its CR. */
+function lineEnd(text: string, start: number, newline: number): number {
+  return newline > start && text.charCodeAt(newline - 1) === CR ? newline - 1 : newline;
+}
+
+/** The status of "HTTP/1.x NNN reason" (the line ends at `end`), or -1 when the line is malformed. */
+function parseStatusLine(text: string, end: number): number {
+  if (end < 12 || !text.startsWith('HTTP/1.') || text.charCodeAt(8) !== 32) return -1;
+  const minor = text.charCodeAt(7);
+  if (minor !== 48 && minor !== 49) return -1;
+  if (end > 12 && text.charCodeAt(12) !== 32) return -1;
+  let status = 0;
+  for (let i = 9; i < 12; i++) {
+    const digit = text.charCodeAt(i) - 48;
+    if (digit < 0 || digit > 9) return -1;
+    status = status * 10 + digit;
+  }
+  return status;
+}
+
+/** The field name from `start` to `end` in lower case, or null when it is not a token. */
+function fieldName(text: string, start: number, end: number): string | null {
+  let upper = false;
+  for (let i = start; i < end; i++) {
+    const c = text.charCodeAt(i);
+    if (c >= 65 && c <= 90) upper = true;
+    else if (!IS_TOKEN[c]) return null;
+  }
+  const name = text.slice(start, end);
+  return upper ? name.toLowerCase() : name;
+}
+
+function isWhitespace(c: number): boolean {
+  return c === 32 || c === 9;
+}
+
+/** tchar of RFC 9110 §5.6.2, by character code (upper-case letters are handled by the caller). */
+const IS_TOKEN = new Uint8Array(128);
+for (const c of "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz") IS_TOKEN[c.charCodeAt(0)] = 1;
+
 /** Index just past the empty line that ends a head, or -1. */
 function findHeadEnd(bytes: Uint8Array, from: number): number {
   let newline = bytes.indexOf(LF, from);
@@ -308,6 +353,17 @@ function stripCr(line: string): string {
 }
 
 function parseContentLength(value: string): number {
+  if (value.length > 0 && value.length <= 15) {
+    // The usual case, one plain number: read it without splitting.
+    let length = 0;
+    let i = 0;
+    for (; i < value.length; i++) {
+      const digit = value.charCodeAt(i) - 48;
+      if (digit < 0 || digit > 9) break;
+      length = length * 10 + digit;
+    }
+    if (i === value.length) return length;
+  }
   // Repeated fields (or a list) must all name the same length.
   let length = -1;
   for (const part of value.split(',')) {
@@ -323,17 +379,4 @@ function parseContentLength(value: string): number {
 function hasToken(list: string, token: string): boolean {
   for (const part of list.split(',')) if (part.trim() === token) return true;
   return false;
-}
-
-function isToken(name: string): boolean {
-  for (let i = 0; i < name.length; i++) {
-    const c = name.charCodeAt(i);
-    const ok =
-      (c >= 97 && c <= 122) ||
-      (c >= 48 && c <= 57) ||
-      c === 45 || c === 95 || c === 46 || c === 33 || c === 35 || c === 36 || c === 37 || c === 38 ||
-      c === 39 || c === 42 || c === 43 || c === 94 || c === 96 || c === 124 || c === 126 || (c >= 65 && c <= 90);
-    if (!ok) return false;
-  }
-  return name.length > 0;
 }
