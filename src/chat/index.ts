@@ -151,11 +151,11 @@ async function completions(gateway: Gateway, request: Request): Promise<Response
       // A request with an Idempotency-Key must not reach the provider before its binding is durable.
       await admission.durable;
     }
+    // The listener is never removed: once the actor is over, abort() is a no-op, and both die with the request.
     const onClientGone = () => actor.abort('disconnected');
     request.signal.addEventListener('abort', onClientGone, { once: true });
     // A client that left while the body was read or the binding became durable is gone already.
     if (request.signal.aborted) onClientGone();
-    void actor.settled.then(() => request.signal.removeEventListener('abort', onClientGone));
 
     if (chat.stream) {
       const sink = new SseSink(new ChunkEncoder(requestId, admission.createdS, chat.modelId), onClientGone);
@@ -164,7 +164,7 @@ async function completions(gateway: Gateway, request: Request): Promise<Response
       if (early) return errorResponse(early, idHeader);
       return new Response(sink.body, {
         status: 200,
-        headers: { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', ...idHeader },
+        headers: { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-request-id': requestId },
       });
     }
     const sink = new CollectSink();
@@ -172,7 +172,7 @@ async function completions(gateway: Gateway, request: Request): Promise<Response
     const result = await sink.result.promise;
     if (!result.ok) return errorResponse(result.error, idHeader);
     const body = completionBody(requestId, admission.createdS, chat.modelId, result.content, result.toolCalls, result.finishReason, result.usage);
-    return new Response(JSON.stringify(body), { status: 200, headers: { ...JSON_HEADERS, ...idHeader } });
+    return new Response(JSON.stringify(body), { status: 200, headers: { 'content-type': 'application/json', 'x-request-id': requestId } });
   } catch (thrown) {
     const error = asGatewayError(gateway, thrown, requestId);
     if (error.settleFirst) await error.settleFirst;
@@ -209,6 +209,15 @@ function ownRecord(gateway: Gateway, keyId: string, id: string): RequestRecord {
 
 /** How long a cancel waits for the provider to stop and the hold to be released before it answers. */
 const CANCEL_SETTLE_MS_MAX = 2_000;
+
+/**
+ * The completions endpoint for Bun's own router (server.ts): the busiest route skips Elysia's router and
+ * request context. It is the same function as the Elysia route below, which `app.handle` (the tests) uses.
+ */
+export function chatNativeRoutes(gateway: Gateway): Record<string, { POST: (request: Request) => Promise<Response> }> {
+  const route = { POST: (request: Request) => completions(gateway, request) };
+  return { [COMPLETIONS_PATH]: route, [`${COMPLETIONS_PATH}/`]: route };
+}
 
 export function chatController(gateway: Gateway) {
   const { config } = gateway;

@@ -105,6 +105,12 @@ function lookupView(record: RequestRecord): Record<string, unknown> {
   };
 }
 
+/** The decide endpoint for Bun's own router (server.ts), like `chatNativeRoutes`: the same function as the Elysia route. */
+export function decisionNativeRoutes(gateway: Gateway): Record<string, { POST: (request: Request) => Promise<Response> }> {
+  const route = { POST: (request: Request) => decide(gateway, request) };
+  return { '/decision/v1/decide': route, '/decision/v1/decide/': route };
+}
+
 export function decisionController(gateway: Gateway) {
   return new Elysia({ name: 'decision', prefix: '/decision/v1' })
     .post('/decide', ({ request }) => decide(gateway, request), { parse: 'none' })

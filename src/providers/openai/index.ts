@@ -268,7 +268,7 @@ class UpstreamCall implements ExchangeHandler {
 
   close(): void {
     clearTimeout(this.timer);
-    this.signal.removeEventListener('abort', this.onAbort);
+    // The abort listener stays: after this, it finds no exchange to stop, and it dies with the signal.
     // The consumer stopped early or something failed: drop the connection rather than drain it.
     if (!this.ended) this.exchange?.abort();
   }
