@@ -25,6 +25,7 @@ export interface Gateway {
 }
 
 export function openGateway(config: Config, logger: Logger, adminToken: string): Gateway {
+  const registry = new ActorRegistry(config.limits.max_in_flight);
   const store = StateStore.open({
     dataDir: config.data_dir,
     fsync: config.wal.fsync,
@@ -37,8 +38,8 @@ export function openGateway(config: Config, logger: Logger, adminToken: string):
       idempotencyKeysMax: config.limits.idempotency_keys_max,
     },
     logger,
+    expectedCommits: () => registry.size,
   });
-  const registry = new ActorRegistry(config.limits.max_in_flight);
   return {
     config,
     store,

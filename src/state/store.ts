@@ -15,6 +15,8 @@ export interface StoreOptions {
   snapshotEveryRecords: number;
   limits: StateLimits;
   logger: Logger;
+  /** Requests in flight now (each will commit its finish): lets an fsync wait for them (see WalOptions). */
+  expectedCommits?: () => number;
 }
 
 export class StateStore {
@@ -45,6 +47,7 @@ export class StateStore {
         fsyncIntervalMs: options.fsyncIntervalMs,
         segmentBytes: options.segmentBytes,
         logger: options.logger,
+        ...(options.expectedCommits ? { expectedCommits: options.expectedCommits } : {}),
       },
       {
         loadSnapshot: (raw) => restoreState(state, raw, Date.now()),

@@ -13,6 +13,11 @@ export interface WalOptions {
   fsyncIntervalMs: number;
   segmentBytes: number;
   logger: Logger;
+  /**
+   * How many commits are expected soon (the requests in flight): with `always`, an fsync waits a turn
+   * for them when there are more than its own waiters. Absent: never waits.
+   */
+  expectedCommits?: () => number;
 }
 
 export interface ReplayHandlers {
@@ -38,6 +43,10 @@ interface Waiter {
 }
 
 const SEGMENT_RE = /^segment-(\d{12})\.wal$/;
+/** Commit delay (fsync always): how many other commits must be expected, and how long they are waited for. */
+const COMMIT_SIBLINGS_MIN = 2;
+const COMMIT_DELAY_TURNS_MAX = 2;
+const COMMIT_DELAY_MS_MAX = 1;
 /** The write buffer grows to fit a batch; one larger than this gets a buffer of its own, not kept. */
 const WRITE_BUFFER_BYTES_KEPT = 1024 * 1024;
 const SNAPSHOT_FILE = 'snapshot.json';
@@ -46,6 +55,10 @@ const DECODER = new TextDecoder('utf-8', { fatal: true });
 
 function segmentName(index: number): string {
   return `segment-${String(index).padStart(12, '0')}.wal`;
+}
+
+function nextTurn(): Promise<void> {
+  return new Promise((resolve) => setImmediate(resolve));
 }
 
 function fsyncAsync(fd: number): Promise<void> {
@@ -101,7 +114,11 @@ export class WriteAheadLog {
   private syncing: Promise<void> | null = null;
   private readonly fdsToCloseAfterSync: number[] = [];
 
-  private constructor(private readonly options: WalOptions) {}
+  private readonly expectedCommits: () => number;
+
+  private constructor(private readonly options: WalOptions) {
+    this.expectedCommits = options.expectedCommits ?? (() => 0);
+  }
 
   get lastSeq(): number {
     return this.seq;
@@ -274,21 +291,21 @@ export class WriteAheadLog {
 
   private async flushLoop(): Promise<void> {
     while (this.pendingTexts.length > 0) {
-      const texts = this.pendingTexts;
-      const waiters = this.pendingWaiters;
-      const bytesMax = this.pendingBytesMax;
-      // append() bumps seq and queues its text in one step, so the batch ends at the current seq.
-      const batchLastSeq = this.seq;
-      this.pendingTexts = [];
-      this.pendingWaiters = [];
-      this.pendingBytesMax = 0;
+      const waiters: Waiter[] = [];
       try {
+        if (this.options.fsync === 'always') {
+          // Group commit across turns: while other requests are about to commit (they are in flight and
+          // their records are not yet pending), wait a turn or two so that one write and one fsync cover
+          // them too. Under load that halves the fsyncs, each ~100 µs of kernel CPU; alone (one client)
+          // nothing waits.
+          const startedMs = performance.now();
+          for (let turn = 0; turn < COMMIT_DELAY_TURNS_MAX; turn++) {
+            if (this.expectedCommits() - this.pendingWaiters.length < COMMIT_SIBLINGS_MIN || performance.now() - startedMs > COMMIT_DELAY_MS_MAX) break;
+            await nextTurn();
+          }
+        }
         if (this.failureError) throw this.failureError;
-        const batch = this.frameBatch(texts, batchLastSeq - texts.length + 1, bytesMax);
-        let written = 0;
-        while (written < batch.length) written += writeSync(this.fd, batch, written, batch.length - written);
-        this.segmentSizeBytes += batch.length;
-        this.segmentLastSeq.set(this.segmentIndex, batchLastSeq);
+        this.writePending(waiters);
         if (this.options.fsync === 'always') await fsyncAsync(this.fd);
         else this.dirty = true;
       } catch (error) {
@@ -300,6 +317,24 @@ export class WriteAheadLog {
       for (const waiter of waiters) waiter.resolve();
       if (this.segmentSizeBytes >= this.options.segmentBytes) this.rollSegment();
     }
+  }
+
+  /** Writes every pending record in one write; their waiters move to `waiters` (settled by the caller). */
+  private writePending(waiters: Waiter[]): void {
+    const texts = this.pendingTexts;
+    if (texts.length === 0) return;
+    // append() bumps seq and queues its text in one step, so the batch ends at the current seq.
+    const batchLastSeq = this.seq;
+    const bytesMax = this.pendingBytesMax;
+    for (const waiter of this.pendingWaiters) waiters.push(waiter);
+    this.pendingTexts = [];
+    this.pendingWaiters = [];
+    this.pendingBytesMax = 0;
+    const batch = this.frameBatch(texts, batchLastSeq - texts.length + 1, bytesMax);
+    let written = 0;
+    while (written < batch.length) written += writeSync(this.fd, batch, written, batch.length - written);
+    this.segmentSizeBytes += batch.length;
+    this.segmentLastSeq.set(this.segmentIndex, batchLastSeq);
   }
 
   /** Frames `texts` (seqs from `firstSeq`) one after the other; the view is valid until the next batch. */

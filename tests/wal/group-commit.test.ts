@@ -32,6 +32,46 @@ function records(from: number, to: number, payload: (i: number) => unknown = (i)
 }
 
 describe('group commit', () => {
+  /**
+   * Appends A, then B one event-loop turn later, and tells whether one fsync covered both: B is then
+   * acknowledged with A, before a macrotask queued at A's acknowledgement runs (its own fsync would
+   * come back in a later turn).
+   */
+  async function sharedOneFsync(expectedCommits: number): Promise<boolean> {
+    const dir = dirs.make();
+    const { wal } = openRecording(dir, { fsync: 'always', expectedCommits: () => expectedCommits });
+    const events: string[] = [];
+    const markerRan = Promise.withResolvers<void>();
+    const first = wal.append({ n: 1 }).then(() => {
+      events.push('A acknowledged');
+      setImmediate(() => {
+        events.push('next turn');
+        markerRan.resolve();
+      });
+    });
+    const second = new Promise<void>((resolve) =>
+      setImmediate(() => {
+        void wal.append({ n: 2 }).then(() => {
+          events.push('B acknowledged');
+          resolve();
+        });
+      }),
+    );
+    await Promise.all([first, second, markerRan.promise]);
+    await wal.close();
+    expect(await replayOnly(dir)).toEqual({ snapshot: null, records: records(1, 2) });
+    expect(events[0]).toBe('A acknowledged');
+    return events[1] === 'B acknowledged';
+  }
+
+  test('fsync always: with other requests in flight, a commit waits a turn for theirs and shares its fsync', async () => {
+    expect(await sharedOneFsync(5)).toBe(true);
+  });
+
+  test('fsync always: alone (nothing else in flight), a commit does not wait', async () => {
+    expect(await sharedOneFsync(1)).toBe(false);
+  });
+
   for (const fsync of POLICIES) {
     test(`appends in one tick share one write and resolve together, in order (fsync ${fsync})`, async () => {
       const dir = dirs.make();
