@@ -1,11 +1,12 @@
-// Finished request records for the status endpoints: a bounded ring of columns, oldest evicted first.
+// Finished request records for the status endpoints: a bounded ring of typed columns, oldest evicted first.
 //
-// Why not a map of objects: 100,000 records kept as objects (record, hold, charge, usage) are half a
-// million old-generation cells that every full collection walks, and a busy gateway replaces them
-// continuously. On the simulator benchmark that garbage-collector work cost ~20 µs of CPU per request
-// (bench/README.md), about what the trivial proxy spends on a whole request. Here a record is one slot
-// across typed columns plus its id string; strings it shares with others (key id, model, error code)
-// are interned.
+// Why columns and not a map of objects: the garbage collector walks whatever the heap references. A
+// table of 100,000 records as objects is half a million old-generation cells, and as strings in arrays
+// and a Map it is still 100,000 strings plus arrays and a hash table that every new record writes into,
+// so every young collection rescans them. Measured on the gateway at capacity: ~20 µs per request as
+// objects, ~6 µs as strings (bench/README). Here nothing per record is visible to the collector: ids
+// are bytes in a column and are found through an open-addressing hash table of slot numbers; strings
+// shared by many records (key id, model, error code) are numbers into a small table.
 import { assert } from '../util/assert.ts';
 import type { RequestRecord } from './apply.ts';
 import type { RequestStatus, Service } from './events.ts';
@@ -27,27 +28,39 @@ const TOTAL_TOKENS = 9;
 const HTTP_STATUS = 10;
 const NUMBERS = 11;
 
-// Flags: service, stream, status in one byte each.
+// Small columns, one Int32Array slot each: service, stream, status, and indexes into `strings`.
 const SERVICE = 0;
 const STREAM = 1;
 const STATUS = 2;
-const FLAGS = 3;
+const KEY_ID = 3;
+const MODEL = 4;
+const ERROR_CODE = 5; // -1: none
+const SMALL = 6;
+
+/** Ids are ASCII of at most this many bytes (ours are 28–33); any other id is kept aside as a string. */
+const ID_BYTES = 40;
+/** `idLengths` value of an id kept in `otherIds`. */
+const ID_ELSEWHERE = 255;
 
 const INITIAL_SLOTS = 1024;
 
 export class RecordTable {
-  private readonly slotOf = new Map<string, number>();
-  private readonly ids: string[] = [];
-  private readonly keyIds: string[] = [];
-  private readonly models: string[] = [];
-  private readonly errorCodes: (string | null)[] = [];
+  // Grown by doubling up to `capacity`, so a small gateway does not pay for the largest table up front.
+  private allocated: number;
+  private numbers: Float64Array;
+  private small: Int32Array;
+  private idBytes: Uint8Array;
+  private idLengths: Uint8Array;
+  /** Ids that are not short ASCII (never ours, but the event schema allows them), by slot. */
+  private readonly otherIds = new Map<number, string>();
   /** Answers of completed decisions, by slot (chat records have none). */
   private readonly answers = new Map<number, Record<string, unknown>>();
-  // Grown by doubling up to `capacity`, so a small gateway does not pay for the largest table up front.
-  private numbers: Float64Array;
-  private flags: Uint8Array;
-  private allocated: number;
-  private readonly interned = new Map<string, string>();
+  /** Open addressing with linear probing: slot + 1 of the record whose id hashes here, 0 when empty. */
+  private index: Int32Array;
+  private indexMask: number;
+  /** Key ids, models and error codes, each stored once; records refer to them by position. */
+  private readonly strings: string[] = [];
+  private readonly stringAt = new Map<string, number>();
   /** The slot the next record goes to; once full, it holds the oldest record. */
   private next = 0;
   private count = 0;
@@ -59,7 +72,11 @@ export class RecordTable {
     assert(Number.isSafeInteger(capacity) && capacity > 0, 'record capacity must be a positive integer');
     this.allocated = Math.min(capacity, INITIAL_SLOTS);
     this.numbers = new Float64Array(this.allocated * NUMBERS);
-    this.flags = new Uint8Array(this.allocated * FLAGS);
+    this.small = new Int32Array(this.allocated * SMALL);
+    this.idBytes = new Uint8Array(this.allocated * ID_BYTES);
+    this.idLengths = new Uint8Array(this.allocated);
+    this.index = new Int32Array(indexSizeFor(this.allocated));
+    this.indexMask = this.index.length - 1;
   }
 
   get size(): number {
@@ -68,36 +85,33 @@ export class RecordTable {
 
   /** Whether `id` has a record (expired ones count: an id is never reused). */
   has(id: string): boolean {
-    return this.slotOf.has(id);
+    return this.find(id) !== -1;
   }
 
   /** The record of `id` as a fresh object, or undefined when unknown or older than the TTL. */
   get(id: string, nowMs = Date.now()): RequestRecord | undefined {
-    const slot = this.slotOf.get(id);
-    if (slot === undefined || this.expired(slot, nowMs)) return undefined;
-    return this.read(slot);
+    const slot = this.find(id);
+    if (slot === -1 || this.expired(slot, nowMs)) return undefined;
+    return this.read(slot, id);
   }
 
   /** Adds a finished record; the oldest one makes room when the table is full. */
   add(record: RequestRecord): void {
     assert(record.status !== 'in_progress', `record ${record.id} is not finished`);
-    assert(!this.slotOf.has(record.id), `record ${record.id} exists`);
+    assert(this.find(record.id) === -1, `record ${record.id} exists`);
     const slot = this.next;
     if (this.count < this.capacity) {
       // Not full yet: slots fill in order, so `slot === count`, and nothing is evicted.
       if (slot === this.allocated) this.grow();
       this.count++;
     } else {
-      const evicted = this.ids[slot]!;
-      this.slotOf.delete(evicted);
+      this.unindex(slot);
+      this.otherIds.delete(slot);
       this.answers.delete(slot);
     }
     this.next = slot + 1 === this.capacity ? 0 : slot + 1;
-    this.ids[slot] = record.id;
-    this.slotOf.set(record.id, slot);
-    this.keyIds[slot] = this.intern(record.keyId);
-    this.models[slot] = this.intern(record.model);
-    this.errorCodes[slot] = record.errorCode === null ? null : this.intern(record.errorCode);
+    this.writeId(slot, record.id);
+    this.indexSlot(slot, record.id);
     if (record.answers !== null) this.answers.set(slot, record.answers);
     const n = slot * NUMBERS;
     const numbers = this.numbers;
@@ -112,10 +126,14 @@ export class RecordTable {
     numbers[n + COMPLETION_TOKENS] = record.usage === null ? -1 : record.usage.completion_tokens;
     numbers[n + TOTAL_TOKENS] = record.usage === null ? -1 : record.usage.total_tokens;
     numbers[n + HTTP_STATUS] = record.httpStatus ?? -1;
-    const f = slot * FLAGS;
-    this.flags[f + SERVICE] = SERVICES.indexOf(record.service);
-    this.flags[f + STREAM] = record.stream ? 1 : 0;
-    this.flags[f + STATUS] = STATUSES.indexOf(record.status);
+    const f = slot * SMALL;
+    const small = this.small;
+    small[f + SERVICE] = SERVICES.indexOf(record.service);
+    small[f + STREAM] = record.stream ? 1 : 0;
+    small[f + STATUS] = STATUSES.indexOf(record.status);
+    small[f + KEY_ID] = this.intern(record.keyId);
+    small[f + MODEL] = this.intern(record.model);
+    small[f + ERROR_CODE] = record.errorCode === null ? -1 : this.intern(record.errorCode);
   }
 
   /** Every record still within its TTL, oldest first (the order `add` must see them in again). */
@@ -123,38 +141,42 @@ export class RecordTable {
     const start = this.count < this.capacity ? 0 : this.next;
     for (let i = 0; i < this.count; i++) {
       const slot = (start + i) % this.capacity;
-      if (!this.expired(slot, nowMs)) yield this.read(slot);
+      if (!this.expired(slot, nowMs)) yield this.read(slot, this.readId(slot));
     }
   }
 
   private grow(): void {
     const allocated = Math.min(this.capacity, this.allocated * 2);
-    const numbers = new Float64Array(allocated * NUMBERS);
-    numbers.set(this.numbers);
-    const flags = new Uint8Array(allocated * FLAGS);
-    flags.set(this.flags);
-    this.numbers = numbers;
-    this.flags = flags;
+    this.numbers = grown(this.numbers, allocated * NUMBERS);
+    this.small = grown(this.small, allocated * SMALL);
+    this.idBytes = grown(this.idBytes, allocated * ID_BYTES);
+    this.idLengths = grown(this.idLengths, allocated);
     this.allocated = allocated;
+    // A larger hash table: every record is placed again.
+    this.index = new Int32Array(indexSizeFor(allocated));
+    this.indexMask = this.index.length - 1;
+    for (let slot = 0; slot < this.count; slot++) this.indexSlot(slot, this.readId(slot));
   }
 
   private expired(slot: number, nowMs: number): boolean {
     return this.numbers[slot * NUMBERS + FINISHED_MS]! + this.ttlMs <= nowMs;
   }
 
-  private read(slot: number): RequestRecord {
+  private read(slot: number, id: string): RequestRecord {
     const n = slot * NUMBERS;
     const numbers = this.numbers;
-    const f = slot * FLAGS;
+    const f = slot * SMALL;
+    const small = this.small;
     const promptTokens = numbers[n + PROMPT_TOKENS]!;
     const httpStatus = numbers[n + HTTP_STATUS]!;
+    const errorCode = small[f + ERROR_CODE]!;
     return {
-      id: this.ids[slot]!,
-      keyId: this.keyIds[slot]!,
-      service: SERVICES[this.flags[f + SERVICE]!]!,
-      model: this.models[slot]!,
-      stream: this.flags[f + STREAM] === 1,
-      status: STATUSES[this.flags[f + STATUS]!]!,
+      id,
+      keyId: this.strings[small[f + KEY_ID]!]!,
+      service: SERVICES[small[f + SERVICE]!]!,
+      model: this.strings[small[f + MODEL]!]!,
+      stream: small[f + STREAM] === 1,
+      status: STATUSES[small[f + STATUS]!]!,
       createdAtMs: numbers[n + CREATED_MS]!,
       finishedAtMs: numbers[n + FINISHED_MS]!,
       hold: { credits_micro: numbers[n + HOLD_CREDITS]!, tokens: numbers[n + HOLD_TOKENS]! },
@@ -164,7 +186,7 @@ export class RecordTable {
         promptTokens < 0
           ? null
           : { prompt_tokens: promptTokens, completion_tokens: numbers[n + COMPLETION_TOKENS]!, total_tokens: numbers[n + TOTAL_TOKENS]! },
-      errorCode: this.errorCodes[slot]!,
+      errorCode: errorCode < 0 ? null : this.strings[errorCode]!,
       httpStatus: httpStatus < 0 ? null : httpStatus,
       answers: this.answers.get(slot) ?? null,
       // Only an in-flight request needs its key (an unfinished decision frees it); a finished one never does.
@@ -172,13 +194,121 @@ export class RecordTable {
     };
   }
 
-  /** One string object per distinct key id, model and error code, however many records name it. */
-  private intern(text: string): string {
-    const known = this.interned.get(text);
+  /** The position of `text` in `strings`, adding it once. Bounded by keys, models and error codes. */
+  private intern(text: string): number {
+    const known = this.stringAt.get(text);
     if (known !== undefined) return known;
-    // Key ids and models are few, but a replay of a long log must not grow this without bound.
-    if (this.interned.size >= 100_000) this.interned.clear();
-    this.interned.set(text, text);
-    return text;
+    const position = this.strings.length;
+    this.strings.push(text);
+    this.stringAt.set(text, position);
+    return position;
   }
+
+  // --- ids: bytes in a column, found through `index` ---
+
+  private writeId(slot: number, id: string): void {
+    if (id.length > ID_BYTES || !isAscii(id)) {
+      this.idLengths[slot] = ID_ELSEWHERE;
+      this.otherIds.set(slot, id);
+      return;
+    }
+    const bytes = this.idBytes;
+    const base = slot * ID_BYTES;
+    for (let i = 0; i < id.length; i++) bytes[base + i] = id.charCodeAt(i);
+    this.idLengths[slot] = id.length;
+  }
+
+  private readId(slot: number): string {
+    const length = this.idLengths[slot]!;
+    if (length === ID_ELSEWHERE) return this.otherIds.get(slot)!;
+    const base = slot * ID_BYTES;
+    return String.fromCharCode.apply(null, this.idBytes.subarray(base, base + length) as unknown as number[]);
+  }
+
+  private idEquals(slot: number, id: string): boolean {
+    const length = this.idLengths[slot]!;
+    if (length === ID_ELSEWHERE) return this.otherIds.get(slot) === id;
+    if (length !== id.length) return false;
+    const bytes = this.idBytes;
+    const base = slot * ID_BYTES;
+    for (let i = 0; i < length; i++) if (bytes[base + i] !== id.charCodeAt(i)) return false;
+    return true;
+  }
+
+  /** The slot holding `id`, or -1. */
+  private find(id: string): number {
+    const index = this.index;
+    const mask = this.indexMask;
+    for (let at = hashId(id) & mask; ; at = (at + 1) & mask) {
+      const entry = index[at]!;
+      if (entry === 0) return -1;
+      if (this.idEquals(entry - 1, id)) return entry - 1;
+    }
+  }
+
+  private indexSlot(slot: number, id: string): void {
+    const index = this.index;
+    const mask = this.indexMask;
+    let at = hashId(id) & mask;
+    while (index[at] !== 0) at = (at + 1) & mask;
+    index[at] = slot + 1;
+  }
+
+  /** hashId of the id in `slot`, from its bytes. */
+  private hashSlot(slot: number): number {
+    const length = this.idLengths[slot]!;
+    if (length === ID_ELSEWHERE) return hashId(this.otherIds.get(slot)!);
+    const bytes = this.idBytes;
+    const base = slot * ID_BYTES;
+    let hash = FNV_OFFSET;
+    for (let i = 0; i < length; i++) hash = Math.imul(hash ^ bytes[base + i]!, FNV_PRIME);
+    return hash >>> 0;
+  }
+
+  /** Removes `slot` from the index, moving later entries of its probe run back (no tombstones). */
+  private unindex(slot: number): void {
+    const index = this.index;
+    const mask = this.indexMask;
+    let hole = this.hashSlot(slot) & mask;
+    while (index[hole] !== slot + 1) hole = (hole + 1) & mask;
+    index[hole] = 0;
+    for (let at = (hole + 1) & mask; index[at] !== 0; at = (at + 1) & mask) {
+      const entry = index[at]!;
+      const home = this.hashSlot(entry - 1) & mask;
+      // The entry may fill the hole if its home is not inside the stretch (hole, at].
+      if (hole <= at ? home <= hole || home > at : home <= hole && home > at) {
+        index[hole] = entry;
+        index[at] = 0;
+        hole = at;
+      }
+    }
+  }
+}
+
+/** A power of two at least twice the slots, so probe runs stay short. */
+function indexSizeFor(slots: number): number {
+  let size = 16;
+  while (size < slots * 2) size *= 2;
+  return size;
+}
+
+/** FNV-1a over the UTF-16 code units. */
+function hashId(id: string): number {
+  let hash = FNV_OFFSET;
+  for (let i = 0; i < id.length; i++) hash = Math.imul(hash ^ id.charCodeAt(i), FNV_PRIME);
+  return hash >>> 0;
+}
+
+const FNV_OFFSET = 0x811c9dc5;
+const FNV_PRIME = 0x01000193;
+
+function isAscii(text: string): boolean {
+  for (let i = 0; i < text.length; i++) if (text.charCodeAt(i) > 127) return false;
+  return true;
+}
+
+function grown<T extends Float64Array | Int32Array | Uint8Array>(array: T, length: number): T {
+  const bigger = new (array.constructor as new (length: number) => T)(length);
+  bigger.set(array);
+  return bigger;
 }

@@ -95,6 +95,41 @@ describe('RecordTable', () => {
     expect(table.get('r5998', NOW_MS)?.answers).toBeNull();
   });
 
+  test('ids that are long or not ASCII are kept and found like the others', () => {
+    const table = new RecordTable(4, TTL_MS);
+    const ids = ['x'.repeat(128), 'déjà-vu', 'chatcmpl-' + 'A'.repeat(24), ''];
+    for (const id of ids) table.add(record(id));
+    for (const id of ids) expect(table.get(id, NOW_MS)?.id).toBe(id);
+    expect([...table.values(NOW_MS)].map((r) => r.id)).toEqual(ids);
+    table.add(record('next'));
+    expect(table.has(ids[0]!)).toBe(false);
+    expect(table.get('déjà-vu', NOW_MS)?.id).toBe('déjà-vu');
+  });
+
+  test('lookups stay right through many evictions (against a reference of what is kept)', () => {
+    // A capacity that wraps at odd places and a hash table small enough for long probe runs.
+    const capacity = 97;
+    const table = new RecordTable(capacity, TTL_MS);
+    let seed = 42;
+    const random = () => ((seed = (Math.imul(seed, 1_103_515_245) + 12_345) >>> 0) / 2 ** 32);
+    const alphabet = 'abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789';
+    const kept: string[] = [];
+    const gone: string[] = [];
+    for (let i = 0; i < 20_000; i++) {
+      let id = `r${i}-`;
+      const length = Math.floor(random() * 30);
+      for (let k = 0; k < length; k++) id += alphabet[Math.floor(random() * alphabet.length)];
+      table.add(record(id, { charge: { credits_micro: i, tokens: 0 } }));
+      kept.push(id);
+      if (kept.length > capacity) gone.push(kept.shift()!);
+      if (i % 250 === 0 || i > 19_900) {
+        for (const [at, keptId] of kept.entries()) expect(table.get(keptId, NOW_MS)?.charge.credits_micro).toBe(i - kept.length + 1 + at);
+        for (const goneId of gone.slice(-300)) expect(table.has(goneId)).toBe(false);
+      }
+    }
+    expect([...table.values(NOW_MS)].map((r) => r.id)).toEqual(kept);
+  });
+
   test('an id is added once; an unfinished record is refused', () => {
     const table = new RecordTable(3, TTL_MS);
     table.add(record('a'));
