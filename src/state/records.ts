@@ -145,6 +145,120 @@ export class RecordTable {
     }
   }
 
+  /**
+   * Every record, oldest first, as compact JSON for a snapshot: the columns themselves, in base64 (their
+   * bytes in this machine's order, little-endian everywhere tollgate runs), plus the shared strings,
+   * the ids kept aside and the answers by position. Serializing 100,000 records this way takes
+   * milliseconds, where JSON objects took ~160 ms with the gateway waiting. Expired records are dropped
+   * on restore.
+   */
+  serializeColumns(): string {
+    const count = this.count;
+    const start = this.count < this.capacity ? 0 : this.next;
+    // The ring from its oldest slot: at most two runs of slots.
+    const runs: Array<[number, number]> = start === 0 ? [[0, count]] : [[start, this.capacity], [0, start]];
+    const numbers = new Float64Array(count * NUMBERS);
+    const small = new Int32Array(count * SMALL);
+    const idBytes = new Uint8Array(count * ID_BYTES);
+    const idLengths = new Uint8Array(count);
+    const otherIds: Record<number, string> = {};
+    const answers: Record<number, Record<string, unknown>> = {};
+    let at = 0;
+    for (const [from, to] of runs) {
+      numbers.set(this.numbers.subarray(from * NUMBERS, to * NUMBERS), at * NUMBERS);
+      small.set(this.small.subarray(from * SMALL, to * SMALL), at * SMALL);
+      idBytes.set(this.idBytes.subarray(from * ID_BYTES, to * ID_BYTES), at * ID_BYTES);
+      idLengths.set(this.idLengths.subarray(from, to), at);
+      for (let slot = from; slot < to; slot++, at++) {
+        const other = this.otherIds.get(slot);
+        if (other !== undefined) otherIds[at] = other;
+        const answer = this.answers.get(slot);
+        if (answer !== undefined) answers[at] = answer;
+      }
+    }
+    const base64 = (array: ArrayBufferView) => Buffer.from(array.buffer, array.byteOffset, array.byteLength).toString('base64');
+    return JSON.stringify({
+      count,
+      strings: this.strings,
+      numbers: base64(numbers),
+      small: base64(small),
+      idBytes: base64(idBytes),
+      idLengths: base64(idLengths),
+      otherIds,
+      answers,
+    });
+  }
+
+  /** Adds the records of `serializeColumns` (parsed), oldest first, dropping those past the TTL. */
+  restoreColumns(raw: unknown, nowMs = Date.now()): void {
+    const snapshot = raw as Record<string, unknown>;
+    const count = snapshot.count;
+    assert(typeof count === 'number' && Number.isSafeInteger(count) && count >= 0, 'snapshot records: bad count');
+    const strings = snapshot.strings;
+    assert(Array.isArray(strings) && strings.every((text) => typeof text === 'string'), 'snapshot records: bad strings');
+    const column = <T extends Float64Array | Int32Array | Uint8Array>(name: string, Type: { new (b: ArrayBuffer): T; BYTES_PER_ELEMENT: number }, width: number): T => {
+      const text = snapshot[name];
+      assert(typeof text === 'string', `snapshot records: ${name} missing`);
+      const bytes = Buffer.from(text, 'base64');
+      assert(bytes.length === count * width * Type.BYTES_PER_ELEMENT, `snapshot records: ${name} has the wrong size`);
+      // Copied into a fresh, aligned buffer of its own.
+      return new Type(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length));
+    };
+    const numbers = column('numbers', Float64Array, NUMBERS);
+    const small = column('small', Int32Array, SMALL);
+    const idBytes = column('idBytes', Uint8Array, ID_BYTES);
+    const idLengths = column('idLengths', Uint8Array, 1);
+    const otherIds = (snapshot.otherIds ?? {}) as Record<string, unknown>;
+    const answers = (snapshot.answers ?? {}) as Record<string, unknown>;
+    const text = (position: number): string => {
+      assert(position >= 0 && position < strings.length, 'snapshot records: bad string position');
+      return strings[position] as string;
+    };
+    for (let row = 0; row < count; row++) {
+      const n = row * NUMBERS;
+      const f = row * SMALL;
+      if (numbers[n + FINISHED_MS]! + this.ttlMs <= nowMs) continue;
+      const length = idLengths[row]!;
+      let id: string;
+      if (length === ID_ELSEWHERE) {
+        id = otherIds[row] as string;
+        assert(typeof id === 'string', 'snapshot records: an id kept aside is missing');
+      } else {
+        assert(length <= ID_BYTES, 'snapshot records: bad id length');
+        id = String.fromCharCode.apply(null, idBytes.subarray(row * ID_BYTES, row * ID_BYTES + length) as unknown as number[]);
+      }
+      const service = SERVICES[small[f + SERVICE]!];
+      const status = STATUSES[small[f + STATUS]!];
+      assert(service !== undefined && status !== undefined, 'snapshot records: bad service or status');
+      const answer = answers[row] ?? null;
+      assert(answer === null || (typeof answer === 'object' && !Array.isArray(answer)), 'snapshot records: bad answers');
+      const promptTokens = numbers[n + PROMPT_TOKENS]!;
+      const httpStatus = numbers[n + HTTP_STATUS]!;
+      const errorCode = small[f + ERROR_CODE]!;
+      this.add({
+        id,
+        keyId: text(small[f + KEY_ID]!),
+        service,
+        model: text(small[f + MODEL]!),
+        stream: small[f + STREAM] === 1,
+        status,
+        createdAtMs: numbers[n + CREATED_MS]!,
+        finishedAtMs: numbers[n + FINISHED_MS]!,
+        hold: { credits_micro: numbers[n + HOLD_CREDITS]!, tokens: numbers[n + HOLD_TOKENS]! },
+        charge: { credits_micro: numbers[n + CHARGE_CREDITS]!, tokens: numbers[n + CHARGE_TOKENS]! },
+        budgetHoldMicro: numbers[n + BUDGET_HOLD]!,
+        usage:
+          promptTokens < 0
+            ? null
+            : { prompt_tokens: promptTokens, completion_tokens: numbers[n + COMPLETION_TOKENS]!, total_tokens: numbers[n + TOTAL_TOKENS]! },
+        errorCode: errorCode < 0 ? null : text(errorCode),
+        httpStatus: httpStatus < 0 ? null : httpStatus,
+        answers: answer as Record<string, unknown> | null,
+        idempotencyKey: null,
+      });
+    }
+  }
+
   private grow(): void {
     const allocated = Math.min(this.capacity, this.allocated * 2);
     this.numbers = grown(this.numbers, allocated * NUMBERS);

@@ -1,5 +1,6 @@
 // The write-ahead log: numbered segment files of checksummed frames, group commit, fsync policy, snapshots.
-import { closeSync, fsync, fsyncSync, ftruncateSync, mkdirSync, openSync, readdirSync, readFileSync, renameSync, unlinkSync, writeSync } from 'node:fs';
+import { closeSync, fsync, fsyncSync, ftruncateSync, mkdirSync, openSync, readdirSync, readFileSync, unlinkSync, writeSync } from 'node:fs';
+import { open, rename } from 'node:fs/promises';
 import { join } from 'node:path';
 import { assert } from '../util/assert.ts';
 import type { Logger } from '../util/log.ts';
@@ -50,7 +51,6 @@ const COMMIT_DELAY_MS_MAX = 1;
 /** The write buffer grows to fit a batch; one larger than this gets a buffer of its own, not kept. */
 const WRITE_BUFFER_BYTES_KEPT = 1024 * 1024;
 const SNAPSHOT_FILE = 'snapshot.json';
-const ENCODER = new TextEncoder();
 const DECODER = new TextDecoder('utf-8', { fatal: true });
 
 function segmentName(index: number): string {
@@ -74,19 +74,30 @@ export function fsyncDirectory(dir: string): void {
   }
 }
 
-/** Writes a file so that after a crash it is either the old one or the whole new one. */
-export function writeFileAtomic(path: string, bytes: Uint8Array, dir: string): void {
+/**
+ * Writes a file so that after a crash it is either the old one or the whole new one. Asynchronous: a
+ * snapshot is megabytes, and its write and fsync must not stop the event loop.
+ */
+export async function writeFileAtomic(path: string, text: string, dir: string): Promise<void> {
   const temp = `${path}.tmp`;
-  const fd = openSync(temp, 'w', 0o600);
+  const file = await open(temp, 'w', 0o600);
   try {
-    let written = 0;
-    while (written < bytes.length) written += writeSync(fd, bytes, written, bytes.length - written);
-    fsyncSync(fd);
+    await file.writeFile(text, 'utf8');
+    await file.sync();
   } finally {
-    closeSync(fd);
+    await file.close();
   }
-  renameSync(temp, path);
-  fsyncDirectory(dir);
+  await rename(temp, path);
+  await syncDirectory(dir);
+}
+
+async function syncDirectory(dir: string): Promise<void> {
+  const directory = await open(dir, 'r');
+  try {
+    await directory.sync();
+  } finally {
+    await directory.close();
+  }
 }
 
 export class WriteAheadLog {
@@ -402,15 +413,15 @@ export class WriteAheadLog {
     assert(seq <= this.seq, 'snapshot ahead of the log');
     await this.flush();
     // The roll below closes the segment's fd: no write or fsync may be in flight on it. From the last
-    // check on, everything up to the unlinks runs without yielding.
+    // check on, everything up to the roll runs without yielding; after it, appends go to the new
+    // segment while the snapshot is written, and only segments the snapshot covers are removed.
     while (this.flushing || this.syncing) await (this.flushing ?? this.syncing);
     this.assertWritable();
     const oldIndex = this.segmentIndex;
     this.rollSegment();
     // A failed roll leaves the old segment current: removing it would remove the live log.
     this.assertWritable();
-    const bytes = ENCODER.encode(`{"format":1,"seq":${seq},"state":${stateJson}}`);
-    writeFileAtomic(join(this.options.dir, SNAPSHOT_FILE), bytes, this.options.dir);
+    await writeFileAtomic(join(this.options.dir, SNAPSHOT_FILE), `{"format":1,"seq":${seq},"state":${stateJson}}`, this.options.dir);
     this.recordsSinceSnapshot = this.seq - seq;
     // Records appended after `seq` was taken (while this waited for the flush) sit in the old segments
     // too; a segment holding any of them must stay, or they would be lost (and replay would find a gap).
@@ -423,7 +434,7 @@ export class WriteAheadLog {
         this.segmentLastSeq.delete(index);
       }
     }
-    fsyncDirectory(this.options.dir);
+    await syncDirectory(this.options.dir);
   }
 
   private assertWritable(): void {

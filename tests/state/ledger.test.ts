@@ -263,4 +263,25 @@ describe('snapshot form', () => {
     step(restored, requestFinished('r1', 40_000));
     expect(ledgerOf(restored.account('k1'))).toEqual({ added: 100_000, balance: 57_000, held: 0, charged: 43_000 });
   });
+
+  test('finished records survive as compact rows (answers, nulls, errors), and a version 1 snapshot of objects still restores', () => {
+    const state = new GatewayState(LIMITS);
+    step(state, keyCreated('k1', 100_000, { token_wallet: 50 }));
+    step(state, requestStarted('r1', 'k1', 10_000));
+    step(state, requestFinished('r1', 3_000));
+    step(state, requestStarted('r2', 'k1', 10_000));
+    step(state, requestFinished('r2', 0, { status: 'error', error_code: 'upstream_timeout', http_status: 504, usage: null }));
+    step(state, requestStarted('d1', 'k1', 0, { service: 'decision', hold: { credits_micro: 0, tokens: 20 } }));
+    step(state, requestFinished('d1', 0, { charge: { credits_micro: 0, tokens: 12 }, answers: { q: { type: 'choice', label: 'yes' } } }));
+    const records = [...state.finished.values(NOW)];
+    expect(records.map((r) => r.id)).toEqual(['r1', 'r2', 'd1']);
+    const v2 = new GatewayState(LIMITS);
+    restoreState(v2, JSON.parse(serializeState(state)), NOW);
+    expect([...v2.finished.values(NOW)]).toEqual(records);
+    const v1 = new GatewayState(LIMITS);
+    const { keys, inFlight, idempotency } = JSON.parse(serializeState(state)) as Record<string, unknown>;
+    restoreState(v1, JSON.parse(JSON.stringify({ keys, inFlight, idempotency, finished: records })), NOW);
+    expect([...v1.finished.values(NOW)]).toEqual(records);
+    expect(JSON.parse(serializeState(v1))).toEqual(JSON.parse(serializeState(state)));
+  });
 });

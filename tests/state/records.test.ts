@@ -130,6 +130,31 @@ describe('RecordTable', () => {
     expect([...table.values(NOW_MS)].map((r) => r.id)).toEqual(kept);
   });
 
+  test('the columns of a wrapped table restore the same records in the same order, minus the expired', () => {
+    const table = new RecordTable(5, TTL_MS);
+    const added = [
+      record('a'),
+      record('b', { answers: { q: 'gone with a' } }),
+      record('déjà', { service: 'decision', answers: { q: 'yes' }, usage: null, httpStatus: null }),
+      record('d', { status: 'error', errorCode: 'upstream_timeout', finishedAtMs: NOW_MS - TTL_MS }),
+      record('e', { keyId: 'key_other', model: 'model_07', stream: false }),
+      record('f'),
+      record('g', { status: 'cancelled', errorCode: 'request_cancelled', charge: { credits_micro: 0, tokens: 0 } }),
+    ];
+    for (const r of added) table.add(r);
+    const copy = new RecordTable(5, TTL_MS);
+    copy.restoreColumns(JSON.parse(table.serializeColumns()), NOW_MS);
+    const live = ['déjà', 'e', 'f', 'g'];
+    expect([...copy.values(NOW_MS)]).toEqual([...table.values(NOW_MS)]);
+    expect([...copy.values(NOW_MS)].map((r) => r.id)).toEqual(live);
+    for (const r of added.filter((r) => live.includes(r.id))) expect(copy.get(r.id, NOW_MS)).toEqual(r);
+    expect(copy.has('d')).toBe(false);
+    // The restored table keeps evicting oldest first.
+    copy.add(record('h'));
+    copy.add(record('i'));
+    expect([...copy.values(NOW_MS)].map((r) => r.id)).toEqual(['e', 'f', 'g', 'h', 'i']);
+  });
+
   test('an id is added once; an unfinished record is refused', () => {
     const table = new RecordTable(3, TTL_MS);
     table.add(record('a'));
