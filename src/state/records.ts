@@ -227,35 +227,10 @@ export class RecordTable {
         assert(length <= ID_BYTES, 'snapshot records: bad id length');
         id = String.fromCharCode.apply(null, idBytes.subarray(row * ID_BYTES, row * ID_BYTES + length) as unknown as number[]);
       }
-      const service = SERVICES[small[f + SERVICE]!];
-      const status = STATUSES[small[f + STATUS]!];
-      assert(service !== undefined && status !== undefined, 'snapshot records: bad service or status');
+      assert(SERVICES[small[f + SERVICE]!] !== undefined && STATUSES[small[f + STATUS]!] !== undefined, 'snapshot records: bad service or status');
       const answer = answers[row] ?? null;
       assert(answer === null || (typeof answer === 'object' && !Array.isArray(answer)), 'snapshot records: bad answers');
-      const promptTokens = numbers[n + PROMPT_TOKENS]!;
-      const httpStatus = numbers[n + HTTP_STATUS]!;
-      const errorCode = small[f + ERROR_CODE]!;
-      this.add({
-        id,
-        keyId: text(small[f + KEY_ID]!),
-        service,
-        model: text(small[f + MODEL]!),
-        stream: small[f + STREAM] === 1,
-        status,
-        createdAtMs: numbers[n + CREATED_MS]!,
-        finishedAtMs: numbers[n + FINISHED_MS]!,
-        hold: { credits_micro: numbers[n + HOLD_CREDITS]!, tokens: numbers[n + HOLD_TOKENS]! },
-        charge: { credits_micro: numbers[n + CHARGE_CREDITS]!, tokens: numbers[n + CHARGE_TOKENS]! },
-        budgetHoldMicro: numbers[n + BUDGET_HOLD]!,
-        usage:
-          promptTokens < 0
-            ? null
-            : { prompt_tokens: promptTokens, completion_tokens: numbers[n + COMPLETION_TOKENS]!, total_tokens: numbers[n + TOTAL_TOKENS]! },
-        errorCode: errorCode < 0 ? null : text(errorCode),
-        httpStatus: httpStatus < 0 ? null : httpStatus,
-        answers: answer as Record<string, unknown> | null,
-        idempotencyKey: null,
-      });
+      this.add(recordOf(numbers, n, small, f, id, text, answer as Record<string, unknown> | null));
     }
   }
 
@@ -277,36 +252,10 @@ export class RecordTable {
   }
 
   private read(slot: number, id: string): RequestRecord {
-    const n = slot * NUMBERS;
-    const numbers = this.numbers;
-    const f = slot * SMALL;
-    const small = this.small;
-    const promptTokens = numbers[n + PROMPT_TOKENS]!;
-    const httpStatus = numbers[n + HTTP_STATUS]!;
-    const errorCode = small[f + ERROR_CODE]!;
-    return {
-      id,
-      keyId: this.strings[small[f + KEY_ID]!]!,
-      service: SERVICES[small[f + SERVICE]!]!,
-      model: this.strings[small[f + MODEL]!]!,
-      stream: small[f + STREAM] === 1,
-      status: STATUSES[small[f + STATUS]!]!,
-      createdAtMs: numbers[n + CREATED_MS]!,
-      finishedAtMs: numbers[n + FINISHED_MS]!,
-      hold: { credits_micro: numbers[n + HOLD_CREDITS]!, tokens: numbers[n + HOLD_TOKENS]! },
-      charge: { credits_micro: numbers[n + CHARGE_CREDITS]!, tokens: numbers[n + CHARGE_TOKENS]! },
-      budgetHoldMicro: numbers[n + BUDGET_HOLD]!,
-      usage:
-        promptTokens < 0
-          ? null
-          : { prompt_tokens: promptTokens, completion_tokens: numbers[n + COMPLETION_TOKENS]!, total_tokens: numbers[n + TOTAL_TOKENS]! },
-      errorCode: errorCode < 0 ? null : this.strings[errorCode]!,
-      httpStatus: httpStatus < 0 ? null : httpStatus,
-      answers: this.answers.get(slot) ?? null,
-      // Only an in-flight request needs its key (an unfinished decision frees it); a finished one never does.
-      idempotencyKey: null,
-    };
+    return recordOf(this.numbers, slot * NUMBERS, this.small, slot * SMALL, id, this.textAt, this.answers.get(slot) ?? null);
   }
+
+  private readonly textAt = (position: number): string => this.strings[position]!;
 
   /** The position of `text` in `strings`, adding it once. Bounded by keys, models and error codes. */
   private intern(text: string): number {
@@ -397,6 +346,43 @@ export class RecordTable {
       }
     }
   }
+}
+
+/** The record at row offsets `n` (numbers) and `f` (small columns), as a fresh object. */
+function recordOf(
+  numbers: Float64Array,
+  n: number,
+  small: Int32Array,
+  f: number,
+  id: string,
+  text: (position: number) => string,
+  answers: Record<string, unknown> | null,
+): RequestRecord {
+  const promptTokens = numbers[n + PROMPT_TOKENS]!;
+  const httpStatus = numbers[n + HTTP_STATUS]!;
+  const errorCode = small[f + ERROR_CODE]!;
+  return {
+    id,
+    keyId: text(small[f + KEY_ID]!),
+    service: SERVICES[small[f + SERVICE]!]!,
+    model: text(small[f + MODEL]!),
+    stream: small[f + STREAM] === 1,
+    status: STATUSES[small[f + STATUS]!]!,
+    createdAtMs: numbers[n + CREATED_MS]!,
+    finishedAtMs: numbers[n + FINISHED_MS]!,
+    hold: { credits_micro: numbers[n + HOLD_CREDITS]!, tokens: numbers[n + HOLD_TOKENS]! },
+    charge: { credits_micro: numbers[n + CHARGE_CREDITS]!, tokens: numbers[n + CHARGE_TOKENS]! },
+    budgetHoldMicro: numbers[n + BUDGET_HOLD]!,
+    usage:
+      promptTokens < 0
+        ? null
+        : { prompt_tokens: promptTokens, completion_tokens: numbers[n + COMPLETION_TOKENS]!, total_tokens: numbers[n + TOTAL_TOKENS]! },
+    errorCode: errorCode < 0 ? null : text(errorCode),
+    httpStatus: httpStatus < 0 ? null : httpStatus,
+    answers,
+    // Only an in-flight request needs its key (an unfinished decision frees it); a finished one never does.
+    idempotencyKey: null,
+  };
 }
 
 /** A power of two at least twice the slots, so probe runs stay short. */
