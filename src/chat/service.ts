@@ -6,7 +6,7 @@ import { GatewayError, internalError } from '../http/errors.ts';
 import { checkIdempotency } from '../idempotency/store.ts';
 import type { KeyAccount } from '../state/apply.ts';
 import type { Event, Usage } from '../state/events.ts';
-import type { Delta, ProviderRequest, ToolCall } from '../providers/provider.ts';
+import { collectAnswer, type Delta, type ProviderRequest, type ToolCall } from '../providers/provider.ts';
 import { abortError, RequestActor, statusForAbort, type Outcome } from '../requests/actor.ts';
 import { assert } from '../util/assert.ts';
 import type { ChatRequest } from './model.ts';
@@ -137,6 +137,40 @@ export type ChatResult =
   | { ok: true; content: string | null; toolCalls: ToolCall[]; finishReason: PublicFinishReason; usage: Usage }
   | { ok: false; error: GatewayError };
 
+/** What the provider said so far: text, tool calls (checked as they build up) and the finish. */
+class Answer {
+  text = '';
+  sawText = false;
+  readonly toolCalls: ToolCall[] = [];
+  finish: Extract<Delta, { type: 'finish' }> | null = null;
+
+  /** Takes one delta and relays it to `sink` (when streaming); returns the sink's backpressure, if any. */
+  add(delta: Delta, sink: ChatSink | null): void | Promise<void> {
+    switch (delta.type) {
+      case 'text':
+        if (delta.text.length === 0) return;
+        this.text += delta.text;
+        this.sawText = true;
+        return sink?.text(delta.text);
+      case 'tool_call': {
+        let call = this.toolCalls[delta.index];
+        if (!call) {
+          if (delta.index !== this.toolCalls.length || delta.id === null || delta.name === null) {
+            throw new GatewayError('upstream_invalid_response', 'The provider sent a malformed tool call.');
+          }
+          call = { id: delta.id, type: 'function', function: { name: delta.name, arguments: '' } };
+          this.toolCalls.push(call);
+        }
+        call.function.arguments += delta.arguments;
+        return sink?.toolCall(delta.index, delta.id, delta.name, delta.arguments);
+      }
+      case 'finish':
+        this.finish = delta;
+        return;
+    }
+  }
+}
+
 /**
  * The actor's run loop: calls the provider, relays deltas to the sink, enforces the time limit, and in
  * `finally` settles the hold (completed), releases it (cancelled) or keeps it per billing.on_error.
@@ -151,55 +185,39 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
     chat.stream ? config.limits.stream_timeout_ms : config.limits.upstream_timeout_ms,
   );
 
-  let text = '';
-  let sawText = false;
-  const toolCalls: ToolCall[] = [];
-  let finish: Extract<Delta, { type: 'finish' }> | null = null;
+  const answer = new Answer();
   let outcome: Outcome | null = null;
-  let began = false;
   const hold = actor.init.hold;
 
   try {
-    for await (const delta of provider.stream(providerRequest, actor.signal)) {
+    if (chat.stream) {
+      let began = false;
+      for await (const delta of provider.stream(providerRequest, actor.signal)) {
+        if (!began) {
+          // The hold must be durable before anything reaches the client; the provider call overlapped it.
+          await durable;
+          began = true;
+          gateway.metrics.firstToken(chat.modelId, (Date.now() - admission.createdMs) / 1000);
+          await sink.begin();
+        }
+        if (actor.signal.aborted) break;
+        const written = answer.add(delta, sink);
+        if (written) await written;
+      }
+      if (actor.signal.aborted) throw actor.signal.reason;
       if (!began) {
-        // The hold must be durable before anything reaches the client; the provider call overlapped it.
         await durable;
-        began = true;
-        gateway.metrics.firstToken(chat.modelId, (Date.now() - admission.createdMs) / 1000);
         await sink.begin();
       }
-      if (actor.signal.aborted) break;
-      switch (delta.type) {
-        case 'text':
-          if (delta.text.length === 0) break;
-          text += delta.text;
-          sawText = true;
-          await sink.text(delta.text);
-          break;
-        case 'tool_call': {
-          let call = toolCalls[delta.index];
-          if (!call) {
-            if (delta.index !== toolCalls.length || delta.id === null || delta.name === null) {
-              throw new GatewayError('upstream_invalid_response', 'The provider sent a malformed tool call.');
-            }
-            call = { id: delta.id, type: 'function', function: { name: delta.name, arguments: '' } };
-            toolCalls.push(call);
-          }
-          call.function.arguments += delta.arguments;
-          await sink.toolCall(delta.index, delta.id, delta.name, delta.arguments);
-          break;
-        }
-        case 'finish':
-          finish = delta;
-          break;
-      }
-    }
-    if (actor.signal.aborted) throw actor.signal.reason;
-    if (!began) {
+    } else {
+      // Nothing to relay before the end: the provider's whole answer, then one reply.
+      const deltas = await collectAnswer(provider, providerRequest, actor.signal);
+      if (actor.signal.aborted) throw actor.signal.reason;
       await durable;
-      began = true;
-      await sink.begin();
+      gateway.metrics.firstToken(chat.modelId, (Date.now() - admission.createdMs) / 1000);
+      for (const delta of deltas) answer.add(delta, null);
     }
+    const { text, toolCalls, finish } = answer;
     if (!finish) throw new GatewayError('upstream_invalid_response', 'The provider ended without finishing its answer.');
     const promptTokens = finish.usage?.promptTokens ?? providerRequest.promptTokens;
     const completionTokens =
@@ -217,7 +235,7 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
     };
     const finishReason: PublicFinishReason = toolCalls.length > 0 ? 'tool_calls' : 'stop';
     await actor.finish(outcome);
-    sink.end({ ok: true, content: sawText || toolCalls.length === 0 ? text : null, toolCalls, finishReason, usage });
+    sink.end({ ok: true, content: answer.sawText || toolCalls.length === 0 ? text : null, toolCalls, finishReason, usage });
   } catch (thrown) {
     const kind = actor.abortKind;
     let error: GatewayError;

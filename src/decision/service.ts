@@ -4,7 +4,7 @@ import { costMicro, ratesFor } from '../billing/pricing.ts';
 import { actorSettled, statusUrl, type Gateway } from '../gateway.ts';
 import { GatewayError, internalError } from '../http/errors.ts';
 import { checkIdempotency } from '../idempotency/store.ts';
-import type { ProviderRequest } from '../providers/provider.ts';
+import { collectAnswer, type ProviderRequest } from '../providers/provider.ts';
 import { abortError, RequestActor, statusForAbort, type Outcome } from '../requests/actor.ts';
 import { DAY_MS, type KeyAccount } from '../state/apply.ts';
 import type { Amount, Event, Usage } from '../state/events.ts';
@@ -141,7 +141,7 @@ async function askOnce(
   let args = '';
   let name: string | null = null;
   let usage: { promptTokens: number; completionTokens: number } | null = null;
-  for await (const delta of provider.stream(request, signal)) {
+  for (const delta of await collectAnswer(provider, request, signal)) {
     if (delta.type === 'text') text += delta.text;
     else if (delta.type === 'tool_call') {
       if (delta.index === 0) {

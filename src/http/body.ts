@@ -58,7 +58,9 @@ export function parseJsonBody(text: string): unknown {
   } catch {
     throw new GatewayError('invalid_request_error', 'The body is not valid JSON.', { param: null });
   }
-  if (nestsDeeperThan(value, JSON_DEPTH_MAX)) {
+  // Valid JSON nested deeper than the limit has more than that many openers and as many closers, so a
+  // shorter text cannot be; most bodies skip the walk.
+  if (text.length > 2 * JSON_DEPTH_MAX && nestsDeeperThan(value, JSON_DEPTH_MAX)) {
     throw new GatewayError('invalid_request_error', `The JSON body nests deeper than ${JSON_DEPTH_MAX} levels.`, {
       param: null,
       detail: `JSON values may nest at most ${JSON_DEPTH_MAX} levels deep`,

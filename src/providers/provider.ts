@@ -61,8 +61,21 @@ export interface Provider {
    * by throwing the signal's reason. Failures throw `GatewayError` with an upstream_* code.
    */
   stream(request: ProviderRequest, signal: AbortSignal): AsyncIterable<Delta>;
+  /**
+   * Optional: the same deltas at once, for a caller that does not stream (a non-stream chat call, a
+   * decision). Cheaper than iterating the stream where the provider gets the answer in one piece.
+   */
+  complete?(request: ProviderRequest, signal: AbortSignal): Promise<Delta[]>;
   /** Releases what the provider keeps between calls (idle upstream connections); called at shutdown. */
   close?(): void;
+}
+
+/** The whole answer of `provider` as deltas: its `complete` when it has one, else its stream collected. */
+export async function collectAnswer(provider: Provider, request: ProviderRequest, signal: AbortSignal): Promise<Delta[]> {
+  if (provider.complete) return provider.complete(request, signal);
+  const deltas: Delta[] = [];
+  for await (const delta of provider.stream(request, signal)) deltas.push(delta);
+  return deltas;
 }
 
 /**

@@ -292,4 +292,14 @@ describe('JSON nesting limit', () => {
     expect(nestsDeeperThan({ a: [1, { b: null }] }, 3)).toBe(false);
     expect(nestsDeeperThan({ a: [1, { b: {} }] }, 3)).toBe(true);
   });
+
+  test('the shortest bodies at the limit: 256 nested arrays are only not an object, 257 nest too deep', async () => {
+    const message = async (levels: number) => {
+      const response = await post('['.repeat(levels) + ']'.repeat(levels));
+      expect(response.status).toBe(400);
+      return ((await response.json()) as { error: { message: string } }).error.message;
+    };
+    expect(await message(256)).toBe('The body must be a JSON object.');
+    expect(await message(257)).toBe(`The JSON body nests deeper than ${JSON_DEPTH_MAX} levels.`);
+  });
 });

@@ -439,6 +439,30 @@ describe('openai adapter', () => {
     ]);
   });
 
+  test('complete() gives the deltas the stream gives, collected: JSON answers, tool calls, and a server that streams anyway', async () => {
+    const upstream = track(startSimulatorUpstream(FAST));
+    const provider = adapter(upstream.baseUrl);
+    for (const request of [makeRequest({ stream: false }), makeRequest({ stream: false, tools: TOOLS, toolChoice: 'required' })]) {
+      expect(await provider.complete(request, new AbortController().signal)).toEqual(await collect(provider, request));
+    }
+    const streaming = track(startUpstream(() => sseResponse(['data: {"choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}]}\n\n', 'data: [DONE]\n\n'])));
+    expect(await adapter(streaming.baseUrl).complete(makeRequest({ stream: false }), new AbortController().signal)).toEqual([
+      { type: 'text', text: 'Hi' },
+      { type: 'finish', reason: 'stop', usage: null },
+    ]);
+  });
+
+  test('complete() maps upstream failures like the stream does, and an abort stops it promptly', async () => {
+    const failing = track(startUpstream(() => Response.json({ error: { code: 'server_error' } }, { status: 500 })));
+    await expectGatewayError(adapter(failing.baseUrl).complete(makeRequest({ stream: false }), new AbortController().signal), 'upstream_error', 502);
+    const slow = track(startSimulatorUpstream(SLOW));
+    const controller = new AbortController();
+    const pending = adapter(slow.baseUrl).complete(makeRequest({ stream: false }), controller.signal);
+    const received = await slow.firstRequest;
+    await expectPromptAbort(controller, pending);
+    await received.aborted;
+  });
+
   test('an abort while a non-stream request waits for its JSON stops the upstream', async () => {
     const upstream = track(startSimulatorUpstream(SLOW));
     const controller = new AbortController();

@@ -55,26 +55,56 @@ export class OpenAIProvider implements Provider {
     signal.throwIfAborted();
     const call = new UpstreamCall(this.name, this.timeoutMs, signal);
     try {
-      const head = await call.send(this.client, this.requestText(JSON.stringify(requestBody(request))));
-      if (head.status < 200 || head.status > 299) throw await this.errorFromResponse(head.status, call);
-      const encoding = head.headers.get('content-encoding');
-      if (encoding !== undefined && encoding.toLowerCase() !== 'identity') throw invalid(this.name, 'answered with a compressed body');
-      const contentType = head.headers.get('content-type') ?? '';
-      if (contentType.includes('text/event-stream')) {
+      if ((await this.open(call, request)) === 'sse') {
         yield* this.relaySse(call);
-      } else if (contentType.includes('json')) {
-        const text = await call.readAll(UPSTREAM_JSON_BYTES_MAX);
-        for (const delta of completionToDeltas(parseJson(text, this.name), this.name)) {
+      } else {
+        for (const delta of await this.readCompletion(call)) {
           yield delta;
           call.throwIfAborted();
         }
-      } else {
-        throw invalid(this.name, 'answered with an unexpected content type');
       }
       call.finished = true;
     } finally {
       call.close();
     }
+  }
+
+  /** The answer in one piece: a JSON completion needs no stream machinery between socket and caller. */
+  async complete(request: ProviderRequest, signal: AbortSignal): Promise<Delta[]> {
+    signal.throwIfAborted();
+    const call = new UpstreamCall(this.name, this.timeoutMs, signal);
+    try {
+      let deltas: Delta[];
+      if ((await this.open(call, request)) === 'sse') {
+        // A server that streams although asked not to: its events, collected.
+        deltas = [];
+        for await (const delta of this.relaySse(call)) deltas.push(delta);
+      } else {
+        deltas = await this.readCompletion(call);
+      }
+      call.throwIfAborted();
+      call.finished = true;
+      return deltas;
+    } finally {
+      call.close();
+    }
+  }
+
+  /** Sends the request and judges the answer's head: an event stream, a JSON completion, or an error. */
+  private async open(call: UpstreamCall, request: ProviderRequest): Promise<'sse' | 'json'> {
+    const head = await call.send(this.client, this.requestText(JSON.stringify(requestBody(request))));
+    if (head.status < 200 || head.status > 299) throw await this.errorFromResponse(head.status, call);
+    const encoding = head.headers.get('content-encoding');
+    if (encoding !== undefined && encoding.toLowerCase() !== 'identity') throw invalid(this.name, 'answered with a compressed body');
+    const contentType = head.headers.get('content-type') ?? '';
+    if (contentType.includes('text/event-stream')) return 'sse';
+    if (contentType.includes('json')) return 'json';
+    throw invalid(this.name, 'answered with an unexpected content type');
+  }
+
+  private async readCompletion(call: UpstreamCall): Promise<Delta[]> {
+    const text = await call.readAll(UPSTREAM_JSON_BYTES_MAX);
+    return completionToDeltas(parseJson(text, this.name), this.name);
   }
 
   close(): void {
