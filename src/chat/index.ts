@@ -19,17 +19,6 @@ const JSON_HEADERS = { 'content-type': 'application/json' };
 const STREAM_QUEUE_BYTES_MAX = 64 * 1024;
 const ENCODER = new TextEncoder();
 
-/** Collects a non-stream completion; `result` resolves when the terminal state is durable. */
-class CollectSink implements ChatSink {
-  readonly result = Promise.withResolvers<ChatResult>();
-  begin(): void {}
-  text(): void {}
-  toolCall(): void {}
-  end(result: ChatResult): void {
-    this.result.resolve(result);
-  }
-}
-
 /**
  * Relays a stream as SSE. `opened` resolves when the first output is ready (then the caller answers
  * 200 with `body`), or with the error when the run failed before any output (then a plain error reply).
@@ -153,7 +142,7 @@ async function completions(gateway: Gateway, request: Request): Promise<Response
     }
     // The listener is never removed: once the actor is over, abort() is a no-op, and both die with the request.
     const onClientGone = () => actor.abort('disconnected');
-    request.signal.addEventListener('abort', onClientGone, { once: true });
+    request.signal.addEventListener('abort', onClientGone);
     // A client that left while the body was read or the binding became durable is gone already.
     if (request.signal.aborted) onClientGone();
 
@@ -167,9 +156,7 @@ async function completions(gateway: Gateway, request: Request): Promise<Response
         headers: { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-request-id': requestId },
       });
     }
-    const sink = new CollectSink();
-    void runChat(gateway, admission, chat, sink);
-    const result = await sink.result.promise;
+    const result = await runChat(gateway, admission, chat, null);
     if (!result.ok) return errorResponse(result.error, idHeader);
     const body = completionBody(requestId, admission.createdS, chat.modelId, result.content, result.toolCalls, result.finishReason, result.usage);
     return new Response(JSON.stringify(body), { status: 200, headers: { 'content-type': 'application/json', 'x-request-id': requestId } });

@@ -172,10 +172,11 @@ class Answer {
 }
 
 /**
- * The actor's run loop: calls the provider, relays deltas to the sink, enforces the time limit, and in
- * `finally` settles the hold (completed), releases it (cancelled) or keeps it per billing.on_error.
+ * The actor's run loop: calls the provider, relays deltas to the sink (a stream; null for a collected
+ * answer), enforces the time limit, and in `finally` settles the hold (completed), releases it
+ * (cancelled) or keeps it per billing.on_error. Resolves with what the caller gets, once it is durable.
  */
-export async function runChat(gateway: Gateway, admission: Admission, chat: ChatRequest, sink: ChatSink): Promise<void> {
+export async function runChat(gateway: Gateway, admission: Admission, chat: ChatRequest, sink: ChatSink | null): Promise<ChatResult> {
   const { actor, providerRequest, durable } = admission;
   const { config } = gateway;
   const provider = gateway.providers.get(chat.model.provider);
@@ -187,10 +188,11 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
 
   const answer = new Answer();
   let outcome: Outcome | null = null;
+  let result: ChatResult;
   const hold = actor.init.hold;
 
   try {
-    if (chat.stream) {
+    if (sink !== null) {
       let began = false;
       for await (const delta of provider.stream(providerRequest, actor.signal)) {
         if (!began) {
@@ -235,7 +237,7 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
     };
     const finishReason: PublicFinishReason = toolCalls.length > 0 ? 'tool_calls' : 'stop';
     await actor.finish(outcome);
-    sink.end({ ok: true, content: answer.sawText || toolCalls.length === 0 ? text : null, toolCalls, finishReason, usage });
+    result = { ok: true, content: answer.sawText || toolCalls.length === 0 ? text : null, toolCalls, finishReason, usage };
   } catch (thrown) {
     const kind = actor.abortKind;
     let error: GatewayError;
@@ -257,7 +259,7 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
       httpStatus: error.status,
     };
     await actor.finish(outcome);
-    sink.end({ ok: false, error });
+    result = { ok: false, error };
   } finally {
     clearTimeout(timer);
     // Whatever happened above, the hold never outlives the run: an unexpected exit is an error.
@@ -272,7 +274,9 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
         httpStatus: 500,
       };
       await actor.finish(outcome);
-      sink.end({ ok: false, error: outcome.error! });
+      result = { ok: false, error: outcome.error! };
     }
   }
+  sink?.end(result);
+  return result;
 }

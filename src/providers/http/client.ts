@@ -242,7 +242,8 @@ function socketHandlers(tls: boolean): SocketHandler<Connection> {
     connection.start(exchange);
   };
   return {
-    binaryType: 'uint8array',
+    // Buffers: the parser reads the head with Buffer's native latin1 slice, no view or decoder.
+    binaryType: 'buffer',
     open(socket) {
       socket.data.socket = socket;
       socket.setNoDelay(true);

@@ -153,7 +153,7 @@ export class ResponseParser {
       const end = findHeadEnd(bytes, at);
       if (end !== -1) {
         if (end - at > this.headBytesMax) throw new HttpProtocolError(`response head over ${this.headBytesMax} bytes`);
-        this.parseHead(LATIN1.decode(bytes.subarray(at, end)));
+        this.parseHead(latin1(bytes, at, end));
         return end;
       }
       this.keepHeadPart(bytes.subarray(at));
@@ -178,7 +178,7 @@ export class ResponseParser {
     if (end > this.headBytesMax) throw new HttpProtocolError(`response head over ${this.headBytesMax} bytes`);
     this.headParts = null;
     this.headBytes = 0;
-    this.parseHead(LATIN1.decode(joined.subarray(0, end)));
+    this.parseHead(latin1(joined, 0, end));
     // The pending bytes held no complete head, so it ends inside this read.
     return at + (end - pendingBytes);
   }
@@ -258,7 +258,7 @@ export class ResponseParser {
     const newline = bytes.indexOf(LF, at);
     const end = newline === -1 ? bytes.length : newline;
     if (this.line.length + (end - at) > LINE_BYTES_MAX) throw new HttpProtocolError('chunk-size line too long');
-    this.line += LATIN1.decode(bytes.subarray(at, end));
+    this.line += latin1(bytes, at, end);
     if (newline === -1) return bytes.length;
     const line = stripCr(this.line);
     this.line = '';
@@ -281,7 +281,7 @@ export class ResponseParser {
     const end = newline === -1 ? bytes.length : newline;
     this.trailerBytes += end - at;
     if (this.trailerBytes > TRAILER_BYTES_MAX) throw new HttpProtocolError('trailer fields too large');
-    this.line += LATIN1.decode(bytes.subarray(at, end));
+    this.line += latin1(bytes, at, end);
     if (newline === -1) return bytes.length;
     const line = stripCr(this.line);
     this.line = '';
@@ -294,6 +294,11 @@ export class ResponseParser {
     this.state = State.Done;
     this.sink.end();
   }
+}
+
+/** Bytes `start` to `end` as latin1 text; natively from a Buffer (the socket's reads), else decoded. */
+function latin1(bytes: Uint8Array, start: number, end: number): string {
+  return Buffer.isBuffer(bytes) ? bytes.toString('latin1', start, end) : LATIN1.decode(bytes.subarray(start, end));
 }
 
 /** Where the line from `start` to the LF at `newline` ends, without its CR. */

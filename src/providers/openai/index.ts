@@ -220,7 +220,7 @@ class UpstreamCall implements ExchangeHandler {
     this.timeoutMs = timeoutMs;
     this.signal = signal;
     this.timer = setTimeout(() => this.onTimeout(), timeoutMs);
-    signal.addEventListener('abort', this.onAbort, { once: true });
+    signal.addEventListener('abort', this.onAbort);
   }
 
   async send(client: HttpClient, request: { text: string; bytes: number }): Promise<ResponseHead> {
