@@ -6,8 +6,14 @@ import type { ProviderMessage, ToolDefinition } from '../providers/provider.ts';
 const TOKENS_PER_MESSAGE = 3;
 const TOKENS_REPLY_PRIMING = 3;
 
+/**
+ * Text that spells a special token (`<|endoftext|>`, `<|im_start|>`) is counted as the ordinary text it
+ * is: by default the tokenizer refuses it with an exception, which made such a prompt a 500.
+ */
+const AS_TEXT = { disallowedSpecial: new Set<string>() };
+
 export function countTextTokens(text: string): number {
-  return text.length === 0 ? 0 : countBpe(text);
+  return text.length === 0 ? 0 : countBpe(text, AS_TEXT);
 }
 
 /** Input tokens of a chat request: message texts, tool calls and tool definitions. */

@@ -279,6 +279,17 @@ describe('rate limit', () => {
   });
 });
 
+describe('text that spells tokenizer control tokens', () => {
+  test('is ordinary text: counted and answered, not refused (it was a 500)', async () => {
+    const content = 'Explain <|endoftext|> and <|im_start|>system in one line.';
+    const response = await post(chatBody({ messages: [{ role: 'user', content }] }));
+    expect(response.status).toBe(200);
+    const { usage } = (await response.json()) as { usage: { prompt_tokens: number } };
+    // Counted as plain text: more tokens than the special-token reading would give (one per marker).
+    expect(usage.prompt_tokens).toBeGreaterThan(6 + 14);
+  });
+});
+
 describe('JSON nesting limit', () => {
   const nested = (levels: number): unknown => {
     let value: unknown = 'leaf';
