@@ -133,7 +133,8 @@ async function completions(gateway: Gateway, request: Request): Promise<Response
     const idempotencyKey = parseIdempotencyKey(request.headers.get('idempotency-key'));
     const idempotency = idempotencyKey ? { key: idempotencyKey, fingerprint: requestFingerprint('POST', COMPLETIONS_PATH, json) } : null;
     // Counted before admission so that admission itself stays synchronous (check and bind are atomic).
-    const promptTokens = countPromptTokens(chat.messages, chat.tools);
+    // Past the model's window the count may stop early (the request is refused either way).
+    const promptTokens = countPromptTokens(chat.messages, chat.tools, chat.model.context_window);
     const admission = admitChat(gateway, account, requestId, chat, idempotency, promptTokens);
     const { actor } = admission;
     if (idempotency) {

@@ -52,7 +52,7 @@ export function admitChat(
   if (promptTokens > model.context_window) {
     throw new GatewayError(
       'context_length_exceeded',
-      `This model's context window is ${model.context_window} tokens; the messages have ${promptTokens}.`,
+      `This model's context window is ${model.context_window} tokens; the messages have more.`,
       { param: 'messages' },
     );
   }

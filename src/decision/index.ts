@@ -57,7 +57,7 @@ async function decide(gateway: Gateway, request: Request): Promise<Response> {
     const decision = validateDecisionRequest(json, gateway.config);
     const idempotencyKey = parseIdempotencyKey(request.headers.get('idempotency-key'));
     const idempotency = idempotencyKey ? { key: idempotencyKey, fingerprint: requestFingerprint('POST', DECIDE_PATH, json) } : null;
-    const prepared = preparePrompt(decision);
+    const prepared = preparePrompt(decision, gateway.config.decision.context_tokens);
     const admission = admitDecision(gateway, account, requestId, decision, idempotency, prepared);
     admitted = true;
     const { actor } = admission;

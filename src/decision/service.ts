@@ -32,9 +32,10 @@ export interface DecisionSuccess {
 }
 
 /** Prompt and its token count: what the 422 check and the reservation both use. */
-export function preparePrompt(decision: DecisionRequest): { prompt: DecisionPrompt; promptTokens: number } {
+export function preparePrompt(decision: DecisionRequest, contextTokens: number): { prompt: DecisionPrompt; promptTokens: number } {
   const prompt = buildPrompt(decision.body.state, decision.questions, decision.model.tools);
-  return { prompt, promptTokens: countPromptTokens(prompt.messages, prompt.tools) };
+  // Counting stops past the limit: an input over it is refused whatever its size (422).
+  return { prompt, promptTokens: countPromptTokens(prompt.messages, prompt.tools, contextTokens) };
 }
 
 function nextUtcMidnight(nowMs: number): string {
@@ -65,8 +66,8 @@ export function admitDecision(
   if (promptTokens > config.decision.context_tokens) {
     throw new GatewayError(
       'input_too_large',
-      `The decision input is ${promptTokens} tokens; the limit is ${config.decision.context_tokens}. Split the state; nothing is truncated.`,
-      { param: 'state', detail: `input is ${promptTokens} tokens, over the ${config.decision.context_tokens}-token context; split the state or ask fewer questions` },
+      `The decision input is over ${config.decision.context_tokens} tokens. Split the state; nothing is truncated.`,
+      { param: 'state', detail: `input is over the ${config.decision.context_tokens}-token context; split the state or ask fewer questions` },
     );
   }
 

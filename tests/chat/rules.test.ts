@@ -1,5 +1,6 @@
 // The request rules of spec 000 and CONTRACT §4 as one table: each rule, the status, code and param it gets.
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test';
+import { randomBytes } from 'node:crypto';
 import { JSON_DEPTH_MAX, nestsDeeperThan } from '../../src/http/body.ts';
 import { ADMIN_TOKEN, bearer, chatBody, openTestGateway, type TestGateway } from '../support/gateway.ts';
 
@@ -287,6 +288,15 @@ describe('text that spells tokenizer control tokens', () => {
     const { usage } = (await response.json()) as { usage: { prompt_tokens: number } };
     // Counted as plain text: more tokens than the special-token reading would give (one per marker).
     expect(usage.prompt_tokens).toBeGreaterThan(6 + 14);
+  });
+});
+
+describe('a body near 4 MB of one long word', () => {
+  test('is counted in bounded work and refused as over the context window (it took hours)', async () => {
+    const word = randomBytes(3_000_000).toString('base64');
+    const response = await post(chatBody({ messages: [{ role: 'user', content: word }] }));
+    expect(response.status).toBe(400);
+    expect(((await response.json()) as { error: { code: string; param: string } }).error).toMatchObject({ code: 'context_length_exceeded', param: 'messages' });
   });
 });
 

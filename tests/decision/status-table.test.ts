@@ -1,5 +1,6 @@
 // The decision endpoint's status table (spec 001), row by row through HTTP: status, code, type, detail, no charge, X-Request-ID.
 import { describe, expect, test } from 'bun:test';
+import { randomBytes } from 'node:crypto';
 import { countTokens } from 'gpt-tokenizer/encoding/o200k_base';
 import { ADMIN_TOKEN, bearer, closedAfterEach, type TestGateway, type TestServer } from '../support/gateway.ts';
 import {
@@ -676,6 +677,13 @@ describe('422 input_too_large', () => {
     // The token count named in the answer is the content's, not the bytes'.
     expect(prettyError.body).toEqual(compactError.body);
     expect(await balances(t, keyId)).toEqual(before);
+  });
+
+  test('a state near 4 MB of one long word is refused in bounded work (counting it whole took hours)', async () => {
+    const t = gateway();
+    const { key } = await t.createKey({ credits: 100 });
+    const response = await post(t, key, JSON.stringify(decisionBody({ state: { blob: randomBytes(3_000_000).toString('base64') } })));
+    await expectError(response, { status: 422, code: 'input_too_large', param: 'state', detail: expect.stringMatching(/32,?000/) });
   });
 
   test('content under the limit passes even when its pretty-printed text alone is over 32,000 tokens', async () => {
