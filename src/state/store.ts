@@ -50,7 +50,7 @@ export class StateStore {
         ...(options.expectedCommits ? { expectedCommits: options.expectedCommits } : {}),
       },
       {
-        loadSnapshot: (raw) => restoreState(state, raw, Date.now()),
+        loadSnapshot: (raw, _seq, blobs) => restoreState(state, raw, Date.now(), blobs),
         applyRecord: (_seq, payload) => {
           assert(Array.isArray(payload), 'a WAL record is an array of events');
           for (const event of payload) state.apply(checkEvent(event));
@@ -130,9 +130,9 @@ export class StateStore {
     // The snapshot holds every in-flight request, so every start it holds must be in the log by `seq`.
     this.logUnlogged();
     const seq = this.wal.lastSeq;
-    const json = serializeState(this.state);
+    const content = serializeState(this.state);
     try {
-      await this.wal.snapshot(json, seq);
+      await this.wal.snapshot(content, seq);
     } catch (error) {
       this.options.logger.error({ err: (error as Error).message }, 'state: snapshot failed');
     }

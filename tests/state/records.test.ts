@@ -143,7 +143,8 @@ describe('RecordTable', () => {
     ];
     for (const r of added) table.add(r);
     const copy = new RecordTable(5, TTL_MS);
-    copy.restoreColumns(JSON.parse(table.serializeColumns()), NOW_MS);
+    const { meta, blobs } = table.serializeColumns();
+    copy.restoreColumns(JSON.parse(JSON.stringify(meta)), blobs, NOW_MS);
     const live = ['déjà', 'e', 'f', 'g'];
     expect([...copy.values(NOW_MS)]).toEqual([...table.values(NOW_MS)]);
     expect([...copy.values(NOW_MS)].map((r) => r.id)).toEqual(live);
