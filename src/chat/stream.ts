@@ -51,7 +51,11 @@ export function errorFrame(error: GatewayError): string {
   return `data: ${JSON.stringify(errorBody(error))}\n\n`;
 }
 
-export function completionBody(
+/**
+ * The non-stream completion as JSON text, written like the chunks: fixed parts as text, strings
+ * through JSON.stringify (the id is ours, base62, and needs no escaping).
+ */
+export function completionJson(
   id: string,
   createdS: number,
   model: string,
@@ -59,15 +63,11 @@ export function completionBody(
   toolCalls: ToolCall[],
   finishReason: PublicFinishReason,
   usage: Usage,
-): Record<string, unknown> {
-  const message: Record<string, unknown> = { role: 'assistant', content };
-  if (toolCalls.length > 0) message.tool_calls = toolCalls;
-  return {
-    id,
-    object: 'chat.completion',
-    created: createdS,
-    model,
-    choices: [{ index: 0, message, finish_reason: finishReason }],
-    usage,
-  };
+): string {
+  const toolCallsField = toolCalls.length > 0 ? `,"tool_calls":${JSON.stringify(toolCalls)}` : '';
+  return (
+    `{"id":"${id}","object":"chat.completion","created":${createdS},"model":${JSON.stringify(model)},"choices":[{"index":0,` +
+    `"message":{"role":"assistant","content":${content === null ? 'null' : JSON.stringify(content)}${toolCallsField}},` +
+    `"finish_reason":"${finishReason}"}],"usage":{"prompt_tokens":${usage.prompt_tokens},"completion_tokens":${usage.completion_tokens},"total_tokens":${usage.total_tokens}}}`
+  );
 }

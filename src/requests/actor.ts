@@ -123,9 +123,9 @@ export class RequestActor {
     assert(!this.finishing, `finish twice for ${this.id}`);
     this.finishing = true;
     this.transition(outcome.status);
-    // Whoever reads this request from now on (even re-entrantly, inside the commit) waits for its finish.
-    const finishDurable = Promise.withResolvers<void>();
-    this.lastCommit = finishDurable.promise;
+    // Whoever reads this request from now on (even re-entrantly, inside the commit) waits for its finish,
+    // which is when the actor is settled too.
+    this.lastCommit = this.done.promise;
     try {
       const commit = this.store.commit([
         {
@@ -145,7 +145,6 @@ export class RequestActor {
     } catch (error) {
       this.logger.error({ err: (error as Error).message }, 'request: could not record the terminal state');
     } finally {
-      finishDurable.resolve();
       this.onSettled(this, outcome);
       this.done.resolve();
     }
