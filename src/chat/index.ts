@@ -11,7 +11,7 @@ import type { RequestRecord } from '../state/apply.ts';
 import { newChatRequestId } from '../util/ids.ts';
 import { validateChatRequest } from './model.ts';
 import { admitChat, runChat, type ChatResult, type ChatSink } from './service.ts';
-import { ChunkEncoder, completionJson, DONE_FRAME, errorFrame } from './stream.ts';
+import { ChunkEncoder, completionBody, DONE_FRAME, errorFrame } from './stream.ts';
 
 const COMPLETIONS_PATH = '/api/v1/chat/completions';
 const JSON_HEADERS = { 'content-type': 'application/json' };
@@ -159,8 +159,8 @@ async function completions(gateway: Gateway, request: Request): Promise<Response
     }
     const result = await runChat(gateway, admission, chat, null);
     if (!result.ok) return errorResponse(result.error, idHeader);
-    const body = completionJson(requestId, admission.createdS, chat.modelId, result.content, result.toolCalls, result.finishReason, result.usage);
-    return new Response(body, { status: 200, headers: { 'content-type': 'application/json', 'x-request-id': requestId } });
+    const body = completionBody(requestId, admission.createdS, chat.modelId, result.content, result.toolCalls, result.finishReason, result.usage);
+    return new Response(JSON.stringify(body), { status: 200, headers: { 'content-type': 'application/json', 'x-request-id': requestId } });
   } catch (thrown) {
     const error = asGatewayError(gateway, thrown, requestId);
     if (error.settleFirst) await error.settleFirst;

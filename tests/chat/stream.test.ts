@@ -1,13 +1,13 @@
-// Chat output encoding: the completion JSON and the SSE chunks parse to the OpenAI shapes, whatever the text.
+// Chat output encoding: the completion and the SSE chunks serialize to the OpenAI shapes, whatever the text.
 import { describe, expect, test } from 'bun:test';
-import { ChunkEncoder, completionJson } from '../../src/chat/stream.ts';
+import { ChunkEncoder, completionBody } from '../../src/chat/stream.ts';
 
 const AWKWARD = 'quotes " and \\ backslash, a\nnewline, tab\t, unicode é ✓ 🙂, control \u0001, and </script>';
 
-describe('completionJson', () => {
+describe('completionBody', () => {
   test('a text answer', () => {
     const usage = { prompt_tokens: 9, completion_tokens: 20, total_tokens: 29 };
-    expect(JSON.parse(completionJson('chatcmpl-abc', 1_767_225_600, 'model_03', AWKWARD, [], 'stop', usage))).toEqual({
+    expect(JSON.parse(JSON.stringify(completionBody('chatcmpl-abc', 1_767_225_600, 'model_03', AWKWARD, [], 'stop', usage)))).toEqual({
       id: 'chatcmpl-abc',
       object: 'chat.completion',
       created: 1_767_225_600,
@@ -20,7 +20,7 @@ describe('completionJson', () => {
   test('tool calls only: content null, tool_calls as given', () => {
     const toolCalls = [{ id: 'call_1', type: 'function' as const, function: { name: 'get_weather', arguments: `{"city":"${AWKWARD.replaceAll('"', '\\"').replaceAll('\n', '\\n')}"}` } }];
     const usage = { prompt_tokens: 1, completion_tokens: 2, total_tokens: 3 };
-    expect(JSON.parse(completionJson('chatcmpl-x', 1, 'vendor/model:1', null, toolCalls, 'tool_calls', usage))).toEqual({
+    expect(JSON.parse(JSON.stringify(completionBody('chatcmpl-x', 1, 'vendor/model:1', null, toolCalls, 'tool_calls', usage)))).toEqual({
       id: 'chatcmpl-x',
       object: 'chat.completion',
       created: 1,
