@@ -141,14 +141,15 @@ async function completions(gateway: Gateway, request: Request): Promise<Response
       // A request with an Idempotency-Key must not reach the provider before its binding is durable.
       await admission.durable;
     }
-    // The listener is never removed: once the actor is over, abort() is a no-op, and both die with the request.
-    const onClientGone = () => actor.abort('disconnected');
-    request.signal.addEventListener('abort', onClientGone);
+    // The actor listens itself (handleEvent: the client went away). Never removed: once the actor is
+    // over, abort() is a no-op, and both die with the request.
+    const clientSignal = request.signal;
+    clientSignal.addEventListener('abort', actor);
     // A client that left while the body was read or the binding became durable is gone already.
-    if (request.signal.aborted) onClientGone();
+    if (clientSignal.aborted) actor.abort('disconnected');
 
     if (chat.stream) {
-      const sink = new SseSink(new ChunkEncoder(requestId, admission.createdS, chat.modelId), onClientGone);
+      const sink = new SseSink(new ChunkEncoder(requestId, admission.createdS, chat.modelId), () => actor.abort('disconnected'));
       void runChat(gateway, admission, chat, sink);
       const early = await sink.opened.promise;
       if (early) return errorResponse(early, idHeader);

@@ -7,12 +7,14 @@ import { checkIdempotency } from '../idempotency/store.ts';
 import type { KeyAccount } from '../state/apply.ts';
 import type { Event, Usage } from '../state/events.ts';
 import { collectAnswer, type Delta, type ProviderRequest, type ToolCall } from '../providers/provider.ts';
-import { abortError, RequestActor, statusForAbort, type Outcome } from '../requests/actor.ts';
+import { abortError, abortOnTimer, RequestActor, statusForAbort, type Outcome } from '../requests/actor.ts';
 import { assert } from '../util/assert.ts';
 import type { ChatRequest } from './model.ts';
 import type { PublicFinishReason } from './stream.ts';
 
 const RESOLVED: Promise<void> = Promise.resolve();
+
+function ignore(): void {}
 
 export interface Admission {
   actor: RequestActor;
@@ -96,7 +98,7 @@ export function admitChat(
   if (chat.stream || idempotency) durable = store.commit(started);
   else store.applyUnlogged(requestId, started);
   // A failed durability is handled by whoever awaits it; never an unhandled rejection.
-  durable.catch(() => {});
+  if (durable !== RESOLVED) durable.catch(ignore);
   const actor = new RequestActor(
     { id: requestId, keyId: account.id, service: 'chat', model: chat.modelId, stream: chat.stream, hold: { credits_micro: holdMicro, tokens: 0 } },
     store,
@@ -182,8 +184,10 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
   const provider = gateway.providers.get(chat.model.provider);
   assert(provider, `no provider ${chat.model.provider}`);
   const timer = setTimeout(
-    () => actor.abort(chat.stream ? 'stream_timeout' : 'upstream_timeout'),
+    abortOnTimer,
     chat.stream ? config.limits.stream_timeout_ms : config.limits.upstream_timeout_ms,
+    actor,
+    chat.stream ? 'stream_timeout' : 'upstream_timeout',
   );
 
   const answer = new Answer();

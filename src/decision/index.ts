@@ -61,12 +61,12 @@ async function decide(gateway: Gateway, request: Request): Promise<Response> {
     const admission = admitDecision(gateway, account, requestId, decision, idempotency, prepared);
     admitted = true;
     const { actor } = admission;
-    const onClientGone = () => actor.abort('disconnected');
-    request.signal.addEventListener('abort', onClientGone, { once: true });
+    // The actor listens itself (handleEvent: the client went away); once it is over, that is a no-op.
+    const clientSignal = request.signal;
+    clientSignal.addEventListener('abort', actor);
     // A client that left while the body was read is gone already: cancel before the model is asked.
-    if (request.signal.aborted) onClientGone();
+    if (clientSignal.aborted) actor.abort('disconnected');
     const result = await runDecision(gateway, admission, decision);
-    request.signal.removeEventListener('abort', onClientGone);
     if (!result.ok) return errorResponse(result.error, idHeader);
     const body = {
       id: requestId,

@@ -5,7 +5,7 @@ import { actorSettled, statusUrl, type Gateway } from '../gateway.ts';
 import { GatewayError, internalError } from '../http/errors.ts';
 import { checkIdempotency } from '../idempotency/store.ts';
 import { collectAnswer, type ProviderRequest } from '../providers/provider.ts';
-import { abortError, RequestActor, statusForAbort, type Outcome } from '../requests/actor.ts';
+import { abortError, abortOnTimer, RequestActor, statusForAbort, type Outcome } from '../requests/actor.ts';
 import { DAY_MS, type KeyAccount } from '../state/apply.ts';
 import type { Amount, Event, Usage } from '../state/events.ts';
 import { assert } from '../util/assert.ts';
@@ -179,7 +179,7 @@ export async function runDecision(
 ): Promise<{ ok: true; value: DecisionSuccess } | { ok: false; error: GatewayError }> {
   const { actor, prompt, durable } = admission;
   const { config } = gateway;
-  const timer = setTimeout(() => actor.abort('upstream_timeout'), config.decision.timeout_ms);
+  const timer = setTimeout(abortOnTimer, config.decision.timeout_ms, actor, 'upstream_timeout');
   const hold = actor.init.hold;
   const request: ProviderRequest = {
     model: decision.model.upstream_model ?? decision.modelId,

@@ -40,6 +40,13 @@ export interface ActorInit {
 
 const RESOLVED: Promise<void> = Promise.resolve();
 
+function ignore(): void {}
+
+/** A timer's callback (setTimeout passes the actor and kind): no closure per request. */
+export function abortOnTimer(actor: RequestActor, kind: AbortKind): void {
+  actor.abort(kind);
+}
+
 const LEGAL: Record<RequestStatus, readonly RequestStatus[]> = {
   in_progress: ['completed', 'cancelled', 'error'],
   completed: [],
@@ -50,10 +57,12 @@ const LEGAL: Record<RequestStatus, readonly RequestStatus[]> = {
 export class RequestActor {
   private current: RequestStatus = 'in_progress';
   readonly controller = new AbortController();
-  private readonly done = Promise.withResolvers<void>();
+  /** Made when someone waits for the end (cancel, shutdown, a status read): most requests have nobody. */
+  private done: PromiseWithResolvers<void> | null = null;
+  private over = false;
   private finishing = false;
-  /** The actor's latest commit: what anyone who names this request to a client must wait for. */
-  private lastCommit: Promise<void> = RESOLVED;
+  /** The commit that started this request (hold and binding); never rejects. */
+  private startCommit: Promise<void> = RESOLVED;
   private childLogger: Logger | null = null;
 
   constructor(
@@ -83,17 +92,27 @@ export class RequestActor {
 
   /** Records the commit that started this request (hold and binding), once the actor exists. */
   started(durable: Promise<void>): void {
-    this.lastCommit = durable.catch(() => {});
+    if (durable !== RESOLVED) this.startCommit = durable.catch(ignore);
   }
 
-  /** Resolves when what is known of this request in memory is durable (start, or start and finish). */
+  /**
+   * Resolves when what is known of this request in memory is durable: its start, or once it is
+   * finishing, its finish (whoever reads it from then on, even re-entrantly inside the commit, waits).
+   */
   get durable(): Promise<void> {
-    return this.lastCommit;
+    return this.finishing ? this.settled : this.startCommit;
   }
 
   /** Resolves once the terminal state is durable (the hold settled or released). */
   get settled(): Promise<void> {
+    if (this.over) return RESOLVED;
+    this.done ??= Promise.withResolvers<void>();
     return this.done.promise;
+  }
+
+  /** An event listener (request.signal's abort): the client went away. An object, so no closure per request. */
+  handleEvent(): void {
+    this.abort('disconnected');
   }
 
   /** The one way the state changes; terminal states are one-way. */
@@ -123,9 +142,6 @@ export class RequestActor {
     assert(!this.finishing, `finish twice for ${this.id}`);
     this.finishing = true;
     this.transition(outcome.status);
-    // Whoever reads this request from now on (even re-entrantly, inside the commit) waits for its finish,
-    // which is when the actor is settled too.
-    this.lastCommit = this.done.promise;
     try {
       const commit = this.store.commit([
         {
@@ -145,8 +161,9 @@ export class RequestActor {
     } catch (error) {
       this.logger.error({ err: (error as Error).message }, 'request: could not record the terminal state');
     } finally {
+      this.over = true;
       this.onSettled(this, outcome);
-      this.done.resolve();
+      this.done?.resolve();
     }
   }
 }

@@ -19,6 +19,12 @@ export interface StoreOptions {
   expectedCommits?: () => number;
 }
 
+function ignore(): void {}
+
+function unavailableError(): GatewayError {
+  return new GatewayError('service_unavailable', 'The gateway cannot record state right now (its write-ahead log failed); retry later.');
+}
+
 export class StateStore {
   readonly state: GatewayState;
   private readonly wal: WriteAheadLog;
@@ -48,6 +54,7 @@ export class StateStore {
         segmentBytes: options.segmentBytes,
         logger: options.logger,
         ...(options.expectedCommits ? { expectedCommits: options.expectedCommits } : {}),
+        unavailable: () => unavailableError(),
       },
       {
         loadSnapshot: (raw, _seq, blobs) => restoreState(state, raw, Date.now(), blobs),
@@ -92,9 +99,8 @@ export class StateStore {
       throw error instanceof WalUnavailableError ? this.unavailable() : error;
     }
     this.maybeSnapshot();
-    return durable.catch((error) => {
-      throw error instanceof WalUnavailableError ? this.unavailable() : error;
-    });
+    // The log rejects a failed batch with the store's own 503 (`unavailable` below), so no wrapper here.
+    return durable;
   }
 
   /**
@@ -113,11 +119,11 @@ export class StateStore {
     if (this.unlogged.size === 0) return;
     const record = [...this.unlogged.values()].flat();
     this.unlogged.clear();
-    this.wal.append(record).catch(() => {});
+    this.wal.append(record).catch(ignore);
   }
 
   private unavailable(): GatewayError {
-    return new GatewayError('service_unavailable', 'The gateway cannot record state right now (its write-ahead log failed); retry later.');
+    return unavailableError();
   }
 
   private maybeSnapshot(): void {

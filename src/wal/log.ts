@@ -19,6 +19,8 @@ export interface WalOptions {
    * for them when there are more than its own waiters. Absent: never waits.
    */
   expectedCommits?: () => number;
+  /** The error appenders get when the log fails (the owner's own, e.g. a 503); default WalUnavailableError. */
+  unavailable?: (message: string) => Error;
 }
 
 export interface ReplayHandlers {
@@ -38,10 +40,6 @@ export class WalUnavailableError extends Error {
   override name = 'WalUnavailableError';
 }
 
-interface Waiter {
-  resolve: () => void;
-  reject: (error: Error) => void;
-}
 
 const SEGMENT_RE = /^segment-(\d{12})\.wal$/;
 /** Commit delay (fsync always): how many other commits must be expected, and how long they are waited for. */
@@ -56,6 +54,8 @@ const DECODER = new TextDecoder('utf-8', { fatal: true });
 function segmentName(index: number): string {
   return `segment-${String(index).padStart(12, '0')}.wal`;
 }
+
+function ignore(): void {}
 
 function nextTurn(): Promise<void> {
   return new Promise((resolve) => setImmediate(resolve));
@@ -166,7 +166,15 @@ export class WriteAheadLog {
   private pendingBytesMax = 0;
   /** Where a batch is framed before its one write; reused, so a commit allocates no bytes of its own. */
   private writeBuffer = Buffer.allocUnsafeSlow(WRITE_BUFFER_BYTES_KEPT);
-  private pendingWaiters: Waiter[] = [];
+  /** The promise every record appended since the last write resolves with: one per batch, not per record. */
+  private pendingBatch: PromiseWithResolvers<void> | null = null;
+  /** The batch being written and synced now, and the last seq it holds. */
+  private writingBatch: PromiseWithResolvers<void> | null = null;
+  private writingLastSeq = 0;
+  /** The highest seq as durable as the policy promises (on disk under `always`, written otherwise). */
+  private durableSeq = 0;
+  /** A snapshot's request to close the segment between two batches; resolves with the closed index. */
+  private rollRequest: PromiseWithResolvers<number> | null = null;
   private flushing: Promise<void> | null = null;
   private flushScheduled = false;
   private dirty = false;
@@ -279,6 +287,7 @@ export class WriteAheadLog {
     }
     const lastIndex = segments.at(-1);
     this.openSegment(lastIndex ?? 1);
+    this.durableSeq = this.seq;
   }
 
   /** After a bad frame: is there any frame further on that checks out? Then this is not a torn tail. */
@@ -318,10 +327,14 @@ export class WriteAheadLog {
     this.pendingTexts.push(json);
     this.pendingBytesMax += textFrameBytesMax(json);
     this.recordsSinceSnapshot++;
-    const { promise, resolve, reject } = Promise.withResolvers<void>();
-    this.pendingWaiters.push({ resolve, reject });
+    let batch = this.pendingBatch;
+    if (batch === null) {
+      batch = this.pendingBatch = Promise.withResolvers<void>();
+      // Appenders handle the failure; the batch itself must never be an unhandled rejection.
+      batch.promise.catch(ignore);
+    }
     this.scheduleFlush();
-    return promise;
+    return batch.promise;
   }
 
   private scheduleFlush(): void {
@@ -349,7 +362,7 @@ export class WriteAheadLog {
 
   private async flushLoop(): Promise<void> {
     while (this.pendingTexts.length > 0) {
-      const waiters: Waiter[] = [];
+      let batch: PromiseWithResolvers<void> | null = null;
       try {
         if (this.options.fsync === 'always') {
           // Group commit across turns: while other requests are about to commit (they are in flight and
@@ -358,41 +371,99 @@ export class WriteAheadLog {
           // nothing waits.
           const startedMs = performance.now();
           for (let turn = 0; turn < COMMIT_DELAY_TURNS_MAX; turn++) {
-            if (this.expectedCommits() - this.pendingWaiters.length < COMMIT_SIBLINGS_MIN || performance.now() - startedMs > COMMIT_DELAY_MS_MAX) break;
+            if (this.expectedCommits() - this.pendingTexts.length < COMMIT_SIBLINGS_MIN || performance.now() - startedMs > COMMIT_DELAY_MS_MAX) break;
             await nextTurn();
           }
         }
         if (this.failureError) throw this.failureError;
-        this.writePending(waiters);
+        batch = this.pendingBatch;
+        this.pendingBatch = null;
+        const lastSeq = this.writePending();
+        this.writingBatch = batch;
+        this.writingLastSeq = lastSeq;
         if (this.options.fsync === 'always') await fsyncAsync(this.fd);
         else this.dirty = true;
+        this.durableSeq = Math.max(this.durableSeq, lastSeq);
       } catch (error) {
         this.fail(error as Error);
-        const failure = new WalUnavailableError(`write-ahead log unavailable: ${(error as Error).message}`);
-        for (const waiter of waiters) waiter.reject(failure);
+        this.writingBatch = null;
+        (batch ?? this.takeBatch())?.reject(this.unavailableError(error as Error));
+        this.rollRequest?.reject(this.unavailableError(error as Error));
+        this.rollRequest = null;
         continue;
       }
-      for (const waiter of waiters) waiter.resolve();
-      if (this.segmentSizeBytes >= this.options.segmentBytes) this.rollSegment();
+      this.writingBatch = null;
+      batch?.resolve();
+      // Between two batches no write or fsync is in flight: the one moment a segment may be closed.
+      if (this.rollRequest !== null || this.segmentSizeBytes >= this.options.segmentBytes) this.rollBetweenBatches();
+    }
+    if (this.rollRequest !== null) this.rollBetweenBatches();
+  }
+
+  /** Closes the segment for the next one and answers a snapshot's request for it, if one waits. */
+  private rollBetweenBatches(): void {
+    const request = this.rollRequest;
+    this.rollRequest = null;
+    const closedIndex = this.segmentIndex;
+    this.rollSegment();
+    if (request === null) return;
+    if (this.failureError) request.reject(this.unavailableError(this.failureError));
+    else request.resolve(closedIndex);
+  }
+
+  /** Closes the current segment at the next moment no batch is on it; resolves with its index. */
+  private rollSegmentSoon(): Promise<number> {
+    if (this.flushing === null) {
+      const closedIndex = this.segmentIndex;
+      this.rollSegment();
+      return this.failureError ? Promise.reject(this.unavailableError(this.failureError)) : Promise.resolve(closedIndex);
+    }
+    this.rollRequest ??= Promise.withResolvers<number>();
+    return this.rollRequest.promise;
+  }
+
+  /**
+   * Resolves when every record up to `seq` is as durable as the policy promises. Waits on the batch that
+   * holds it, not for the log to go idle: under steady load it never does.
+   */
+  private async flushThrough(seq: number): Promise<void> {
+    while (this.durableSeq < seq) {
+      this.assertWritable();
+      const batch = this.writingBatch !== null && seq <= this.writingLastSeq ? this.writingBatch : this.pendingBatch;
+      if (batch === null) return;
+      await batch.promise.catch(ignore);
     }
   }
 
-  /** Writes every pending record in one write; their waiters move to `waiters` (settled by the caller). */
-  private writePending(waiters: Waiter[]): void {
+  private takeBatch(): PromiseWithResolvers<void> | null {
+    const batch = this.pendingBatch;
+    this.pendingBatch = null;
+    this.pendingTexts = [];
+    this.pendingBytesMax = 0;
+    return batch;
+  }
+
+  /** The error the appenders of a failed batch get (the owner's, when it gave a mapping). */
+  private unavailableError(cause: Error): Error {
+    const message = `write-ahead log unavailable: ${cause.message}`;
+    return this.options.unavailable ? this.options.unavailable(message) : new WalUnavailableError(message);
+  }
+
+  /** Writes every pending record in one write; returns the last seq written (-1 when none was pending). */
+  private writePending(): number {
     const texts = this.pendingTexts;
-    if (texts.length === 0) return;
+    if (texts.length === 0) return -1;
     // append() bumps seq and queues its text in one step, so the batch ends at the current seq.
     const batchLastSeq = this.seq;
     const bytesMax = this.pendingBytesMax;
-    for (const waiter of this.pendingWaiters) waiters.push(waiter);
     this.pendingTexts = [];
-    this.pendingWaiters = [];
     this.pendingBytesMax = 0;
     const batch = this.frameBatch(texts, batchLastSeq - texts.length + 1, bytesMax);
     let written = 0;
     while (written < batch.length) written += writeSync(this.fd, batch, written, batch.length - written);
     this.segmentSizeBytes += batch.length;
     this.segmentLastSeq.set(this.segmentIndex, batchLastSeq);
+    return batchLastSeq;
   }
 
   /** Frames `texts` (seqs from `firstSeq`) one after the other; the view is valid until the next batch. */
@@ -458,14 +529,12 @@ export class WriteAheadLog {
    */
   async snapshot(content: SnapshotContent, seq: number): Promise<void> {
     assert(seq <= this.seq, 'snapshot ahead of the log');
-    await this.flush();
-    // The roll below closes the segment's fd: no write or fsync may be in flight on it. From the last
-    // check on, everything up to the roll runs without yielding; after it, appends go to the new
-    // segment while the snapshot is written, and only segments the snapshot covers are removed.
-    while (this.flushing || this.syncing) await (this.flushing ?? this.syncing);
+    // Everything the snapshot covers must be in the log first; then the segment is closed between two
+    // batches (no write or fsync in flight on it), and appends go on in the next while the snapshot is
+    // written. Only segments the snapshot fully covers are removed.
+    await this.flushThrough(seq);
     this.assertWritable();
-    const oldIndex = this.segmentIndex;
-    this.rollSegment();
+    const oldIndex = await this.rollSegmentSoon();
     // A failed roll leaves the old segment current: removing it would remove the live log.
     this.assertWritable();
     await writeSnapshotFile(join(this.options.dir, SNAPSHOT_FILE), content, seq, this.options.dir);
