@@ -7,16 +7,24 @@ function tooLarge(maxBytes: number): GatewayError {
   return new GatewayError('request_too_large', `The request body is larger than ${maxBytes} bytes.`);
 }
 
-/** Reads the whole body as text, refusing it as soon as it passes `maxBytes`. */
-export async function readBodyText(request: Request, maxBytes: number): Promise<string> {
+/**
+ * Reads the whole body as text, refusing it as soon as it passes `maxBytes`. Not an async function: the
+ * usual body, sized by Content-Length, is the runtime's own read, returned as is.
+ */
+export function readBodyText(request: Request, maxBytes: number): Promise<string> {
   const declared = request.headers.get('content-length');
   if (declared !== null) {
     const length = Number(declared);
-    if (Number.isFinite(length) && length > maxBytes) throw tooLarge(maxBytes);
+    if (Number.isFinite(length) && length > maxBytes) return Promise.reject(tooLarge(maxBytes));
     // A declared length within the limit bounds what HTTP/1.1 reads for this request, so the native
     // reader can take it whole: no JS stream, no chunk list (the common case, and the hot path).
     if (Number.isFinite(length)) return request.text();
   }
+  return readChunked(request, maxBytes);
+}
+
+/** A body without a length (chunked): read piece by piece, stopped at the limit. */
+async function readChunked(request: Request, maxBytes: number): Promise<string> {
   const body = request.body;
   if (!body) return '';
   const reader = body.getReader();

@@ -71,8 +71,11 @@ export interface Provider {
 }
 
 /** The whole answer of `provider` as deltas: its `complete` when it has one, else its stream collected. */
-export async function collectAnswer(provider: Provider, request: ProviderRequest, signal: AbortSignal): Promise<Delta[]> {
-  if (provider.complete) return provider.complete(request, signal);
+export function collectAnswer(provider: Provider, request: ProviderRequest, signal: AbortSignal): Promise<Delta[]> {
+  return provider.complete ? provider.complete(request, signal) : collectStream(provider, request, signal);
+}
+
+async function collectStream(provider: Provider, request: ProviderRequest, signal: AbortSignal): Promise<Delta[]> {
   const deltas: Delta[] = [];
   for await (const delta of provider.stream(request, signal)) deltas.push(delta);
   return deltas;

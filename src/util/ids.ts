@@ -13,14 +13,19 @@ function randomByte(): number {
   return POOL[poolAt++]!;
 }
 
+const ALPHABET_CODES = Uint8Array.from(ALPHABET, (char) => char.charCodeAt(0));
+/** Character codes of the id being made: one string at the end, not one string per appended character. */
+const CODES = new Uint8Array(256);
+
 export function randomBase62(length: number): string {
-  let out = '';
-  while (out.length < length) {
+  const codes = length <= CODES.length ? CODES.subarray(0, length) : new Uint8Array(length);
+  let filled = 0;
+  while (filled < length) {
     const byte = randomByte();
     // 248 = 62 * 4: bytes at or above it would favour the first letters.
-    if (byte < 248) out += ALPHABET[byte % 62];
+    if (byte < 248) codes[filled++] = ALPHABET_CODES[byte % 62]!;
   }
-  return out;
+  return String.fromCharCode.apply(null, codes as unknown as number[]);
 }
 
 export function newChatRequestId(): string {

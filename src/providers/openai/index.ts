@@ -80,7 +80,9 @@ export class OpenAIProvider implements Provider {
         deltas = [];
         for await (const delta of this.relaySse(call)) deltas.push(delta);
       } else {
-        deltas = await this.readCompletion(call);
+        // The usual JSON answer arrives with its head in one read: then its text is there already.
+        const text = call.completeBody(UPSTREAM_JSON_BYTES_MAX);
+        deltas = text !== null ? completionToDeltas(parseJson(text, this.name), this.name) : await this.readCompletion(call);
       }
       call.throwIfAborted();
       call.finished = true;
@@ -103,7 +105,7 @@ export class OpenAIProvider implements Provider {
   }
 
   private async readCompletion(call: UpstreamCall): Promise<Delta[]> {
-    const text = await call.readAll(UPSTREAM_JSON_BYTES_MAX);
+    const text = call.completeBody(UPSTREAM_JSON_BYTES_MAX) ?? (await call.readAll(UPSTREAM_JSON_BYTES_MAX));
     return completionToDeltas(parseJson(text, this.name), this.name);
   }
 
@@ -210,17 +212,20 @@ class UpstreamCall implements ExchangeHandler {
   /** The pending `send` or `read`, woken by the socket's next event. */
   private waiter: PromiseWithResolvers<void> | null = null;
   private phase: 'headers' | 'body' = 'headers';
-  private readonly onAbort = (): void => {
-    this.exchange?.abort();
-    this.wake(this.signal.reason);
-  };
 
   constructor(providerName: string, timeoutMs: number, signal: AbortSignal) {
     this.providerName = providerName;
     this.timeoutMs = timeoutMs;
     this.signal = signal;
-    this.timer = setTimeout(() => this.onTimeout(), timeoutMs);
-    signal.addEventListener('abort', this.onAbort);
+    // The timer and the abort listener reach this call without a closure each (one call per request).
+    this.timer = setTimeout(timeOut, timeoutMs, this);
+    signal.addEventListener('abort', this);
+  }
+
+  /** The caller's signal aborted (this object is its listener). */
+  handleEvent(): void {
+    this.exchange?.abort();
+    this.wake(this.signal.reason);
   }
 
   async send(client: HttpClient, request: { text: string; bytes: number }): Promise<ResponseHead> {
@@ -249,6 +254,17 @@ class UpstreamCall implements ExchangeHandler {
   }
 
   /** The rest of the body as text, refused past `bytesMax` (or cut there when `truncate`). */
+  /** The whole body as text when it has all arrived (no wait needed), else null; refused past `bytesMax`. */
+  completeBody(bytesMax: number): string | null {
+    if (!this.ended || this.signal.aborted || this.timedOut) return null;
+    const queue = this.queue;
+    if (this.queuedBytes > bytesMax) throw invalid(this.providerName, `sent a body over ${bytesMax} bytes`);
+    const text = queue.length === 0 ? '' : DECODER.decode(queue.length === 1 ? queue[0] : Buffer.concat(queue));
+    queue.length = 0;
+    this.queuedBytes = 0;
+    return text;
+  }
+
   async readAll(bytesMax: number, truncate = false): Promise<string> {
     const chunks: Uint8Array[] = [];
     let bytes = 0;
@@ -330,7 +346,7 @@ class UpstreamCall implements ExchangeHandler {
     throw invalid(this.providerName, `broke the connection mid-answer${code}`);
   }
 
-  private onTimeout(): void {
+  onTimeout(): void {
     if (this.waiter === null) return; // the next wait re-arms the timer
     this.timedOut = true;
     this.exchange?.abort();
@@ -348,6 +364,10 @@ class UpstreamCall implements ExchangeHandler {
 }
 
 const DECODER = new TextDecoder();
+
+function timeOut(call: UpstreamCall): void {
+  call.onTimeout();
+}
 
 /** Turns chat.completion.chunk objects into deltas, remembering what the end of the stream needs. */
 class ChunkTranslator {
