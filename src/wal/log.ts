@@ -82,17 +82,19 @@ export interface SnapshotContent {
 
 /**
  * Snapshot file, format 2: one line of JSON, `{"format":2,"seq","json_bytes","blob_bytes":[...],"crc32"}`,
- * then the state JSON, then the blobs, one after the other; CRC-32 (IEEE, native) over all that follows
- * the line. Format 1, still read, was one JSON object `{"format":1,"seq","state"}`.
+ * then the state JSON, then the blobs, one after the other. The CRC-32 (IEEE, native) covers the header's
+ * fields (`seq` decides which log records replay skips) and all that follows the line. Format 1, still
+ * read, was one JSON object `{"format":1,"seq","state"}`.
  *
  * Written so that after a crash it is either the old file or the whole new one, and asynchronously: a
  * snapshot is megabytes, and its write and fsync must not stop the event loop.
  */
 async function writeSnapshotFile(path: string, content: SnapshotContent, seq: number, dir: string): Promise<void> {
   const json = Buffer.from(content.json, 'utf8');
-  let crc = Bun.hash.crc32(json);
+  const blobBytes = content.blobs.map((blob) => blob.byteLength);
+  let crc = Bun.hash.crc32(json, snapshotHeaderCrc(seq, json.length, blobBytes));
   for (const blob of content.blobs) crc = Bun.hash.crc32(blob, crc);
-  const header = `${JSON.stringify({ format: 2, seq, json_bytes: json.length, blob_bytes: content.blobs.map((blob) => blob.byteLength), crc32: crc })}\n`;
+  const header = `${JSON.stringify({ format: 2, seq, json_bytes: json.length, blob_bytes: blobBytes, crc32: crc })}\n`;
   const temp = `${path}.tmp`;
   const file = await open(temp, 'w', 0o600);
   try {
@@ -107,6 +109,11 @@ async function writeSnapshotFile(path: string, content: SnapshotContent, seq: nu
   }
   await rename(temp, path);
   await syncDirectory(dir);
+}
+
+/** The CRC-32 of a format 2 header's fields, the seed of the body's: a changed `seq` must not pass. */
+function snapshotHeaderCrc(seq: number, jsonBytes: number, blobBytes: readonly number[]): number {
+  return Bun.hash.crc32(`${seq} ${jsonBytes} ${blobBytes.join(',')}`);
 }
 
 /** Reads a snapshot file of either format; a damaged one is a WalCorruptionError (starting would lose facts). */
@@ -129,7 +136,8 @@ function readSnapshot(bytes: Buffer, path: string): { seq: number; state: unknow
   const bodyStart = newline + 1;
   const total = (header.json_bytes as number) + (blobBytes as number[]).reduce((sum, length) => sum + length, 0);
   if (bytes.length - bodyStart !== total) throw corrupt(`${bytes.length - bodyStart} bytes after the header, expected ${total}`);
-  if (Bun.hash.crc32(bytes.subarray(bodyStart)) !== header.crc32) throw corrupt('checksum mismatch');
+  const headerCrc = snapshotHeaderCrc(seq, header.json_bytes as number, blobBytes as number[]);
+  if (Bun.hash.crc32(bytes.subarray(bodyStart), headerCrc) !== header.crc32) throw corrupt('checksum mismatch');
   let state: unknown;
   const jsonEnd = bodyStart + (header.json_bytes as number);
   try {
@@ -173,6 +181,8 @@ export class WriteAheadLog {
   private writingLastSeq = 0;
   /** The highest seq as durable as the policy promises (on disk under `always`, written otherwise). */
   private durableSeq = 0;
+  /** The snapshot being written, if any: the next one starts after it. */
+  private snapshotQueue: Promise<void> = Promise.resolve();
   /** A snapshot's request to close the segment between two batches; resolves with the closed index. */
   private rollRequest: PromiseWithResolvers<number> | null = null;
   private flushing: Promise<void> | null = null;
@@ -527,7 +537,14 @@ export class WriteAheadLog {
    * as the new snapshot, then removes the segments it covers. Crash-safe: the snapshot is atomic and
    * segments go only after it is durable.
    */
-  async snapshot(content: SnapshotContent, seq: number): Promise<void> {
+  snapshot(content: SnapshotContent, seq: number): Promise<void> {
+    // One at a time: two would share the temp file, and the later one's removals assume the earlier one done.
+    const run = this.snapshotQueue.then(() => this.writeSnapshot(content, seq));
+    this.snapshotQueue = run.catch(ignore);
+    return run;
+  }
+
+  private async writeSnapshot(content: SnapshotContent, seq: number): Promise<void> {
     assert(seq <= this.seq, 'snapshot ahead of the log');
     // Everything the snapshot covers must be in the log first; then the segment is closed between two
     // batches (no write or fsync in flight on it), and appends go on in the next while the snapshot is
