@@ -3,11 +3,14 @@ import { Type, type Static } from '@sinclair/typebox';
 
 const PositiveInt = (description: string) => Type.Integer({ minimum: 1, description });
 const NonNegativeInt = (description: string) => Type.Integer({ minimum: 0, description });
+/** A timer's delay: setTimeout takes at most 2^31 − 1 ms (about 24.8 days); a longer one would fire at once. */
+const TIMER_MS_MAX = 2_147_483_647;
+const DurationMs = (description: string, minimum = 1) => Type.Integer({ minimum, maximum: TIMER_MS_MAX, description });
 
 export const SimulatorProviderSchema = Type.Object(
   {
     type: Type.Literal('simulator'),
-    ttft_ms: NonNegativeInt('delay before the first token'),
+    ttft_ms: DurationMs('delay before the first token', 0),
     tokens_per_second: PositiveInt('output speed after the first token'),
     completion_tokens: PositiveInt('tokens of a text answer when no output limit is lower'),
   },
@@ -19,7 +22,7 @@ export const OpenAIProviderSchema = Type.Object(
     type: Type.Literal('openai'),
     base_url: Type.String({ pattern: '^https?://', description: 'OpenAI-compatible base URL, e.g. http://host/v1' }),
     api_key_env: Type.Optional(Type.String({ minLength: 1, description: 'name of the env var holding the upstream key' })),
-    timeout_ms: Type.Optional(PositiveInt('upstream timeout; defaults to limits.upstream_timeout_ms')),
+    timeout_ms: Type.Optional(DurationMs('upstream timeout; defaults to limits.upstream_timeout_ms')),
     headers: Type.Optional(Type.Record(Type.String(), Type.String(), { description: 'extra request header fields' })),
     ca_file: Type.Optional(Type.String({ minLength: 1, description: 'PEM file of the certificates to trust for https (instead of the built-in roots)' })),
   },
@@ -79,14 +82,14 @@ export const ConfigSchema = Type.Object(
         ),
         context_tokens: PositiveInt('input tokens a decision may carry (422 above)'),
         answer_tokens: PositiveInt('output budget reserved for one decision answer'),
-        timeout_ms: PositiveInt('upstream timeout of one decision call'),
+        timeout_ms: DurationMs('upstream timeout of one decision call'),
       },
       { additionalProperties: false },
     ),
     limits: Type.Object(
       {
-        stream_timeout_ms: PositiveInt('a stream ends with stream_timeout after this'),
-        upstream_timeout_ms: PositiveInt('a non-stream call ends with 504 after this'),
+        stream_timeout_ms: DurationMs('a stream ends with stream_timeout after this'),
+        upstream_timeout_ms: DurationMs('a non-stream call ends with 504 after this'),
         max_body_bytes: PositiveInt('HTTP body limit (413 above)'),
         default_rate_limit_rpm: PositiveInt('requests per minute per key when the key sets none'),
         max_messages: PositiveInt('messages per chat request'),
@@ -96,7 +99,7 @@ export const ConfigSchema = Type.Object(
         max_keys: PositiveInt('API keys the gateway holds'),
         request_records_max: PositiveInt('finished request records kept in memory'),
         idempotency_keys_max: PositiveInt('bound idempotency keys kept in memory'),
-        shutdown_grace_ms: NonNegativeInt('SIGTERM: time in-flight requests get to finish'),
+        shutdown_grace_ms: DurationMs('SIGTERM: time in-flight requests get to finish', 0),
       },
       { additionalProperties: false },
     ),
@@ -108,7 +111,7 @@ export const ConfigSchema = Type.Object(
     wal: Type.Object(
       {
         fsync: Type.Union([Type.Literal('always'), Type.Literal('interval'), Type.Literal('off')]),
-        fsync_interval_ms: PositiveInt('fsync period of the interval policy'),
+        fsync_interval_ms: DurationMs('fsync period of the interval policy'),
         segment_bytes: PositiveInt('a segment rolls over past this size'),
         snapshot_every_records: PositiveInt('records between snapshots (then old segments are removed)'),
       },

@@ -202,6 +202,8 @@ describe('a bad config stops with a ConfigError naming the field', () => {
     { name: 'credentials in base_url', file: { providers: { up: { type: 'openai', base_url: 'http://user:pw@x/v1' } } }, field: 'providers.up.base_url' },
     { name: 'unreadable ca_file', file: { providers: { up: { type: 'openai', base_url: 'https://x/v1', ca_file: '/nonexistent/ca.pem' } } }, field: 'providers.up.ca_file' },
     { name: 'ca_file without a certificate', file: { providers: { up: { type: 'openai', base_url: 'https://x/v1', ca_file: configFile('not a certificate') } } }, field: 'providers.up.ca_file' },
+    { name: 'a timeout too long for a timer (it would fire at once)', file: { providers: { up: { type: 'openai', base_url: 'http://x/v1', timeout_ms: 2 ** 31 } } }, field: 'providers.up' },
+    { name: 'stream timeout too long for a timer', file: { limits: { stream_timeout_ms: 2 ** 31 } }, field: 'limits.stream_timeout_ms' },
     { name: 'PORT not a number', env: { PORT: 'abc' }, field: 'PORT' },
     { name: 'PORT out of range', env: { PORT: '70000' }, field: 'server.port' },
     { name: 'LOG_LEVEL unknown', env: { LOG_LEVEL: 'loud' }, field: 'log_level' },

@@ -703,6 +703,40 @@ describe('openai adapter', () => {
     await expectGatewayError(collect(adapter(upstream.baseUrl), makeRequest({ stream: false })), 'upstream_invalid_response', 502);
   });
 
+  test('streams in a row keep one connection: the body end after [DONE] is awaited, not cut', async () => {
+    const ports = new Set<number>();
+    let ended = Promise.withResolvers<void>();
+    const server = Bun.serve({
+      hostname: '127.0.0.1',
+      port: 0,
+      fetch(request, srv) {
+        ports.add(srv.requestIP(request)!.port);
+        // [DONE] in one write, the chunked body's end in a later one, as servers commonly send them.
+        const encoder = new TextEncoder();
+        const body = new ReadableStream<Uint8Array>({
+          start(controller) {
+            controller.enqueue(encoder.encode('data: {"choices": [{"index": 0, "delta": {"content": "Hi"}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n'));
+            setTimeout(() => {
+              controller.close();
+              ended.resolve();
+            }, 20);
+          },
+        });
+        return new Response(body, { headers: { 'content-type': 'text/event-stream' } });
+      },
+    });
+    track({ stop: () => server.stop(true) });
+    const provider = adapter(`http://127.0.0.1:${server.port}/v1`);
+    for (let i = 0; i < 3; i++) {
+      expect(textOf(await collect(provider, makeRequest()))).toBe('Hi');
+      // The next call comes once the body's end has reached the client (a few turns after the server sent it).
+      await ended.promise;
+      ended = Promise.withResolvers<void>();
+      for (let turn = 0; turn < 5; turn++) await nextMacrotask();
+    }
+    expect(ports.size).toBe(1);
+  });
+
   test('a refused connection is upstream_unreachable', async () => {
     const closed = Bun.serve({ port: 0, hostname: '127.0.0.1', fetch: () => new Response('unused') });
     const baseUrl = `http://127.0.0.1:${closed.port}/v1`;

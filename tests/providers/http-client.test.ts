@@ -122,16 +122,37 @@ describe('keep-alive', () => {
     expect(client.idleCount).toBe(0);
   });
 
-  test('a kept connection the upstream closes under the next request is replaced once', async () => {
-    // The upstream answers the first request on a connection and closes it when a second one comes,
-    // as a server does whose idle timeout fires just as the request arrives.
+  test('a kept connection that closes after the next request was written is an error, never a second send', async () => {
+    // The upstream answers the first request on a connection and drops it when the second one comes:
+    // it may have read that request and started on it, so the client must not send it again.
+    const seen: number[] = [];
     const upstream = rawServer((socket, nth) => {
+      seen.push(nth);
       if (nth === 1) socket.write('HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfirst');
       else socket.terminate();
     });
     const client = new HttpClient(new URL(upstream.origin));
     expect((await send(client, '/one').answer).body).toBe('first');
-    expect((await send(client, '/two').answer).body).toBe('first');
+    const error = await failure(send(client, '/two').answer);
+    expect(error.kind).toBe('closed');
+    expect(seen).toEqual([1, 2]);
+    expect(upstream.connections()).toBe(1);
+    client.close();
+  });
+
+  test('a kept connection the upstream closed while idle is not reused', async () => {
+    const upstream = rawServer((socket) => {
+      socket.write('HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok');
+      // Closed after the answer, as a server whose keep-alive timeout is shorter than ours.
+      setImmediate(() => socket.end());
+    });
+    const client = new HttpClient(new URL(upstream.origin));
+    expect((await send(client, '/a').answer).body).toBe('ok');
+    await upstream.closed[0];
+    // The close reaches the client's socket within a few turns of the event loop.
+    for (let turn = 0; turn < 100 && client.idleCount > 0; turn++) await new Promise((resolve) => setImmediate(resolve));
+    expect(client.idleCount).toBe(0);
+    expect((await send(client, '/b').answer).body).toBe('ok');
     expect(upstream.connections()).toBe(2);
     client.close();
   });
@@ -228,6 +249,37 @@ describe('bodies and failures', () => {
     expect(client.idleCount).toBe(0);
   });
 
+  test('an exchange aborted from inside its own body callback stops there, and the connection is dropped', async () => {
+    const upstream = rawServer((socket) => socket.write('HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nbody'));
+    const client = new HttpClient(new URL(upstream.origin));
+    let ended = false;
+    const bodySeen = Promise.withResolvers<void>();
+    const { exchange, answer } = send(client, '/', '', {
+      onBody: () => {
+        exchange.abort();
+        bodySeen.resolve();
+      },
+    });
+    void answer.then(() => (ended = true), () => (ended = true));
+    await bodySeen.promise;
+    await upstream.closed[0];
+    expect(ended).toBe(false);
+    expect(client.idleCount).toBe(0);
+  });
+
+  test('a closed client refuses a request, and says nothing after an abort', async () => {
+    const upstream = echoServer();
+    const client = new HttpClient(new URL(upstream.origin));
+    client.close();
+    expect((await failure(send(client, '/').answer)).kind).toBe('connect');
+    let called = false;
+    const { exchange, answer } = send(client, '/');
+    void answer.then(() => (called = true), () => (called = true));
+    exchange.abort();
+    await new Promise((resolve) => setImmediate(resolve));
+    expect(called).toBe(false);
+  });
+
   test('a paused exchange gets the rest of its body after resume', async () => {
     const upstream = rawServer((socket) => {
       socket.write('HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nfirst');
@@ -267,6 +319,16 @@ describe('tls', () => {
     const error = await failure(send(client, '/').answer);
     expect(error.kind).toBe('connect');
     expect(error.message).toMatch(/^TLS: /);
+  });
+
+  test('https requests aborted while connecting close their sockets, even with no handshake coming', async () => {
+    // A server that accepts TCP and never speaks TLS: the handshake never completes.
+    const silent = rawServer(() => {});
+    const client = new HttpClient(new URL(silent.origin.replace('http:', 'https:')), { ca: await Bun.file(join(TLS_DIR, 'ca.crt')).text() });
+    for (let i = 0; i < 3; i++) send(client, '/').exchange.abort();
+    while (silent.closed.length < 3) await new Promise((resolve) => setImmediate(resolve));
+    await Promise.all(silent.closed);
+    expect(silent.connections()).toBe(3);
   });
 
   test('a certificate for another address is refused', async () => {

@@ -108,6 +108,12 @@ class Connection implements ResponseSink {
     const socket = this.socket!;
     const written = socket.write(exchange.requestText);
     if (written < 0) {
+      // Closed before a byte of the request went out (a kept connection the upstream had just closed):
+      // the one case where sending it again on a new connection cannot make the upstream do it twice.
+      if (this.reused && !exchange.retried) {
+        this.retryElsewhere(exchange);
+        return;
+      }
       this.lost();
       return;
     }
@@ -150,7 +156,8 @@ class Connection implements ResponseSink {
       this.fail(new HttpClientError('protocol', `malformed answer: ${(error as HttpProtocolError).message}`));
       return;
     }
-    if (parser.done) this.complete();
+    // A handler may have aborted the exchange from inside the read (then it is gone already).
+    if (parser.done && this.exchange !== null) this.complete();
   }
 
   /** The answer is complete: hand the connection back (when it can carry another request) and report. */
@@ -195,17 +202,21 @@ class Connection implements ResponseSink {
       this.complete();
       return;
     }
-    if (this.reused && (parser === null || !parser.started) && !exchange.retried) {
-      // A keep-alive connection the upstream closed as we reused it (its idle timeout met our request):
-      // nothing was answered, so the request goes once more on a new connection, as browsers do.
-      this.exchange = null;
-      exchange.connection = null;
-      exchange.retried = true;
-      this.client.connect(exchange);
-      return;
-    }
+    // Once the request was written it is never sent again, even on a kept connection that closed with
+    // no answer: the upstream may have read it and be working on it (a POST is not replayable). Idle
+    // connections close well before the usual upstream keep-alive timeouts, which keeps this rare.
     const code = errorCode(this.lastError);
     this.fail(new HttpClientError('closed', `the connection closed before the answer was complete${code ? ` (${code})` : ''}`, code));
+  }
+
+  private retryElsewhere(exchange: HttpExchange): void {
+    this.closed = true;
+    this.client.forget(this);
+    this.exchange = null;
+    this.parser = null;
+    exchange.connection = null;
+    exchange.retried = true;
+    this.client.connect(exchange);
   }
 
   /** Closes the socket now; an idle or unfinished connection is never reused. */
@@ -245,7 +256,13 @@ function socketHandlers(tls: boolean): SocketHandler<Connection> {
     // Buffers: the parser reads the head with Buffer's native latin1 slice, no view or decoder.
     binaryType: 'buffer',
     open(socket) {
-      socket.data.socket = socket;
+      const connection = socket.data;
+      connection.socket = socket;
+      // Aborted while connecting: end it now, not after a TLS handshake that may never come.
+      if (connection.closed) {
+        socket.terminate();
+        return;
+      }
       socket.setNoDelay(true);
       if (!tls) opened(socket);
     },
@@ -321,8 +338,11 @@ export class HttpClient {
   request(requestText: string, requestBytes: number, handler: ExchangeHandler): HttpExchange {
     const exchange = new HttpExchange(this, requestText, requestBytes, handler);
     if (this.closed) {
-      exchange.finished = true;
-      queueMicrotask(() => handler.onError(new HttpClientError('connect', 'client closed')));
+      queueMicrotask(() => {
+        if (exchange.finished) return; // aborted meanwhile: no callback follows an abort
+        exchange.finished = true;
+        handler.onError(new HttpClientError('connect', 'client closed'));
+      });
       return exchange;
     }
     const connection = this.takeIdle();

@@ -43,7 +43,6 @@ const enum State {
   Done,
 }
 
-const LATIN1 = new TextDecoder('latin1');
 
 export class ResponseParser {
   private state = State.Head;
@@ -296,9 +295,10 @@ export class ResponseParser {
   }
 }
 
-/** Bytes `start` to `end` as latin1 text; natively from a Buffer (the socket's reads), else decoded. */
+/** Bytes `start` to `end` as latin1 text (one character per byte, whatever the byte), natively. */
 function latin1(bytes: Uint8Array, start: number, end: number): string {
-  return Buffer.isBuffer(bytes) ? bytes.toString('latin1', start, end) : LATIN1.decode(bytes.subarray(start, end));
+  const buffer = Buffer.isBuffer(bytes) ? bytes : Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  return buffer.toString('latin1', start, end);
 }
 
 /** Where the line from `start` to the LF at `newline` ends, without its CR. */

@@ -212,6 +212,9 @@ class UpstreamCall implements ExchangeHandler {
   /** The pending `send` or `read`, woken by the socket's next event. */
   private waiter: PromiseWithResolvers<void> | null = null;
   private phase: 'headers' | 'body' = 'headers';
+  /** After close: the answer was complete and the body's end is awaited (see close). */
+  private draining = false;
+  private drainTimer: ReturnType<typeof setTimeout> | null = null;
 
   constructor(providerName: string, timeoutMs: number, signal: AbortSignal) {
     this.providerName = providerName;
@@ -288,6 +291,7 @@ class UpstreamCall implements ExchangeHandler {
   }
 
   onBody(bytes: Uint8Array): void {
+    if (this.draining) return;
     this.queue.push(bytes);
     this.queuedBytes += bytes.length;
     // A consumer slower than the upstream: stop reading the socket until it catches up.
@@ -298,12 +302,14 @@ class UpstreamCall implements ExchangeHandler {
   onEnd(): void {
     this.ended = true;
     this.exchange = null;
+    if (this.drainTimer !== null) clearTimeout(this.drainTimer);
     this.wake(null);
   }
 
   onError(error: HttpClientError): void {
     this.failure = error;
     this.exchange = null;
+    if (this.drainTimer !== null) clearTimeout(this.drainTimer);
     this.wake(null);
   }
 
@@ -315,8 +321,25 @@ class UpstreamCall implements ExchangeHandler {
   close(): void {
     clearTimeout(this.timer);
     // The abort listener stays: after this, it finds no exchange to stop, and it dies with the signal.
+    if (this.ended || this.exchange === null) return;
+    if (this.finished) {
+      // The answer is complete ([DONE]) but the body's own end (the last chunk) is still on its way:
+      // let it arrive, so the connection is kept for the next call; bytes after it are not read.
+      this.draining = true;
+      this.queue.length = 0;
+      this.queuedBytes = 0;
+      this.exchange.resume();
+      this.drainTimer = setTimeout(stopDraining, DRAIN_MS_MAX, this);
+      return;
+    }
     // The consumer stopped early or something failed: drop the connection rather than drain it.
-    if (!this.ended) this.exchange?.abort();
+    this.exchange.abort();
+  }
+
+  /** The body's end did not come in time after the answer was complete: drop the connection. */
+  stopDraining(): void {
+    this.exchange?.abort();
+    this.exchange = null;
   }
 
   private wait(): Promise<void> {
@@ -368,6 +391,13 @@ const DECODER = new TextDecoder();
 function timeOut(call: UpstreamCall): void {
   call.onTimeout();
 }
+
+function stopDraining(call: UpstreamCall): void {
+  call.stopDraining();
+}
+
+/** How long the end of a complete answer's body may take before the connection is dropped instead. */
+const DRAIN_MS_MAX = 1_000;
 
 /** Turns chat.completion.chunk objects into deltas, remembering what the end of the stream needs. */
 class ChunkTranslator {
