@@ -371,6 +371,23 @@ describe('openai adapter', () => {
     }
   });
 
+  test('a configured header replaces the default of the same name; a key from api_key_env replaces a configured authorization', async () => {
+    const keyEnv = 'TOLLGATE_TEST_PROVIDER_KEY_2';
+    const headers = { Accept: 'application/json', 'User-Agent': 'custom-agent/1', Authorization: 'Bearer configured' };
+    const upstream = track(startSimulatorUpstream(FAST));
+    const provider = adapter(upstream.baseUrl, { api_key_env: keyEnv, headers });
+    await collect(provider, makeRequest());
+    // No key in the environment: the configured field goes out, once.
+    expect(upstream.requests[0]!.headers).toMatchObject({ accept: 'application/json', 'user-agent': 'custom-agent/1', authorization: 'Bearer configured' });
+    process.env[keyEnv] = 'sk-from-env';
+    try {
+      await collect(provider, makeRequest());
+    } finally {
+      delete process.env[keyEnv];
+    }
+    expect(upstream.requests[1]!.headers).toMatchObject({ accept: 'application/json', 'user-agent': 'custom-agent/1', authorization: 'Bearer sk-from-env' });
+  });
+
   test('sends tools, tool_choice, top_p and top_k when set, and no authorization without a key', async () => {
     const upstream = track(startSimulatorUpstream(FAST));
     const request = makeRequest({ tools: TOOLS, toolChoice: 'required', topP: 0.9, topK: 40, seed: null });

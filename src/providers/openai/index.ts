@@ -33,6 +33,8 @@ export class OpenAIProvider implements Provider {
   private readonly requestHead: string;
   private readonly timeoutMs: number;
   private readonly apiKeyEnv: string | undefined;
+  /** A configured `authorization` field: sent when no key comes from `api_key_env`, which replaces it. */
+  private readonly configuredAuthorization: string = '';
   private readonly logger: Logger;
 
   constructor(name: string, config: OpenAIProviderConfig, options: OpenAIProviderOptions) {
@@ -40,11 +42,20 @@ export class OpenAIProvider implements Provider {
     const base = new URL(config.base_url.endsWith('/') ? config.base_url : `${config.base_url}/`);
     const url = new URL('chat/completions', base);
     this.client = new HttpClient(url, config.ca_file !== undefined ? { ca: readFileSync(config.ca_file, 'utf8') } : {});
-    let head =
-      `POST ${url.pathname}${url.search} HTTP/1.1\r\nhost: ${url.host}\r\ncontent-type: application/json\r\n` +
-      'accept: text/event-stream, application/json\r\naccept-encoding: identity\r\nuser-agent: tollgate\r\n';
-    // Names and values were checked when the config was loaded (no CR, LF or framing fields).
-    for (const [field, value] of Object.entries(config.headers ?? {})) head += `${field}: ${value}\r\n`;
+    // A configured field replaces the default of the same name (as it did when the headers were an object
+    // given to fetch): one field each, never two. Names and values were checked when the config was loaded
+    // (no CR, LF or framing fields).
+    const fields = new Map<string, string>([
+      ['accept', 'accept: text/event-stream, application/json'],
+      ['user-agent', 'user-agent: tollgate'],
+    ]);
+    for (const [field, value] of Object.entries(config.headers ?? {})) {
+      const name = field.toLowerCase();
+      if (name === 'authorization') this.configuredAuthorization = `${field}: ${value}\r\n`;
+      else fields.set(name, `${field}: ${value}`);
+    }
+    let head = `POST ${url.pathname}${url.search} HTTP/1.1\r\nhost: ${url.host}\r\ncontent-type: application/json\r\naccept-encoding: identity\r\n`;
+    for (const line of fields.values()) head += `${line}\r\n`;
     this.requestHead = head;
     this.timeoutMs = config.timeout_ms ?? options.defaultTimeoutMs;
     this.apiKeyEnv = config.api_key_env;
@@ -121,6 +132,8 @@ export class OpenAIProvider implements Provider {
     if (key) {
       if (!isHeaderValue(key)) throw new GatewayError('upstream_error', `The key in ${this.apiKeyEnv} for upstream ${this.name} is not a valid header value.`);
       head += `authorization: Bearer ${key}\r\n`;
+    } else {
+      head += this.configuredAuthorization;
     }
     const bodyBytes = Buffer.byteLength(body);
     head += `content-length: ${bodyBytes}\r\n\r\n`;
