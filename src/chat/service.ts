@@ -9,12 +9,9 @@ import type { Event, Usage } from '../state/events.ts';
 import { collectAnswer, type Delta, type ProviderRequest, type ToolCall } from '../providers/provider.ts';
 import { abortError, abortOnTimer, RequestActor, statusForAbort, type Outcome } from '../requests/actor.ts';
 import { assert } from '../util/assert.ts';
+import { RESOLVED } from '../util/promise.ts';
 import type { ChatRequest } from './model.ts';
 import type { PublicFinishReason } from './stream.ts';
-
-const RESOLVED: Promise<void> = Promise.resolve();
-
-function ignore(): void {}
 
 export interface Admission {
   actor: RequestActor;
@@ -97,8 +94,6 @@ export function admitChat(
   let durable: Promise<void> = RESOLVED;
   if (chat.stream || idempotency) durable = store.commit(started);
   else store.applyUnlogged(requestId, started);
-  // A failed durability is handled by whoever awaits it; never an unhandled rejection.
-  if (durable !== RESOLVED) durable.catch(ignore);
   const actor = new RequestActor(
     { id: requestId, keyId: account.id, service: 'chat', model: chat.modelId, stream: chat.stream, hold: { credits_micro: holdMicro, tokens: 0 } },
     store,

@@ -9,10 +9,9 @@ import { abortError, abortOnTimer, RequestActor, statusForAbort, type Outcome } 
 import { DAY_MS, type KeyAccount } from '../state/apply.ts';
 import type { Amount, Event, Usage } from '../state/events.ts';
 import { assert } from '../util/assert.ts';
+import { RESOLVED } from '../util/promise.ts';
 import type { Answer, DecisionRequest } from './model.ts';
 import { buildPrompt, DECISION_TOOL_NAME, extractJsonObject, readAnswers, type DecisionPrompt } from './prompt.ts';
-
-const RESOLVED: Promise<void> = Promise.resolve();
 
 /** A model answer that is not a valid label or level is asked again this many times, then 502. */
 const ANSWER_RETRIES = 1;
@@ -117,7 +116,6 @@ export function admitDecision(
   let durable: Promise<void> = RESOLVED;
   if (idempotency) durable = store.commit(started);
   else store.applyUnlogged(requestId, started);
-  durable.catch(() => {});
   const actor = new RequestActor(
     { id: requestId, keyId: account.id, service: 'decision', model: decision.modelName, stream: false, hold },
     store,

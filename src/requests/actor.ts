@@ -4,6 +4,7 @@ import type { Amount, RequestStatus, Service, Usage } from '../state/events.ts';
 import type { StateStore } from '../state/store.ts';
 import { assert } from '../util/assert.ts';
 import type { Logger } from '../util/log.ts';
+import { ignore, RESOLVED } from '../util/promise.ts';
 
 export type TerminalStatus = Exclude<RequestStatus, 'in_progress'>;
 
@@ -37,10 +38,6 @@ export interface ActorInit {
   stream: boolean;
   hold: Amount;
 }
-
-const RESOLVED: Promise<void> = Promise.resolve();
-
-function ignore(): void {}
 
 /** A timer's callback (setTimeout passes the actor and kind): no closure per request. */
 export function abortOnTimer(actor: RequestActor, kind: AbortKind): void {

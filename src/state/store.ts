@@ -2,6 +2,7 @@
 import { GatewayError } from '../http/errors.ts';
 import { assert } from '../util/assert.ts';
 import type { Logger } from '../util/log.ts';
+import { ignore } from '../util/promise.ts';
 import { WalUnavailableError, WriteAheadLog, type FsyncPolicy } from '../wal/log.ts';
 import { GatewayState, type StateLimits } from './apply.ts';
 import { checkEvent, type Event } from './events.ts';
@@ -18,8 +19,6 @@ export interface StoreOptions {
   /** Requests in flight now (each will commit its finish): lets an fsync wait for them (see WalOptions). */
   expectedCommits?: () => number;
 }
-
-function ignore(): void {}
 
 function unavailableError(): GatewayError {
   return new GatewayError('service_unavailable', 'The gateway cannot record state right now (its write-ahead log failed); retry later.');

@@ -4,6 +4,7 @@ import { open, rename, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { assert } from '../util/assert.ts';
 import type { Logger } from '../util/log.ts';
+import { ignore } from '../util/promise.ts';
 import { decodeFrame, FRAME_HEADER_BYTES, textFrameBytesMax, writeTextFrame } from './frame.ts';
 
 export type FsyncPolicy = 'always' | 'interval' | 'off';
@@ -40,7 +41,6 @@ export class WalUnavailableError extends Error {
   override name = 'WalUnavailableError';
 }
 
-
 const SEGMENT_RE = /^segment-(\d{12})\.wal$/;
 /** Commit delay (fsync always): how many other commits must be expected, and how long they are waited for. */
 const COMMIT_SIBLINGS_MIN = 2;
@@ -54,8 +54,6 @@ const DECODER = new TextDecoder('utf-8', { fatal: true });
 function segmentName(index: number): string {
   return `segment-${String(index).padStart(12, '0')}.wal`;
 }
-
-function ignore(): void {}
 
 function nextTurn(): Promise<void> {
   return new Promise((resolve) => setImmediate(resolve));
