@@ -3,7 +3,7 @@ import { GatewayError } from '../http/errors.ts';
 import { assert } from '../util/assert.ts';
 import type { Logger } from '../util/log.ts';
 import { ignore } from '../util/promise.ts';
-import { WalUnavailableError, WriteAheadLog, type FsyncPolicy } from '../wal/log.ts';
+import { WriteAheadLog, type FsyncPolicy } from '../wal/log.ts';
 import { GatewayState, type StateLimits } from './apply.ts';
 import { checkEvent, type Event } from './events.ts';
 import { restoreState, serializeState } from './snapshot.ts';
@@ -53,7 +53,7 @@ export class StateStore {
         segmentBytes: options.segmentBytes,
         logger: options.logger,
         ...(options.expectedCommits ? { expectedCommits: options.expectedCommits } : {}),
-        unavailable: () => unavailableError(),
+        unavailable: unavailableError,
       },
       {
         loadSnapshot: (raw, _seq, blobs) => restoreState(state, raw, Date.now(), blobs),
@@ -78,7 +78,7 @@ export class StateStore {
    * Callers check and commit without an `await` in between; that is what makes check-then-act atomic.
    */
   commit(events: Event[]): Promise<void> {
-    if (this.wal.failure) throw this.unavailable();
+    if (this.wal.failure) throw unavailableError();
     for (const event of events) checkEvent(event);
     for (const event of events) this.state.apply(event);
     let record = events;
@@ -91,14 +91,9 @@ export class StateStore {
         record = [...start, ...record];
       }
     }
-    let durable: Promise<void>;
-    try {
-      durable = this.wal.append(record);
-    } catch (error) {
-      throw error instanceof WalUnavailableError ? this.unavailable() : error;
-    }
+    // A failed log throws or rejects with the store's own 503 (the `unavailable` option), so no wrapper here.
+    const durable = this.wal.append(record);
     this.maybeSnapshot();
-    // The log rejects a failed batch with the store's own 503 (`unavailable` below), so no wrapper here.
     return durable;
   }
 
@@ -107,7 +102,7 @@ export class StateStore {
    * Same checks as `commit`; the caller must commit the request's `request.finished` later.
    */
   applyUnlogged(requestId: string, events: Event[]): void {
-    if (this.wal.failure) throw this.unavailable();
+    if (this.wal.failure) throw unavailableError();
     for (const event of events) checkEvent(event);
     for (const event of events) this.state.apply(event);
     this.unlogged.set(requestId, events);
@@ -119,10 +114,6 @@ export class StateStore {
     const record = [...this.unlogged.values()].flat();
     this.unlogged.clear();
     this.wal.append(record).catch(ignore);
-  }
-
-  private unavailable(): GatewayError {
-    return unavailableError();
   }
 
   private maybeSnapshot(): void {

@@ -46,7 +46,7 @@ const SEGMENT_RE = /^segment-(\d{12})\.wal$/;
 const COMMIT_SIBLINGS_MIN = 2;
 const COMMIT_DELAY_TURNS_MAX = 2;
 const COMMIT_DELAY_MS_MAX = 1;
-/** The write buffer grows to fit a batch; one larger than this gets a buffer of its own, not kept. */
+/** The write buffer every batch is framed into; a larger batch gets a buffer of its own, not kept. */
 const WRITE_BUFFER_BYTES_KEPT = 1024 * 1024;
 const SNAPSHOT_FILE = 'snapshot.json';
 const DECODER = new TextDecoder('utf-8', { fatal: true });
@@ -63,7 +63,8 @@ function fsyncAsync(fd: number): Promise<void> {
   return new Promise((resolve, reject) => fsync(fd, (error) => (error ? reject(error) : resolve())));
 }
 
-export function fsyncDirectory(dir: string): void {
+/** The synchronous twin of syncDirectory, for openSegment (called where no await can be). */
+function fsyncDirectory(dir: string): void {
   const fd = openSync(dir, 'r');
   try {
     fsyncSync(fd);
@@ -171,7 +172,7 @@ export class WriteAheadLog {
   /** The most bytes their frames can take. */
   private pendingBytesMax = 0;
   /** Where a batch is framed before its one write; reused, so a commit allocates no bytes of its own. */
-  private writeBuffer = Buffer.allocUnsafeSlow(WRITE_BUFFER_BYTES_KEPT);
+  private readonly writeBuffer = Buffer.allocUnsafeSlow(WRITE_BUFFER_BYTES_KEPT);
   /** The promise every record appended since the last write resolves with: one per batch, not per record. */
   private pendingBatch: PromiseWithResolvers<void> | null = null;
   /** The batch being written and synced now, and the last seq it holds. */
@@ -328,7 +329,7 @@ export class WriteAheadLog {
    * written to the OS for `interval` and `off`. Throws at once when the log has failed.
    */
   append(payload: unknown): Promise<void> {
-    if (this.failureError) throw new WalUnavailableError(`write-ahead log unavailable: ${this.failureError.message}`);
+    if (this.failureError) throw this.unavailableError(this.failureError);
     assert(!this.closed, 'append after close');
     const json = JSON.stringify(payload);
     this.seq++;
@@ -476,11 +477,7 @@ export class WriteAheadLog {
 
   /** Frames `texts` (seqs from `firstSeq`) one after the other; the view is valid until the next batch. */
   private frameBatch(texts: string[], firstSeq: number, bytesMax: number): Buffer {
-    let out = this.writeBuffer;
-    if (bytesMax > out.length) {
-      out = Buffer.allocUnsafeSlow(Math.max(bytesMax, out.length * 2));
-      if (out.length <= WRITE_BUFFER_BYTES_KEPT) this.writeBuffer = out;
-    }
+    const out = bytesMax > this.writeBuffer.length ? Buffer.allocUnsafeSlow(bytesMax) : this.writeBuffer;
     let offset = 0;
     for (let i = 0; i < texts.length; i++) offset += writeTextFrame(out, offset, firstSeq + i, texts[i]!);
     return out.subarray(0, offset);
@@ -570,7 +567,7 @@ export class WriteAheadLog {
   }
 
   private assertWritable(): void {
-    if (this.failureError) throw new WalUnavailableError(`write-ahead log unavailable: ${this.failureError.message}`);
+    if (this.failureError) throw this.unavailableError(this.failureError);
   }
 
   async close(): Promise<void> {
