@@ -14,18 +14,19 @@ const TOKENS_REPLY_PRIMING = 3;
 const AS_TEXT = { disallowedSpecial: new Set<string>() };
 
 /**
- * Counts of texts seen recently. Prompts repeat: the same system prompt opens most requests of an
+ * Counts of prompt texts seen recently. Prompts repeat: the same system prompt opens most requests of an
  * application, a conversation resends its history every turn, a tool list is sent with every call.
  * Looking a text up costs a hash of it; counting it costs the tokenizer's regex and merges over it
- * (a sentence: ~2 µs counted, ~0.01 µs found). Bounded by entries and by the characters held.
+ * (a sentence: ~2 µs counted, ~0.01 µs found). Bounded by entries and by the characters held. Only
+ * prompts go in: answers and the simulator's texts do not repeat, and would push the prompts out.
  */
+const PROMPT_TEXT_CACHED_CHARS_MAX = 1024 * 1024;
 const COUNTS = new LRUCache<string, number>({
   max: 20_000,
   maxSize: 16 * 1024 * 1024,
-  maxEntrySize: 1024 * 1024,
+  maxEntrySize: PROMPT_TEXT_CACHED_CHARS_MAX + 1,
   sizeCalculation: (_count, text) => text.length + 1,
   ttl: 3_600_000,
-  ttlAutopurge: false,
 });
 
 /**
@@ -47,22 +48,25 @@ const SEGMENT_CHARS = 16 * 1024;
  */
 export function countTextTokens(text: string, limit = Number.POSITIVE_INFINITY): number {
   if (text.length === 0) return 0;
-  const known = COUNTS.get(text);
-  if (known !== undefined) return known;
-  if (text.length <= RUN_CHARS_MAX) {
-    const count = countBpe(text, AS_TEXT);
-    COUNTS.set(text, count);
-    return count;
-  }
+  if (text.length <= RUN_CHARS_MAX) return countBpe(text, AS_TEXT);
   let count = 0;
   for (let start = 0; start < text.length; ) {
     const end = segmentEnd(text, start);
     count += countSegment(text, start, end);
     start = end;
-    // Stopped early, the count is only a lower bound: not worth keeping.
-    if (count > limit && start < text.length) return count;
+    if (count > limit) return count;
   }
-  COUNTS.set(text, count);
+  return count;
+}
+
+/** countTextTokens for a prompt text, through the cache (a text longer than an entry may be is not looked up). */
+function countPromptText(text: string, limit = Number.POSITIVE_INFINITY): number {
+  if (text.length > PROMPT_TEXT_CACHED_CHARS_MAX) return countTextTokens(text, limit);
+  const known = COUNTS.get(text);
+  if (known !== undefined) return known;
+  const count = countTextTokens(text, limit);
+  // Past the limit the count may have stopped early, a lower bound only: not worth keeping.
+  if (count <= limit) COUNTS.set(text, count);
   return count;
 }
 
@@ -124,13 +128,13 @@ export function countPromptTokens(
   for (const message of messages) {
     if (tokens > limit) return tokens;
     tokens += TOKENS_PER_MESSAGE;
-    if (message.content) tokens += countTextTokens(message.content, limit - tokens);
+    if (message.content) tokens += countPromptText(message.content, limit - tokens);
     if (message.role === 'assistant' && message.tool_calls) {
       for (const call of message.tool_calls) {
-        tokens += countTextTokens(call.function.name) + countTextTokens(call.function.arguments, limit - tokens) + TOKENS_PER_MESSAGE;
+        tokens += countPromptText(call.function.name) + countPromptText(call.function.arguments, limit - tokens) + TOKENS_PER_MESSAGE;
       }
     }
   }
-  if (tools && tools.length > 0 && tokens <= limit) tokens += countTextTokens(JSON.stringify(tools), limit - tokens);
+  if (tools && tools.length > 0 && tokens <= limit) tokens += countPromptText(JSON.stringify(tools), limit - tokens);
   return tokens;
 }

@@ -54,7 +54,11 @@ describe('countTextTokens', () => {
     expect(stopped).toBeGreaterThan(1_000);
     expect(stopped).toBeLessThan(full);
     expect(countTextTokens(text)).toBe(full);
-    expect(countTextTokens(text, 1_000)).toBe(full);
+    // As a prompt: a stopped count is not cached; a full one is, and a later count with a limit finds it.
+    const messages = [{ role: 'user' as const, content: text }];
+    expect(countPromptTokens(messages, null, 1_000)).toBeLessThan(full);
+    expect(countPromptTokens(messages, null)).toBe(full + 6);
+    expect(countPromptTokens(messages, null, 1_000)).toBe(full + 6);
   });
 });
 
