@@ -35,14 +35,12 @@ export interface ExchangeHandler {
 export interface HttpClientOptions {
   /** PEM certificates to trust instead of the built-in roots (https only). */
   ca?: string;
-  /** Idle keep-alive connections close after this; below the usual 5 s of upstream servers. */
-  idleTimeoutS?: number;
   /** Idle connections kept; more are closed when their exchange ends. */
   idleMax?: number;
-  headBytesMax?: number;
 }
 
-const IDLE_TIMEOUT_S_DEFAULT = 4;
+/** Idle keep-alive connections close after this; below the usual 5 s of upstream servers. */
+const IDLE_TIMEOUT_S = 4;
 const IDLE_MAX_DEFAULT = 256;
 
 /** One request and its answer, on a connection of the pool. */
@@ -55,7 +53,6 @@ export class HttpExchange {
   paused = false;
 
   constructor(
-    readonly client: HttpClient,
     /** Request line, header fields and the empty line, then the body: one write when the socket takes it. */
     readonly requestText: string,
     readonly requestBytes: number,
@@ -92,7 +89,6 @@ class Connection implements ResponseSink {
   parser: ResponseParser | null = null;
   /** Taken from the idle pool (a stale one may close under the request). */
   reused = false;
-  established = false;
   closed = false;
   /** Bytes of the request the socket has not taken yet. */
   pendingWrite: Uint8Array | null = null;
@@ -104,7 +100,7 @@ class Connection implements ResponseSink {
   start(exchange: HttpExchange): void {
     this.exchange = exchange;
     exchange.connection = this;
-    this.parser = new ResponseParser(this, this.client.headBytesMax);
+    this.parser = new ResponseParser(this);
     const socket = this.socket!;
     const written = socket.write(exchange.requestText);
     if (written < 0) {
@@ -243,7 +239,6 @@ function socketHandlers(tls: boolean): SocketHandler<Connection> {
       socket.terminate();
       return;
     }
-    connection.established = true;
     const exchange = connection.exchange;
     if (exchange === null || exchange.finished) {
       connection.exchange = null;
@@ -303,13 +298,11 @@ function socketHandlers(tls: boolean): SocketHandler<Connection> {
 
 /** Connections to one origin (`http://host:port` or `https://host:port`). */
 export class HttpClient {
-  readonly headBytesMax: number | undefined;
   private readonly hostname: string;
   private readonly port: number;
   private readonly tls: { serverName: string; ca?: string } | null;
   private readonly handlers: SocketHandler<Connection>;
   private readonly idle: Connection[] = [];
-  private readonly idleTimeoutS: number;
   private readonly idleMax: number;
   private closed = false;
 
@@ -321,9 +314,7 @@ export class HttpClient {
     this.port = origin.port === '' ? (https ? 443 : 80) : Number(origin.port);
     this.tls = https ? { serverName: this.hostname, ...(options.ca !== undefined ? { ca: options.ca } : {}) } : null;
     this.handlers = socketHandlers(https);
-    this.idleTimeoutS = options.idleTimeoutS ?? IDLE_TIMEOUT_S_DEFAULT;
     this.idleMax = options.idleMax ?? IDLE_MAX_DEFAULT;
-    this.headBytesMax = options.headBytesMax;
   }
 
   /** Idle keep-alive connections right now. */
@@ -336,7 +327,7 @@ export class HttpClient {
    * body; `requestBytes` is its length in UTF-8. The handler hears the answer (or the failure).
    */
   request(requestText: string, requestBytes: number, handler: ExchangeHandler): HttpExchange {
-    const exchange = new HttpExchange(this, requestText, requestBytes, handler);
+    const exchange = new HttpExchange(requestText, requestBytes, handler);
     if (this.closed) {
       queueMicrotask(() => {
         if (exchange.finished) return; // aborted meanwhile: no callback follows an abort
@@ -379,7 +370,7 @@ export class HttpClient {
     }
     connection.reused = false;
     const socket = connection.socket!;
-    socket.timeout(this.idleTimeoutS);
+    socket.timeout(IDLE_TIMEOUT_S);
     // An idle connection must not keep the process alive.
     socket.unref();
     this.idle.push(connection);
