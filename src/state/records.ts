@@ -192,25 +192,17 @@ export class RecordTable {
 
   /**
    * Adds the records of `serializeColumns` (its meta parsed back, its blobs in order), oldest first,
-   * dropping those past the TTL. Without blobs the columns are read from base64 text in the meta (the
-   * form of an earlier snapshot).
+   * dropping those past the TTL.
    */
-  restoreColumns(raw: unknown, blobs: readonly Uint8Array[] | null, nowMs = Date.now()): void {
+  restoreColumns(raw: unknown, blobs: readonly Uint8Array[], nowMs = Date.now()): void {
     const snapshot = raw as Record<string, unknown>;
     const count = snapshot.count;
     assert(typeof count === 'number' && Number.isSafeInteger(count) && count >= 0, 'snapshot records: bad count');
     const strings = snapshot.strings;
     assert(Array.isArray(strings) && strings.every((text) => typeof text === 'string'), 'snapshot records: bad strings');
     const column = <T extends Float64Array | Int32Array | Uint8Array>(name: (typeof COLUMNS)[number], Type: { new (b: ArrayBuffer): T; BYTES_PER_ELEMENT: number }, width: number): T => {
-      let bytes: Uint8Array;
-      if (blobs !== null) {
-        bytes = blobs[COLUMNS.indexOf(name)]!;
-        assert(bytes !== undefined, `snapshot records: ${name} missing`);
-      } else {
-        const text = snapshot[name];
-        assert(typeof text === 'string', `snapshot records: ${name} missing`);
-        bytes = Buffer.from(text, 'base64');
-      }
+      const bytes = blobs[COLUMNS.indexOf(name)];
+      assert(bytes !== undefined, `snapshot records: ${name} missing`);
       assert(bytes.length === count * width * Type.BYTES_PER_ELEMENT, `snapshot records: ${name} has the wrong size`);
       // Copied into a fresh, aligned buffer of its own.
       return new Type(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length) as ArrayBuffer);

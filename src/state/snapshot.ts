@@ -1,4 +1,5 @@
 // Snapshot form of the state: JSON, taken synchronously so it matches one log sequence number.
+import { assert } from '../util/assert.ts';
 import type { SnapshotContent } from '../wal/log.ts';
 import { GatewayState, type IdempotencyBinding, type KeyAccount, type RequestRecord, type StateLimits } from './apply.ts';
 
@@ -36,7 +37,7 @@ export function serializeState(state: GatewayState): SnapshotContent {
   return { json: JSON.stringify(snapshot), blobs };
 }
 
-/** Restores `raw` (the parsed JSON) and `blobs` (the bytes beside it; none for older snapshots). */
+/** Restores `raw` (the parsed JSON) and `blobs` (the bytes beside it; none for version 1). */
 export function restoreState(state: GatewayState, raw: unknown, nowMs: number, blobs: readonly Uint8Array[] | null = null): void {
   const snapshot = raw as SnapshotV2 | SnapshotV1;
   for (const account of snapshot.keys) {
@@ -44,7 +45,10 @@ export function restoreState(state: GatewayState, raw: unknown, nowMs: number, b
     state.keysBySecret.set(account.secretSha256, account);
   }
   for (const record of snapshot.inFlight) state.inFlight.set(record.id, record);
-  if ('version' in snapshot) state.finished.restoreColumns(snapshot.finished, blobs, nowMs);
+  if ('version' in snapshot) {
+    assert(blobs !== null, 'snapshot version 2 without its record columns');
+    state.finished.restoreColumns(snapshot.finished, blobs, nowMs);
+  }
   else for (const record of snapshot.finished) state.finished.add(record);
   for (const [scope, binding] of snapshot.idempotency) {
     const ttl = binding.expiresAtMs - nowMs;
