@@ -4,6 +4,7 @@ import { countPromptTokens } from '../billing/tokens.ts';
 import { statusUrl, type Gateway } from '../gateway.ts';
 import { parseJsonBody, readBodyText } from '../http/body.ts';
 import { asGatewayError, errorResponse, GatewayError } from '../http/errors.ts';
+import { nativePost, type NativeRoutes } from '../http/routes.ts';
 import { parseIdempotencyKey } from '../idempotency/store.ts';
 import { requestFingerprint } from '../idempotency/fingerprint.ts';
 import { authenticate, microToCredits } from '../keys/store.ts';
@@ -13,7 +14,9 @@ import { validateChatRequest } from './model.ts';
 import { admitChat, runChat, type ChatResult, type ChatSink } from './service.ts';
 import { ChunkEncoder, completionBody, DONE_FRAME, errorFrame } from './stream.ts';
 
-const COMPLETIONS_PATH = '/api/v1/chat/completions';
+const PREFIX = '/api/v1';
+const COMPLETIONS_ROUTE = '/chat/completions';
+const COMPLETIONS_PATH = PREFIX + COMPLETIONS_ROUTE;
 const JSON_HEADERS = { 'content-type': 'application/json' };
 /** Bytes a slow reader may leave queued before the run loop waits (backpressure). */
 const STREAM_QUEUE_BYTES_MAX = 64 * 1024;
@@ -203,15 +206,14 @@ const CANCEL_SETTLE_MS_MAX = 2_000;
  * The completions endpoint for Bun's own router (server.ts): the busiest route skips Elysia's router and
  * request context. It is the same function as the Elysia route below, which `app.handle` (the tests) uses.
  */
-export function chatNativeRoutes(gateway: Gateway): Record<string, { POST: (request: Request) => Promise<Response> }> {
-  const route = { POST: (request: Request) => completions(gateway, request) };
-  return { [COMPLETIONS_PATH]: route, [`${COMPLETIONS_PATH}/`]: route };
+export function chatNativeRoutes(gateway: Gateway): NativeRoutes {
+  return nativePost(COMPLETIONS_PATH, (request) => completions(gateway, request));
 }
 
 export function chatController(gateway: Gateway) {
   const { config } = gateway;
-  return new Elysia({ name: 'chat', prefix: '/api/v1' })
-    .post('/chat/completions', ({ request }) => completions(gateway, request), { parse: 'none' })
+  return new Elysia({ name: 'chat', prefix: PREFIX })
+    .post(COMPLETIONS_ROUTE, ({ request }) => completions(gateway, request), { parse: 'none' })
     .get('/models', ({ request }) => {
       authenticate(gateway.store, request.headers.get('authorization'), 'chat');
       const data = Object.entries(config.models).map(([id, model]) => ({ id, object: 'model', created: model.created, owned_by: model.provider }));

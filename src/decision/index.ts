@@ -3,6 +3,7 @@ import { Elysia } from 'elysia';
 import type { Gateway } from '../gateway.ts';
 import { parseJsonBody, readBodyText } from '../http/body.ts';
 import { asGatewayError, errorResponse, GatewayError } from '../http/errors.ts';
+import { nativePost, type NativeRoutes } from '../http/routes.ts';
 import { requestFingerprint } from '../idempotency/fingerprint.ts';
 import { parseIdempotencyKey } from '../idempotency/store.ts';
 import { authenticate, microToCredits } from '../keys/store.ts';
@@ -11,6 +12,9 @@ import { newDecisionRequestId } from '../util/ids.ts';
 import { validateDecisionRequest } from './model.ts';
 import { admitDecision, preparePrompt, runDecision } from './service.ts';
 
+const PREFIX = '/decision/v1';
+const DECIDE_ROUTE = '/decide';
+/** The path in Idempotency-Key fingerprints (with its slash: bindings already stored were made with it). */
 const DECIDE_PATH = '/decision/v1/decide/';
 const JSON_HEADERS = { 'content-type': 'application/json' };
 
@@ -106,14 +110,13 @@ function lookupView(record: RequestRecord): Record<string, unknown> {
 }
 
 /** The decide endpoint for Bun's own router (server.ts), like `chatNativeRoutes`: the same function as the Elysia route. */
-export function decisionNativeRoutes(gateway: Gateway): Record<string, { POST: (request: Request) => Promise<Response> }> {
-  const route = { POST: (request: Request) => decide(gateway, request) };
-  return { '/decision/v1/decide': route, '/decision/v1/decide/': route };
+export function decisionNativeRoutes(gateway: Gateway): NativeRoutes {
+  return nativePost(PREFIX + DECIDE_ROUTE, (request) => decide(gateway, request));
 }
 
 export function decisionController(gateway: Gateway) {
-  return new Elysia({ name: 'decision', prefix: '/decision/v1' })
-    .post('/decide', ({ request }) => decide(gateway, request), { parse: 'none' })
+  return new Elysia({ name: 'decision', prefix: PREFIX })
+    .post(DECIDE_ROUTE, ({ request }) => decide(gateway, request), { parse: 'none' })
     .get('/requests/:id', async ({ request, params }) => {
       const headers = { ...JSON_HEADERS, 'x-request-id': newDecisionRequestId() };
       try {
