@@ -13,6 +13,20 @@ export interface RunningServer {
   shutdown(graceMs?: number): Promise<void>;
 }
 
+/** The origin given to a request whose Host header Bun could not use (its URL is then a bare path). */
+const FALLBACK_ORIGIN = 'http://localhost';
+
+/**
+ * Elysia reads the path as the text after the first '/' past `http://` (app.ts sets
+ * `standardHostname: false`), so any Host header works, except one Bun refuses to put in the URL (empty,
+ * or with a space, '/', '?', '#' or a non-ASCII character): then `request.url` is the bare path, and
+ * the request gets a URL with a fixed origin. Only those odd requests pay for the copy.
+ */
+function withUsableUrl(request: Request): Request {
+  const url = request.url;
+  return url.charCodeAt(0) === 47 /* '/' */ ? new Request(FALLBACK_ORIGIN + url, request) : request;
+}
+
 export async function startServer(gateway: Gateway, options: { hostname?: string; port?: number } = {}): Promise<RunningServer> {
   // Requests a previous run left in flight end now, before anything new is admitted.
   await finishInterrupted(gateway.store, gateway.logger);
@@ -30,7 +44,7 @@ export async function startServer(gateway: Gateway, options: { hostname?: string
     // another method on theirs, falls through to the app): Elysia's routing and context are several µs
     // of a request that the trivial proxy does in ~25 (bench/README).
     routes: { ...chatNativeRoutes(gateway), ...decisionNativeRoutes(gateway) },
-    fetch: (request) => app.handle(request),
+    fetch: (request) => app.handle(withUsableUrl(request)),
   });
   let stopping: Promise<void> | null = null;
   const shutdown = (graceMs = gateway.config.limits.shutdown_grace_ms): Promise<void> => {

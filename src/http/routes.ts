@@ -8,3 +8,15 @@ export function nativePost(path: string, handler: (request: Request) => Promise<
   const route = { POST: handler };
   return { [path]: route, [`${path}/`]: route };
 }
+
+/** The path of a request URL, whatever its form (Bun gives a bare path when the Host header is unusable); never throws. */
+export function urlPath(url: string): string {
+  let start = 0;
+  if (url.charCodeAt(0) !== 47 /* '/' */) {
+    const scheme = url.indexOf('://');
+    start = scheme === -1 ? -1 : url.indexOf('/', scheme + 3);
+    if (start === -1) return '/';
+  }
+  const query = url.indexOf('?', start);
+  return query === -1 ? url.slice(start) : url.slice(start, query);
+}
