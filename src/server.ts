@@ -3,6 +3,7 @@ import { createApp } from './app.ts';
 import { chatNativeRoutes } from './chat/index.ts';
 import { decisionNativeRoutes } from './decision/index.ts';
 import type { Gateway } from './gateway.ts';
+import { readIdleSeconds } from './http/routes.ts';
 import { finishInterrupted } from './requests/recovery.ts';
 
 export interface RunningServer {
@@ -38,8 +39,11 @@ export async function startServer(gateway: Gateway, options: { hostname?: string
     // Content-Length without reading, and stops a chunked body at the limit), so Bun's own limit,
     // which would answer a bare 413, must never be the one that fires.
     maxRequestBodySize: Number.MAX_SAFE_INTEGER,
-    // Non-stream calls may wait on a provider for a long time without a byte flowing.
-    idleTimeout: 255,
+    // Slow and idle clients: the read deadline bounds a kept-alive connection's idle time and its next
+    // request's headers (see readIdleSeconds for what Bun allows); bodies have their own precise
+    // deadline (readBodyText). Once a body is in, uWS stops the timer until the answer is written, so a
+    // provider may take its time.
+    idleTimeout: readIdleSeconds(gateway.config.limits.request_read_timeout_ms),
     // The two inference endpoints are matched by Bun's router and called directly (every other path, and
     // another method on theirs, falls through to the app): Elysia's routing and context are several µs
     // of a request that the trivial proxy does in ~25 (bench/README).

@@ -25,7 +25,7 @@ function checkAdmin(gateway: Gateway, authorization: string | null): void {
 }
 
 async function readJson<T>(gateway: Gateway, request: Request, check: { Check(v: unknown): v is T; Errors(v: unknown): any }): Promise<T> {
-  const json = parseJsonBody(await readBodyText(request, gateway.config.limits.max_body_bytes));
+  const json = parseJsonBody(await readBodyText(request, gateway.config.limits.max_body_bytes, gateway.config.limits.request_read_timeout_ms));
   if (!check.Check(json)) {
     const first = check.Errors(json).First();
     const param = paramPath(first?.path ?? '') || null;

@@ -129,7 +129,7 @@ async function completions(gateway: Gateway, request: Request): Promise<Response
     if (gateway.draining) throw new GatewayError('service_unavailable', 'The gateway is shutting down; retry shortly.');
     const unavailable = gateway.store.unavailableReason;
     if (unavailable) throw new GatewayError('service_unavailable', 'The gateway cannot record requests right now; retry later.');
-    const text = await readBodyText(request, gateway.config.limits.max_body_bytes);
+    const text = await readBodyText(request, gateway.config.limits.max_body_bytes, gateway.config.limits.request_read_timeout_ms);
     const account = authenticate(gateway.store, request.headers.get('authorization'), 'chat');
     const json = parseJsonBody(text);
     const chat = validateChatRequest(json, gateway.config);
@@ -168,6 +168,8 @@ async function completions(gateway: Gateway, request: Request): Promise<Response
   } catch (thrown) {
     const error = asGatewayError(gateway, thrown, requestId);
     if (error.settleFirst) await error.settleFirst;
+    // Only a body read ends here with a 499 (the client left mid-body): one line, no stack; it is no bug.
+    if (error.status === 499) gateway.logger.info({ requestId, status: 499, code: error.code }, 'chat: the client went away before its body arrived');
     gateway.metrics.requestRefused('chat', error.code);
     return errorResponse(error, idHeader);
   }

@@ -54,7 +54,7 @@ async function decide(gateway: Gateway, request: Request): Promise<Response> {
   try {
     if (gateway.draining) throw new GatewayError('service_unavailable', 'The decision service is shutting down; retry shortly.');
     if (gateway.store.unavailableReason) throw new GatewayError('service_unavailable', 'The decision service cannot record requests right now; retry later.');
-    const text = await readBodyText(request, gateway.config.limits.max_body_bytes);
+    const text = await readBodyText(request, gateway.config.limits.max_body_bytes, gateway.config.limits.request_read_timeout_ms);
     account = authenticate(gateway.store, request.headers.get('authorization'), 'decision');
     const json = parseJsonBody(text);
     if (typeof (json as { model?: unknown })?.model === 'string') model = String((json as { model: string }).model).slice(0, 128);

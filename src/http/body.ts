@@ -1,4 +1,5 @@
-// Request bodies: the size limit is enforced while reading (413 before parsing), chunked bodies too.
+// Request bodies: the size limit and the read deadline are enforced while reading (413 or 400 before
+// parsing), chunked bodies too; a client that goes away mid-body is a 499, never an internal error.
 import { GatewayError } from './errors.ts';
 
 const DECODER = new TextDecoder('utf-8');
@@ -8,38 +9,96 @@ function tooLarge(maxBytes: number): GatewayError {
 }
 
 /**
- * Reads the whole body as text, refusing it as soon as it passes `maxBytes`. Not an async function: the
- * usual body, sized by Content-Length, is the runtime's own read, returned as is.
+ * Past the read deadline the answer closes the connection (`connection: close`, which Bun honours once
+ * the answer is written): a client that trickles its body must not keep the socket, whatever it sends.
  */
-export function readBodyText(request: Request, maxBytes: number): Promise<string> {
+function tooSlow(timeoutMs: number): GatewayError {
+  return new GatewayError('invalid_request_error', `The request body did not arrive within ${timeoutMs} ms.`, {
+    param: null,
+    headers: { connection: 'close' },
+  });
+}
+
+/** The body stream failed: the connection closed (or broke) before the body was in. The client is gone. */
+function readFailed(thrown: unknown): GatewayError {
+  if (thrown instanceof GatewayError) return thrown;
+  return new GatewayError('request_cancelled', 'The client went away before its request body arrived.', { cause: thrown });
+}
+
+/**
+ * Reads the whole body as text within `timeoutMs`, refusing it as soon as it passes `maxBytes`. The
+ * deadline counts from here, once the headers are in: Bun calls a handler only then, and its own idle
+ * timer (server.ts) bounds the headers. Not an async function: the usual body, sized by Content-Length,
+ * is the runtime's own read with one timer beside it.
+ */
+export function readBodyText(request: Request, maxBytes: number, timeoutMs: number): Promise<string> {
   const declared = request.headers.get('content-length');
   if (declared !== null) {
     const length = Number(declared);
     if (Number.isFinite(length) && length > maxBytes) return Promise.reject(tooLarge(maxBytes));
     // A declared length within the limit bounds what HTTP/1.1 reads for this request, so the native
     // reader can take it whole: no JS stream, no chunk list (the common case, and the hot path).
-    if (Number.isFinite(length)) return request.text();
+    if (Number.isFinite(length)) return withDeadline(request.text(), timeoutMs);
   }
-  return readChunked(request, maxBytes);
+  return readChunked(request, maxBytes, timeoutMs);
 }
 
-/** A body without a length (chunked): read piece by piece, stopped at the limit. */
-async function readChunked(request: Request, maxBytes: number): Promise<string> {
+/** `reading`, or the 400 that closes the connection once `timeoutMs` has passed; a failed read is a 499. */
+function withDeadline(reading: Promise<string>, timeoutMs: number): Promise<string> {
+  return new Promise<string>((resolve, reject) => {
+    const timer = setTimeout(rejectTooSlow, timeoutMs, reject, timeoutMs);
+    reading.then(
+      (text) => {
+        clearTimeout(timer);
+        resolve(text);
+      },
+      // Also after the deadline (the connection then closes under the read): handled, and a no-op.
+      (thrown: unknown) => {
+        clearTimeout(timer);
+        reject(readFailed(thrown));
+      },
+    );
+  });
+}
+
+function rejectTooSlow(reject: (error: GatewayError) => void, timeoutMs: number): void {
+  reject(tooSlow(timeoutMs));
+}
+
+/** A body without a length (chunked): read piece by piece, stopped at the limit or at the deadline. */
+async function readChunked(request: Request, maxBytes: number, timeoutMs: number): Promise<string> {
   const body = request.body;
   if (!body) return '';
   const reader = body.getReader();
+  // Cancelling the reader ends a pending read (done), so the loop sees the deadline at once.
+  let expired = false;
+  const timer = setTimeout(() => {
+    expired = true;
+    reader.cancel().catch(() => {});
+  }, timeoutMs);
   const chunks: Uint8Array[] = [];
   let totalBytes = 0;
-  for (;;) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    totalBytes += value.byteLength;
-    if (totalBytes > maxBytes) {
-      // Stop reading at once: the rest of an oversized body is never buffered.
-      void reader.cancel().catch(() => {});
-      throw tooLarge(maxBytes);
+  try {
+    for (;;) {
+      let read: Bun.ReadableStreamDefaultReadResult<Uint8Array>;
+      try {
+        read = await reader.read();
+      } catch (thrown) {
+        throw expired ? tooSlow(timeoutMs) : readFailed(thrown);
+      }
+      if (expired) throw tooSlow(timeoutMs);
+      if (read.done) break;
+      const value = read.value;
+      totalBytes += value.byteLength;
+      if (totalBytes > maxBytes) {
+        // Stop reading at once: the rest of an oversized body is never buffered.
+        void reader.cancel().catch(() => {});
+        throw tooLarge(maxBytes);
+      }
+      chunks.push(value);
     }
-    chunks.push(value);
+  } finally {
+    clearTimeout(timer);
   }
   if (chunks.length === 1) return DECODER.decode(chunks[0]);
   const all = new Uint8Array(totalBytes);

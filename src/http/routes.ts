@@ -9,6 +9,19 @@ export function nativePost(path: string, handler: (request: Request) => Promise<
   return { [path]: route, [`${path}/`]: route };
 }
 
+/** Bun's idle timeout is whole seconds, at most 255; 0 turns it off. */
+const IDLE_S_MAX = 255;
+
+/**
+ * The idle timeout Bun.serve gets: the read deadline in whole seconds (at least 1, at most Bun's 255).
+ * Bun arms it at each request and after each answer, so it bounds a keep-alive connection's idle time
+ * and the headers of its next request; the headers of a connection's first request have uWS's own
+ * fixed 10 s. The timer is swept every 4 s, so it fires up to 4 s late.
+ */
+export function readIdleSeconds(readTimeoutMs: number): number {
+  return Math.min(IDLE_S_MAX, Math.max(1, Math.ceil(readTimeoutMs / 1000)));
+}
+
 /** The path of a request URL, whatever its form (Bun gives a bare path when the Host header is unusable); never throws. */
 export function urlPath(url: string): string {
   let start = 0;
