@@ -12,7 +12,7 @@ import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { bench, do_not_optimize, group, run } from 'mitata';
 import { countPromptTokens, countTextTokens } from '../src/billing/tokens.ts';
-import { ChunkEncoder } from '../src/chat/stream.ts';
+import { ChunkEncoder } from '../src/chat/sse.ts';
 import { validateChatRequest } from '../src/chat/model.ts';
 import { defaultConfig } from '../src/config/defaults.ts';
 import { requestFingerprint } from '../src/idempotency/fingerprint.ts';

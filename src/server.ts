@@ -42,8 +42,11 @@ export async function startServer(gateway: Gateway, options: { hostname?: string
     // Slow and idle clients: the read deadline bounds a kept-alive connection's idle time and its next
     // request's headers (see readIdleSeconds for what Bun allows); bodies have their own precise
     // deadline (readBodyText). Once a body is in, uWS stops the timer until the answer is written, so a
-    // provider may take its time.
+    // provider may take its time; a stream lifts it until its end (chat/index.ts).
     idleTimeout: readIdleSeconds(gateway.config.limits.request_read_timeout_ms),
+    // Errors are ours to render and log. Development mode would also print to stderr the reason a
+    // dropped stream was aborted with (chat/sse.ts), once per client that stopped reading.
+    development: false,
     // The two inference endpoints are matched by Bun's router and called directly (every other path, and
     // another method on theirs, falls through to the app): Elysia's routing and context are several µs
     // of a request that the trivial proxy does in ~25 (bench/README).

@@ -1,128 +1,27 @@
 // The chat controller (/api/v1): completions (JSON and SSE), models, request status and cancel.
+import type { Server } from 'bun';
 import { Elysia } from 'elysia';
 import { countPromptTokens } from '../billing/tokens.ts';
 import { statusUrl, type Gateway } from '../gateway.ts';
 import { parseJsonBody, readBodyText } from '../http/body.ts';
 import { asGatewayError, errorResponse, GatewayError } from '../http/errors.ts';
-import { nativePost, type NativeRoutes } from '../http/routes.ts';
+import { liftIdle, nativePost, settleIdle, type NativeRoutes } from '../http/routes.ts';
 import { parseIdempotencyKey } from '../idempotency/store.ts';
 import { requestFingerprint } from '../idempotency/fingerprint.ts';
 import { authenticate, microToCredits } from '../keys/store.ts';
 import type { RequestRecord } from '../state/apply.ts';
 import { newChatRequestId } from '../util/ids.ts';
 import { validateChatRequest } from './model.ts';
-import { admitChat, runChat, type ChatResult, type ChatSink } from './service.ts';
-import { ChunkEncoder, completionBody, DONE_FRAME, errorFrame } from './stream.ts';
+import { admitChat, runChat } from './service.ts';
+import { ChunkEncoder, SseSink } from './sse.ts';
+import { completionBody } from './stream.ts';
 
 const PREFIX = '/api/v1';
 const COMPLETIONS_ROUTE = '/chat/completions';
 const COMPLETIONS_PATH = PREFIX + COMPLETIONS_ROUTE;
 const JSON_HEADERS = { 'content-type': 'application/json' };
-/** Bytes a slow reader may leave queued before the run loop waits (backpressure). */
-const STREAM_QUEUE_BYTES_MAX = 64 * 1024;
-const ENCODER = new TextEncoder();
 
-/**
- * Relays a stream as SSE. `opened` resolves when the first output is ready (then the caller answers
- * 200 with `body`), or with the error when the run failed before any output (then a plain error reply).
- *
- * Frames are gathered as text and handed to the response once per event-loop turn: the deltas of one
- * upstream read become one encode and one socket write instead of one each, and every frame is still
- * its own SSE event. A slow reader is felt through the stream's byte budget (backpressure).
- */
-class SseSink implements ChatSink {
-  readonly opened = Promise.withResolvers<GatewayError | null>();
-  readonly body: ReadableStream<Uint8Array>;
-  private controller!: ReadableStreamDefaultController<Uint8Array>;
-  private wake: (() => void) | null = null;
-  private closed = false;
-  private started = false;
-  /** Frames not yet handed to the response. */
-  private pending = '';
-  private flushQueued = false;
-  private readonly flushQueuedFrames = (): void => {
-    this.flushQueued = false;
-    this.flush();
-  };
-
-  constructor(
-    private readonly encoder: ChunkEncoder,
-    onCancel: () => void,
-  ) {
-    this.body = new ReadableStream<Uint8Array>(
-      {
-        start: (controller) => {
-          this.controller = controller;
-        },
-        pull: () => this.resume(),
-        cancel: () => {
-          this.closed = true;
-          this.pending = '';
-          this.resume();
-          onCancel();
-        },
-      },
-      { highWaterMark: STREAM_QUEUE_BYTES_MAX, size: (chunk) => chunk?.byteLength ?? 0 },
-    );
-  }
-
-  private resume(): void {
-    const wake = this.wake;
-    this.wake = null;
-    wake?.();
-  }
-
-  private flush(): void {
-    if (this.closed || this.pending.length === 0) return;
-    const bytes = ENCODER.encode(this.pending);
-    this.pending = '';
-    this.controller.enqueue(bytes);
-  }
-
-  private write(frame: string): void | Promise<void> {
-    if (this.closed) return;
-    this.pending += frame;
-    if (!this.flushQueued) {
-      this.flushQueued = true;
-      setImmediate(this.flushQueuedFrames);
-    }
-    // Frames are mostly ASCII JSON, so their length stands for their bytes here.
-    if ((this.controller.desiredSize ?? 1) - this.pending.length > 0) return;
-    this.flush();
-    if ((this.controller.desiredSize ?? 1) > 0) return;
-    return new Promise<void>((resolve) => (this.wake = resolve));
-  }
-
-  begin(): void | Promise<void> {
-    this.started = true;
-    this.opened.resolve(null);
-    return this.write(this.encoder.role());
-  }
-
-  text(text: string): void | Promise<void> {
-    return this.write(this.encoder.text(text));
-  }
-
-  toolCall(index: number, id: string | null, name: string | null, args: string): void | Promise<void> {
-    return this.write(this.encoder.toolCall(index, id, name, args));
-  }
-
-  end(result: ChatResult): void {
-    if (!this.started) {
-      this.opened.resolve(result.ok ? null : result.error);
-      if (!result.ok) return;
-    }
-    if (this.closed) return;
-    this.pending += result.ok
-      ? this.encoder.finish(result.finishReason) + this.encoder.usage(result.usage) + DONE_FRAME
-      : errorFrame(result.error);
-    this.flush();
-    this.closed = true;
-    this.controller.close();
-  }
-}
-
-async function completions(gateway: Gateway, request: Request): Promise<Response> {
+async function completions(gateway: Gateway, request: Request, server?: Server<unknown>): Promise<Response> {
   const requestId = newChatRequestId();
   const idHeader = { 'x-request-id': requestId };
   try {
@@ -151,11 +50,25 @@ async function completions(gateway: Gateway, request: Request): Promise<Response
     // A client that left while the body was read or the binding became durable is gone already.
     if (clientSignal.aborted) actor.abort('disconnected');
 
+    const { limits } = gateway.config;
     if (chat.stream) {
-      const sink = new SseSink(new ChunkEncoder(requestId, admission.createdS, chat.modelId), () => actor.abort('disconnected'));
+      // A stream may be silent between tokens for longer than the read deadline: its connection's idle
+      // timer is lifted from here to the stream's end (lifted before the run starts, so its end, which
+      // settles it, always comes after).
+      liftIdle(request, server, limits.stream_timeout_ms);
+      const sink = new SseSink({
+        encoder: new ChunkEncoder(requestId, admission.createdS, chat.modelId),
+        bufferBytesMax: limits.stream_buffer_bytes,
+        signal: actor.signal,
+        onCancel: () => actor.abort('disconnected'),
+        onEnd: server ? () => settleIdle(request, server, limits.request_read_timeout_ms) : undefined,
+      });
       void runChat(gateway, admission, chat, sink);
       const early = await sink.opened.promise;
-      if (early) return errorResponse(early, idHeader);
+      if (early) {
+        settleIdle(request, server, limits.request_read_timeout_ms);
+        return errorResponse(early, idHeader);
+      }
       return new Response(sink.body, {
         status: 200,
         headers: { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-request-id': requestId },
@@ -201,15 +114,19 @@ function ownRecord(gateway: Gateway, keyId: string, id: string): RequestRecord {
   return record;
 }
 
-/** How long a cancel waits for the provider to stop and the hold to be released before it answers. */
-const CANCEL_SETTLE_MS_MAX = 2_000;
+/**
+ * How long a cancel waits for the provider to stop and the hold to be released before it answers. The
+ * run loop wakes on the abort even when its stream's client stopped reading, so this is one commit; the
+ * bound only keeps a provider that ignores its signal from holding the answer past the contract's 1 s.
+ */
+const CANCEL_SETTLE_MS_MAX = 1_000;
 
 /**
  * The completions endpoint for Bun's own router (server.ts): the busiest route skips Elysia's router and
  * request context. It is the same function as the Elysia route below, which `app.handle` (the tests) uses.
  */
 export function chatNativeRoutes(gateway: Gateway): NativeRoutes {
-  return nativePost(COMPLETIONS_PATH, (request) => completions(gateway, request));
+  return nativePost(COMPLETIONS_PATH, (request, server) => completions(gateway, request, server));
 }
 
 export function chatController(gateway: Gateway) {

@@ -203,7 +203,12 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
         }
         if (actor.signal.aborted) break;
         const written = answer.add(delta, sink);
-        if (written) await written;
+        if (written) {
+          // The sink is full (a client that is behind): the upstream waits here. An abort wakes this wait
+          // (the sink listens to the signal), and the run ends now, without asking the provider again.
+          await written;
+          if (actor.signal.aborted) break;
+        }
       }
       if (actor.signal.aborted) throw actor.signal.reason;
       if (!began) {

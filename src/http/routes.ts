@@ -1,10 +1,14 @@
-// Routes mounted in Bun's own router (server.ts) beside the Elysia app: the busiest endpoints skip
-// Elysia's routing and request context there. Each is the same handler as its Elysia route.
+// Routes mounted in Bun's own router (server.ts) beside the Elysia app, and the idle timer of the
+// connection a request came on. Each native route is the same handler as its Elysia route.
+import type { Server } from 'bun';
 
-export type NativeRoutes = Record<string, { POST: (request: Request) => Promise<Response> }>;
+/** Bun's router passes its server; `app.handle` (the tests) passes none, and then there is no connection to time. */
+export type NativeHandler = (request: Request, server?: Server<unknown>) => Promise<Response>;
+
+export type NativeRoutes = Record<string, { POST: NativeHandler }>;
 
 /** A POST route at `path`, with and without a trailing slash, as the Elysia route answers both. */
-export function nativePost(path: string, handler: (request: Request) => Promise<Response>): NativeRoutes {
+export function nativePost(path: string, handler: NativeHandler): NativeRoutes {
   const route = { POST: handler };
   return { [path]: route, [`${path}/`]: route };
 }
@@ -20,6 +24,25 @@ const IDLE_S_MAX = 255;
  */
 export function readIdleSeconds(readTimeoutMs: number): number {
   return Math.min(IDLE_S_MAX, Math.max(1, Math.ceil(readTimeoutMs / 1000)));
+}
+
+/**
+ * Lifts the idle timer of `request`'s connection for a stream. uWS stops the timer once a request's
+ * body is in, so a provider may take its time before the answer starts; but each write of an answer
+ * re-arms it, so a stream silent between tokens for longer than the read deadline would be cut.
+ * `waitMs` is the stream's own time limit, enforced by the actor: the socket timer is only a backstop
+ * behind it, off when that limit is past Bun's maximum. What is set lasts for the connection, not the
+ * request, so every lift needs its `settleIdle` when the answer ends (a connection dropped needs none).
+ */
+export function liftIdle(request: Request, server: Server<unknown> | undefined, waitMs: number): void {
+  if (server === undefined) return;
+  const seconds = Math.ceil(waitMs / 1000) + 1;
+  server.timeout(request, seconds > IDLE_S_MAX ? 0 : seconds);
+}
+
+/** The connection idles under the read deadline again (after `liftIdle`). */
+export function settleIdle(request: Request, server: Server<unknown> | undefined, readTimeoutMs: number): void {
+  server?.timeout(request, readIdleSeconds(readTimeoutMs));
 }
 
 /** The path of a request URL, whatever its form (Bun gives a bare path when the Host header is unusable); never throws. */

@@ -1,6 +1,7 @@
 // Chat output encoding: the completion and the SSE chunks serialize to the OpenAI shapes, whatever the text.
 import { describe, expect, test } from 'bun:test';
-import { ChunkEncoder, completionBody } from '../../src/chat/stream.ts';
+import { ChunkEncoder } from '../../src/chat/sse.ts';
+import { completionBody } from '../../src/chat/stream.ts';
 
 const AWKWARD = 'quotes " and \\ backslash, a\nnewline, tab\t, unicode é ✓ 🙂, control \u0001, and </script>';
 

@@ -64,6 +64,18 @@ describe('the read deadline (request_read_timeout_ms), counted before auth', () 
     expect(trickling.received().split('HTTP/1.1 200').length).toBe(2);
   }, 15_000);
 
+  test('after a stream (whose idle timer was lifted), the kept-alive connection idles under the deadline again', async () => {
+    const t = await cleanup.server(SHORT_READ);
+    const { key } = await t.createKey({ credits: 10 });
+    const client = await rawConnect(t.server.port);
+    const body = JSON.stringify(chatBody({ stream: true }));
+    client.write(postHead('/api/v1/chat/completions', { authorization: `Bearer ${key}` }, body.length) + body);
+    await client.receivedText('data: [DONE]');
+    const answeredMs = Date.now();
+    await client.closed;
+    expect(Date.now() - answeredMs).toBeLessThan(Math.ceil(READ_TIMEOUT_MS / 1000) * 1000 + SWEEP_MS + MARGIN_MS);
+  }, 15_000);
+
   test("a new connection that idles, or trickles its headers, is closed by uWS's fixed 10 s header timer", async () => {
     const t = await cleanup.server(SHORT_READ);
     const silent = await rawConnect(t.server.port);
@@ -79,7 +91,51 @@ describe('the read deadline (request_read_timeout_ms), counted before auth', () 
 /** Beyond the connection's idle timer (1 s here, swept every 4 s): a wait that long would have been cut. */
 const PROVIDER_SILENCE_MS = SWEEP_MS + 1500;
 
+/** An OpenAI-compatible upstream whose stream says one word, is silent for `silenceMs`, then finishes. */
+function startPausingUpstream(silenceMs: number): { url: string; stop(): void } {
+  const chunk = (content: string, finish: string | null) =>
+    `data: ${JSON.stringify({ id: 'up-1', object: 'chat.completion.chunk', created: 0, model: 'up', choices: [{ index: 0, delta: { content }, finish_reason: finish }] })}\n\n`;
+  const usage = { id: 'up-1', object: 'chat.completion.chunk', created: 0, model: 'up', choices: [], usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 } };
+  const server = Bun.serve({
+    port: 0,
+    hostname: '127.0.0.1',
+    idleTimeout: 0,
+    async fetch(request) {
+      await request.json();
+      return new Response(
+        new ReadableStream<Uint8Array>({
+          type: 'direct',
+          async pull(controller) {
+            controller.write(chunk('Hello', null));
+            controller.flush();
+            await new Promise((resolve) => setTimeout(resolve, silenceMs));
+            controller.write(chunk(' there', 'stop') + `data: ${JSON.stringify(usage)}\n\ndata: [DONE]\n\n`);
+            controller.close();
+          },
+        }),
+        { headers: { 'content-type': 'text/event-stream' } },
+      );
+    },
+  });
+  return { url: `http://127.0.0.1:${server.port}/v1`, stop: () => server.stop(true) };
+}
+
 describe('a provider slower than the read deadline', () => {
+  test('a stream silent between tokens for longer is not cut', async () => {
+    const upstream = cleanup.track(startPausingUpstream(PROVIDER_SILENCE_MS));
+    const t = await cleanup.server({
+      ...SHORT_READ,
+      providers: { fake: { type: 'openai', base_url: upstream.url, timeout_ms: 30_000 } },
+      models: { model_03: { provider: 'fake', upstream_model: 'up' } },
+    });
+    const { key } = await t.createKey({ credits: 10 });
+    const response = await fetch(`${t.baseUrl}/api/v1/chat/completions`, { method: 'POST', headers: bearer(key), body: JSON.stringify(chatBody({ stream: true })) });
+    expect(response.status).toBe(200);
+    const text = await response.text();
+    expect(text).toContain('"content":" there"');
+    expect(text.endsWith('data: [DONE]\n\n')).toBe(true);
+  }, 20_000);
+
   test('an answer that takes longer to start is still given: chat, chat stream, decision', async () => {
     const t = await cleanup.server({ ...SHORT_READ, providers: { simulator: { type: 'simulator', ttft_ms: PROVIDER_SILENCE_MS, tokens_per_second: 100_000, completion_tokens: 12 } } });
     const { key } = await t.createKey({ credits: 10, services: ['chat', 'decision'] });

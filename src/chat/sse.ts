@@ -1,0 +1,250 @@
+// Chat streams: the SSE chunk framing and the sink that relays a run's output to the client, bounded.
+import type { GatewayError } from '../http/errors.ts';
+import { errorBody } from '../http/errors.ts';
+import type { Usage } from '../state/events.ts';
+import type { ChatResult, ChatSink } from './service.ts';
+import type { PublicFinishReason } from './stream.ts';
+
+export const DONE_FRAME = 'data: [DONE]\n\n';
+
+/**
+ * Builds the SSE frames of one stream, as text (the sink hands text to the response, which encodes it
+ * natively). The constant head of every chunk (id, object, created, model) is serialized once, so a
+ * delta costs one concatenation.
+ */
+export class ChunkEncoder {
+  private readonly head: string;
+
+  constructor(id: string, createdS: number, model: string) {
+    this.head = `data: {"id":${JSON.stringify(id)},"object":"chat.completion.chunk","created":${createdS},"model":${JSON.stringify(model)},"choices":`;
+  }
+
+  private frame(choices: string, tail = ''): string {
+    return `${this.head}${choices}${tail}}\n\n`;
+  }
+
+  role(): string {
+    return this.frame('[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]');
+  }
+
+  text(text: string): string {
+    return this.frame(`[{"index":0,"delta":{"content":${JSON.stringify(text)}},"finish_reason":null}]`);
+  }
+
+  toolCall(index: number, id: string | null, name: string | null, args: string): string {
+    const opening = id !== null ? `"id":${JSON.stringify(id)},"type":"function",` : '';
+    const fn = name !== null ? `{"name":${JSON.stringify(name)},"arguments":${JSON.stringify(args)}}` : `{"arguments":${JSON.stringify(args)}}`;
+    return this.frame(`[{"index":0,"delta":{"tool_calls":[{"index":${index},${opening}"function":${fn}}]},"finish_reason":null}]`);
+  }
+
+  finish(reason: PublicFinishReason): string {
+    return this.frame(`[{"index":0,"delta":{},"finish_reason":"${reason}"}]`);
+  }
+
+  usage(usage: Usage): string {
+    return this.frame('[]', `,"usage":${JSON.stringify(usage)}`);
+  }
+}
+
+/** An error after the stream started: one `data: {"error": ...}` event, then the end (no [DONE]). */
+export function errorFrame(error: GatewayError): string {
+  return `data: ${JSON.stringify(errorBody(error))}\n\n`;
+}
+
+/**
+ * What the sink uses of Bun's controller of a `type: "direct"` ReadableStream. `write` hands text to the
+ * response's own buffer (written to the socket once per event-loop turn) and returns a promise instead
+ * of a count while the socket is backpressured, resolved when it drains or closes; `close(reason)` with
+ * a reason aborts the response: Bun resets the connection at once, even one whose client stopped reading
+ * (measured: a plain ReadableStream that errors is noticed only when the client reads again).
+ */
+export type DirectController = Pick<ReadableStreamDirectController, 'write' | 'close'>;
+
+/**
+ * The reason a stream is dropped with. Bun prints it only in development mode, which server.ts turns off;
+ * one constant, since nobody reads it.
+ */
+const DROPPED = new Error('stream dropped: the client stopped reading');
+
+export interface SseSinkOptions {
+  encoder: ChunkEncoder;
+  /** Frames that may wait in the sink for a client that is behind; past it the run loop waits. */
+  bufferBytesMax: number;
+  /** The actor's signal: an abort wakes a run loop waiting on this sink. */
+  signal: AbortSignal;
+  /** The client went away (the response was cancelled). */
+  onCancel: () => void;
+  /** The stream ends gracefully: its connection goes back to idling under the read deadline. */
+  onEnd?: () => void;
+}
+
+/**
+ * Relays a stream as SSE. `opened` resolves when the first output is ready (then the caller answers
+ * 200 with `body`), or with the error when the run failed before any output (then a plain error reply).
+ *
+ * The body is a direct stream: frames go straight into the response's buffer, which Bun writes once per
+ * event-loop turn, so the deltas of one upstream read become one socket write. While the socket is
+ * backpressured the frames wait here instead, and once `bufferBytesMax` of them wait the run loop waits
+ * too, which pauses the upstream: what a slow reader costs is bounded. A stopped run (cancel, a time
+ * limit, shutdown) wakes that wait at once; if its client is still behind then, the connection is
+ * dropped rather than left holding its descriptor and buffers for a reader that may never come back.
+ */
+export class SseSink implements ChatSink {
+  readonly opened = Promise.withResolvers<GatewayError | null>();
+  readonly body: ReadableStream<Uint8Array>;
+  private readonly encoder: ChunkEncoder;
+  private readonly bufferBytesMax: number;
+  private readonly signal: AbortSignal;
+  private readonly onCancel: () => void;
+  private readonly onEnd: (() => void) | undefined;
+  /** Set when Bun starts sending the body (its first pull). */
+  private controller: DirectController | null = null;
+  /** Frames not handed to the response yet: before its first pull, and while the client is behind. */
+  private pending = '';
+  /**
+   * Bytes of the last write Bun took while its socket was backpressured (0 once it drains): they may
+   * still wait in its buffer, so they count against `bufferBytesMax` with `pending`.
+   */
+  private unsentBytes = 0;
+  /** The client is behind: a write is waiting for the socket to drain. */
+  private draining = false;
+  /** The run loop waiting for room. */
+  private wake: (() => void) | null = null;
+  private started = false;
+  /** The run is over: the last frames are in `pending` or handed over. */
+  private ended = false;
+  /** The response is closed, dropped or cancelled: nothing more is written. */
+  private closed = false;
+  private readonly drained = (): void => {
+    this.draining = false;
+    this.unsentBytes = 0;
+    if (this.closed || this.controller === null) return;
+    this.handPending(this.controller);
+  };
+
+  constructor(options: SseSinkOptions) {
+    this.encoder = options.encoder;
+    this.bufferBytesMax = options.bufferBytesMax;
+    this.signal = options.signal;
+    this.onCancel = options.onCancel;
+    this.onEnd = options.onEnd;
+    this.signal.addEventListener('abort', this);
+    this.body = new ReadableStream<Uint8Array>({
+      type: 'direct',
+      pull: (controller) => this.attach(controller),
+      cancel: () => {
+        this.closed = true;
+        this.pending = '';
+        this.resume();
+        this.onCancel();
+      },
+    });
+  }
+
+  /** The actor aborted: a run loop waiting for room must see it now (an event listener object, no closure). */
+  handleEvent(): void {
+    this.resume();
+  }
+
+  private resume(): void {
+    const wake = this.wake;
+    this.wake = null;
+    wake?.();
+  }
+
+  /**
+   * Bun's pull: the response starts sending the body. Bun.serve pulls once; a JS reader (app.handle in
+   * tests) pulls again per read, with the same controller.
+   */
+  attach(controller: DirectController): void {
+    if (this.controller !== null) return;
+    this.controller = controller;
+    if (this.closed) {
+      controller.close(DROPPED);
+      return;
+    }
+    this.handPending(controller);
+  }
+
+  /** Hands what waits to the response, closes it after the last frames, and lets the run loop go on if there is room. */
+  private handPending(controller: DirectController): void {
+    if (this.pending.length > 0) {
+      const text = this.pending;
+      this.pending = '';
+      this.hand(controller, text);
+    }
+    if (this.draining) {
+      if (this.unsentBytes < this.bufferBytesMax) this.resume();
+      return;
+    }
+    if (this.ended) {
+      this.closed = true;
+      controller.close();
+      return;
+    }
+    this.resume();
+  }
+
+  private hand(controller: DirectController, text: string): void {
+    const written = controller.write(text);
+    if (typeof written === 'number') return;
+    this.draining = true;
+    this.unsentBytes = text.length;
+    written.then(this.drained, this.drained);
+  }
+
+  private write(frame: string): void | Promise<void> {
+    if (this.closed) return;
+    const controller = this.controller;
+    if (controller !== null && !this.draining) {
+      this.hand(controller, frame);
+      return;
+    }
+    this.pending += frame;
+    // Frames are mostly ASCII JSON, so their length stands for their bytes here. An aborted run stops
+    // at its next check; it must not wait for a reader.
+    if (this.pending.length + this.unsentBytes < this.bufferBytesMax || this.signal.aborted) return;
+    return new Promise<void>((resolve) => (this.wake = resolve));
+  }
+
+  begin(): void | Promise<void> {
+    this.started = true;
+    this.opened.resolve(null);
+    return this.write(this.encoder.role());
+  }
+
+  text(text: string): void | Promise<void> {
+    return this.write(this.encoder.text(text));
+  }
+
+  toolCall(index: number, id: string | null, name: string | null, args: string): void | Promise<void> {
+    return this.write(this.encoder.toolCall(index, id, name, args));
+  }
+
+  end(result: ChatResult): void {
+    this.signal.removeEventListener('abort', this);
+    if (!this.started) {
+      this.opened.resolve(result.ok ? null : result.error);
+      if (!result.ok) return;
+    }
+    if (this.closed) return;
+    this.ended = true;
+    if (!result.ok && this.draining) {
+      // Stopped while its client was behind: that reader may never read again, so its connection goes now.
+      this.drop();
+      return;
+    }
+    this.pending += result.ok
+      ? this.encoder.finish(result.finishReason) + this.encoder.usage(result.usage) + DONE_FRAME
+      : errorFrame(result.error);
+    this.onEnd?.();
+    if (this.controller !== null && !this.draining) this.handPending(this.controller);
+  }
+
+  /** Aborts the response: Bun resets the connection, whatever waits in its buffers. */
+  private drop(): void {
+    this.closed = true;
+    this.pending = '';
+    this.controller?.close(DROPPED);
+  }
+}

@@ -1,0 +1,167 @@
+// The SSE sink against a socket that stops draining: at most stream_buffer_bytes wait, an abort wakes the
+// run loop, and a stopped run whose client is behind drops the connection instead of waiting for it.
+import { describe, expect, test } from 'bun:test';
+import type { ChatResult } from '../../src/chat/service.ts';
+import { ChunkEncoder, SseSink, type DirectController } from '../../src/chat/sse.ts';
+import { GatewayError } from '../../src/http/errors.ts';
+
+const encoder = new ChunkEncoder('chatcmpl-test', 1, 'model_03');
+const TEXT = 'word '.repeat(20);
+const FRAME_CHARS = encoder.text(TEXT).length;
+const OK: ChatResult = { ok: true, content: TEXT, toolCalls: [], finishReason: 'stop', usage: { prompt_tokens: 1, completion_tokens: 2, total_tokens: 3 } };
+const CANCELLED: ChatResult = { ok: false, error: new GatewayError('request_cancelled', 'The request was cancelled.') };
+
+/**
+ * Bun's direct-stream controller over a socket: while `stuck`, every write is taken but answered with a
+ * promise that resolves when the test drains it, as Bun does while the socket is backpressured.
+ */
+class FakeResponse implements DirectController {
+  written = '';
+  stuck = true;
+  readonly drains: PromiseWithResolvers<number>[] = [];
+  /** undefined while open; null when closed gracefully; the reason when aborted. */
+  closedWith: unknown = undefined;
+
+  write(data: string | Bun.BufferSource | ArrayBuffer): number | Promise<number> {
+    const text = data as string;
+    this.written += text;
+    if (!this.stuck) return text.length;
+    const drain = Promise.withResolvers<number>();
+    this.drains.push(drain);
+    return drain.promise;
+  }
+
+  close(reason?: Error): void {
+    this.closedWith = reason ?? null;
+  }
+
+  /** The socket drains what it holds (and stays stuck for what comes next unless `stuck` is cleared). */
+  async drainAll(): Promise<void> {
+    for (const drain of this.drains.splice(0)) drain.resolve(0);
+    // The sink's drain callbacks run on the promise jobs that follow.
+    await Promise.resolve();
+    await Promise.resolve();
+  }
+}
+
+function openSink(bufferBytesMax: number, controller = new AbortController()) {
+  const response = new FakeResponse();
+  const cancelled = { count: 0 };
+  const sink = new SseSink({ encoder, bufferBytesMax, signal: controller.signal, onCancel: () => cancelled.count++ });
+  sink.attach(response);
+  return { sink, response, controller, cancelled };
+}
+
+/** Writes text deltas until the sink makes the run loop wait; returns the characters written before that and the wait. */
+function writeUntilWait(sink: SseSink, limit = 10_000): { chars: number; wait: Promise<void> } {
+  let chars = 0;
+  for (let i = 0; i < limit; i++) {
+    const wait = sink.text(TEXT);
+    chars += FRAME_CHARS;
+    if (wait) return { chars, wait };
+  }
+  throw new Error('the sink never made the run loop wait');
+}
+
+describe('SseSink with a client that stops reading', () => {
+  test('at most stream_buffer_bytes wait: past it the run loop waits (the upstream is paused)', async () => {
+    const bufferBytesMax = 4096;
+    const roleChars = encoder.role().length;
+    const { sink, response } = openSink(bufferBytesMax);
+    // The first frame goes to the socket, which takes it but cannot send it: it counts from now on.
+    expect(sink.begin()).toBeUndefined();
+    const first = writeUntilWait(sink);
+    // What waits when the loop is made to wait: the bound, plus at most the frame that crossed it.
+    expect(roleChars + first.chars).toBeGreaterThanOrEqual(bufferBytesMax);
+    expect(roleChars + first.chars).toBeLessThan(bufferBytesMax + FRAME_CHARS);
+    expect(response.written.length).toBe(roleChars);
+    let woke = false;
+    void first.wait.then(() => (woke = true));
+    await Promise.resolve();
+    expect(woke).toBe(false);
+    // The socket sends the first frame: the waiting frames go out in one write, which it takes but
+    // cannot send yet either. They still count, so the loop gets only the room that is left.
+    await response.drainAll();
+    expect(response.written.length).toBe(roleChars + first.chars);
+    expect(woke).toBe(true);
+    const second = writeUntilWait(sink);
+    expect(first.chars + second.chars).toBeGreaterThanOrEqual(bufferBytesMax);
+    expect(first.chars + second.chars).toBeLessThan(bufferBytesMax + FRAME_CHARS);
+    expect(response.written.length).toBe(roleChars + first.chars);
+  });
+
+  test('an abort wakes the waiting run loop at once, and the stopped run drops the connection', async () => {
+    const { sink, response, controller } = openSink(2048);
+    sink.begin();
+    const { wait } = writeUntilWait(sink);
+    controller.abort();
+    await wait;
+    sink.end(CANCELLED);
+    expect(response.closedWith).toBeInstanceOf(Error);
+    const written = response.written.length;
+    // Nothing more is written to a dropped response, whatever drains later.
+    await response.drainAll();
+    expect(response.written.length).toBe(written);
+  });
+
+  test('a completed run whose client is behind is not dropped: its last frames follow once the socket drains', async () => {
+    const { sink, response } = openSink(2048);
+    sink.begin();
+    sink.text(TEXT);
+    sink.end(OK);
+    expect(response.closedWith).toBeUndefined();
+    response.stuck = false;
+    await response.drainAll();
+    expect(response.closedWith).toBeNull();
+    expect(response.written.endsWith('data: [DONE]\n\n')).toBe(true);
+  });
+
+  test('a stopped run whose client keeps up ends with the error event, gracefully', async () => {
+    const { sink, response } = openSink(2048);
+    response.stuck = false;
+    sink.begin();
+    sink.text(TEXT);
+    sink.end(CANCELLED);
+    expect(response.closedWith).toBeNull();
+    const last = response.written.slice(response.written.lastIndexOf('data: '));
+    expect(JSON.parse(last.slice(6)).error.code).toBe('request_cancelled');
+  });
+
+  test('frames made before the response pulls wait in the sink, bounded, and go out in one write', async () => {
+    const sink = new SseSink({ encoder, bufferBytesMax: 2048, signal: new AbortController().signal, onCancel: () => {} });
+    sink.begin();
+    const { chars, wait } = writeUntilWait(sink);
+    expect(chars).toBeLessThan(2048 + FRAME_CHARS);
+    const response = new FakeResponse();
+    response.stuck = false;
+    sink.attach(response);
+    await wait;
+    expect(response.written.length).toBe(encoder.role().length + chars);
+  });
+});
+
+describe('SseSink read from JS (app.handle)', () => {
+  test('a reader gets every frame, then the end', async () => {
+    const sink = new SseSink({ encoder, bufferBytesMax: 1024 * 1024, signal: new AbortController().signal, onCancel: () => {} });
+    const text = new Response(sink.body).text();
+    sink.begin();
+    sink.text('Hello');
+    sink.text(' there');
+    sink.end(OK);
+    const events = (await text).split('\n\n').filter(Boolean);
+    expect(events.length).toBe(6);
+    expect(JSON.parse(events[1]!.slice(6)).choices[0].delta.content).toBe('Hello');
+    expect(events.at(-1)).toBe('data: [DONE]');
+  });
+
+  test('a reader that cancels is the client going away', async () => {
+    const controller = new AbortController();
+    let cancelled = 0;
+    const sink = new SseSink({ encoder, bufferBytesMax: 1024, signal: controller.signal, onCancel: () => cancelled++ });
+    const reader = sink.body.getReader();
+    sink.begin();
+    await reader.read();
+    await reader.cancel();
+    expect(cancelled).toBe(1);
+  });
+});
