@@ -36,6 +36,8 @@ export function openGateway(config: Config, logger: Logger, adminToken: string):
       requestRecordsMax: config.limits.request_records_max,
       requestRecordTtlMs: config.idempotency_ttl_s * 1000,
       idempotencyKeysMax: config.limits.idempotency_keys_max,
+      requestRecordsPerKey: config.limits.request_records_per_key,
+      idempotencyKeysPerKey: config.limits.idempotency_keys_per_key,
     },
     logger,
     expectedCommits: () => registry.size,
