@@ -155,14 +155,14 @@ async function completions(gateway: Gateway, request: Request): Promise<Response
       const sink = new SseSink(new ChunkEncoder(requestId, admission.createdS, chat.modelId), () => actor.abort('disconnected'));
       void runChat(gateway, admission, chat, sink);
       const early = await sink.opened.promise;
-      if (early) return errorResponse(early, idHeader);
+      if (early) return errorResponse(early, idHeader, holdKept(gateway, requestId));
       return new Response(sink.body, {
         status: 200,
         headers: { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-request-id': requestId },
       });
     }
     const result = await runChat(gateway, admission, chat, null);
-    if (!result.ok) return errorResponse(result.error, idHeader);
+    if (!result.ok) return errorResponse(result.error, idHeader, holdKept(gateway, requestId));
     const body = completionBody(requestId, admission.createdS, chat.modelId, result.content, result.toolCalls, result.finishReason, result.usage);
     return new Response(JSON.stringify(body), { status: 200, headers: { 'content-type': 'application/json', 'x-request-id': requestId } });
   } catch (thrown) {
@@ -171,6 +171,11 @@ async function completions(gateway: Gateway, request: Request): Promise<Response
     gateway.metrics.requestRefused('chat', error.code);
     return errorResponse(error, idHeader);
   }
+}
+
+/** Whether the finished request `id` was charged although it failed (its hold kept under on_error "keep"). */
+function holdKept(gateway: Gateway, id: string): boolean {
+  return (gateway.store.state.request(id)?.charge.credits_micro ?? 0) > 0;
 }
 
 function statusView(gateway: Gateway, record: RequestRecord): Record<string, unknown> {
@@ -239,7 +244,7 @@ export function chatController(gateway: Gateway) {
             throw new GatewayError('request_already_completed', `The request ${record.id} has already finished (${current}).`, {
               param: null,
               topLevel: { request_id: record.id, request_status: current, status_url: url },
-              headers: { 'x-service-request-status': url },
+              headers: { 'x-service-request-status': url, 'x-request-id': record.id },
             });
           }
         }

@@ -504,7 +504,8 @@ describe('409 Idempotency-Key collisions', () => {
     });
     expect(body.status_url).toBe(`/decision/v1/requests/${body.request_id}/`);
     expect(response.headers.get('x-service-request-status')).toBe(body.status_url);
-    expect(response.headers.get('x-request-id')).not.toBe(body.request_id);
+    // CONTRACT §8: a 409 for an existing request names that request in X-Request-ID (a fresh id nobody can look up helps no one).
+    expect(response.headers.get('x-request-id')).toBe(body.request_id);
     expect(await balances(t, keyId)).toEqual(during);
     expect((await lookup(t, key, body.request_id)).body.status).toBe('in_progress');
 
