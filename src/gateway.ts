@@ -22,10 +22,17 @@ export interface Gateway {
   metrics: Metrics;
   /** Called on a broken invariant: the process must not keep serving (main exits; tests may observe). */
   onFatal?: (error: Error) => void;
+  /**
+   * Called once when the write-ahead log fails (disk full, EIO): nothing more can be made durable, so
+   * the process must restart from the log (main drains and exits 75; CONTRACT §8, crash-only).
+   */
+  onLogFailure?: (error: Error) => void;
 }
 
 export function openGateway(config: Config, logger: Logger, adminToken: string): Gateway {
   const registry = new ActorRegistry(config.limits.max_in_flight);
+  // The store fails before the gateway object exists to be told: the callback finds it once it does.
+  let gateway: Gateway | null = null;
   const store = StateStore.open({
     dataDir: config.data_dir,
     fsync: config.wal.fsync,
@@ -41,8 +48,9 @@ export function openGateway(config: Config, logger: Logger, adminToken: string):
     },
     logger,
     expectedCommits: () => registry.size,
+    onFailure: (error) => gateway?.onLogFailure?.(error),
   });
-  return {
+  gateway = {
     config,
     store,
     registry,
@@ -53,6 +61,7 @@ export function openGateway(config: Config, logger: Logger, adminToken: string):
     adminToken,
     draining: false,
   };
+  return gateway;
 }
 
 /** The status endpoint of a request: a path, or an absolute URL when public_base_url is set. */

@@ -37,7 +37,10 @@ async function readJson<T>(gateway: Gateway, request: Request, check: { Check(v:
 export function adminController(gateway: Gateway) {
   const defaultRpm = gateway.config.limits.default_rate_limit_rpm;
   return new Elysia({ name: 'admin', prefix: '/admin/v1' })
-    .onBeforeHandle(({ request }) => checkAdmin(gateway, request.headers.get('authorization')))
+    .onBeforeHandle(({ request }) => {
+      checkAdmin(gateway, request.headers.get('authorization'));
+      gateway.store.checkAvailable();
+    })
     .post(
       '/keys',
       async ({ request }) => {

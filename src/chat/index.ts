@@ -226,6 +226,7 @@ export function chatController(gateway: Gateway) {
     })
     .get('/requests/:id', async ({ request, params }) => {
       const account = authenticate(gateway.store, request.headers.get('authorization'), 'chat');
+      gateway.store.checkAvailable();
       ownRecord(gateway, account.id, params.id);
       // Memory may be ahead of the disk by one commit; report only what a crash cannot take back.
       await gateway.registry.get(params.id)?.durable;
@@ -235,6 +236,7 @@ export function chatController(gateway: Gateway) {
       '/requests/:id/cancel',
       async ({ request, params }) => {
         const account = authenticate(gateway.store, request.headers.get('authorization'), 'chat');
+        gateway.store.checkAvailable();
         const record = ownRecord(gateway, account.id, params.id);
         const url = statusUrl(config, 'chat', record.id);
         const actor = gateway.registry.get(record.id);

@@ -7,7 +7,7 @@ import { checkIdempotency } from '../idempotency/store.ts';
 import type { KeyAccount } from '../state/apply.ts';
 import type { Event, Usage } from '../state/events.ts';
 import { collectAnswer, type Delta, type ProviderRequest, type ToolCall } from '../providers/provider.ts';
-import { abortError, abortOnTimer, RequestActor, statusForAbort, type Outcome } from '../requests/actor.ts';
+import { abortError, abortOnTimer, notRecordedError, RequestActor, statusForAbort, type Outcome } from '../requests/actor.ts';
 import { assert } from '../util/assert.ts';
 import { RESOLVED } from '../util/promise.ts';
 import type { ChatRequest } from './model.ts';
@@ -235,8 +235,9 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
       httpStatus: 200,
     };
     const finishReason: PublicFinishReason = toolCalls.length > 0 ? 'tool_calls' : 'stop';
-    await actor.finish(outcome);
-    result = { ok: true, content: answer.sawText || toolCalls.length === 0 ? text : null, toolCalls, finishReason, usage };
+    result = (await actor.finish(outcome))
+      ? { ok: true, content: answer.sawText || toolCalls.length === 0 ? text : null, toolCalls, finishReason, usage }
+      : { ok: false, error: notRecordedError() };
   } catch (thrown) {
     const kind = actor.abortKind;
     let error: GatewayError;
@@ -257,8 +258,7 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
       answers: null,
       httpStatus: error.status,
     };
-    await actor.finish(outcome);
-    result = { ok: false, error };
+    result = { ok: false, error: (await actor.finish(outcome)) ? error : notRecordedError() };
   } finally {
     clearTimeout(timer);
     // Whatever happened above, the hold never outlives the run: an unexpected exit is an error.

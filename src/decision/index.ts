@@ -89,6 +89,7 @@ export function decisionController(gateway: Gateway) {
       const headers = { ...JSON_HEADERS, 'x-request-id': newDecisionRequestId() };
       try {
         const account = authenticate(gateway.store, request.headers.get('authorization'), 'decision');
+        gateway.store.checkAvailable();
         // Memory may be ahead of the disk by one commit; report only what a crash cannot take back.
         await gateway.registry.get(params.id)?.durable;
         const record = gateway.store.state.request(params.id);
