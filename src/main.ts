@@ -41,6 +41,8 @@ async function serve(config: Config): Promise<number> {
     throw error;
   }
   lock.recordUrl(running.url);
+  // The event-loop delay in /metrics (tollgate_event_loop_delay_*): the figure §8's 50 ms rule is about.
+  gateway.metrics.loopDelay.start();
   // Crash-only (§8): once the log cannot be written, nothing more can be acknowledged and memory may
   // hold what the log does not. For the grace every request and both probes answer 503 (a supervisor
   // or a load balancer sees it at once), then the process exits and the next start recovers from the
