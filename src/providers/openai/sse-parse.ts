@@ -9,6 +9,7 @@
 // One event is bounded: the bytes of its lines (field names, values and comments as sent, without the
 // line ends), the unfinished last line included. Nothing else is kept between reads, so a stream of
 // endless comments or empty events holds no more memory than one line of it.
+import { isAscii } from 'node:buffer';
 
 /** Bytes one event may hold when the caller names no bound. */
 export const SSE_EVENT_BYTES_MAX_DEFAULT = 16 * 1024 * 1024;
@@ -17,7 +18,6 @@ const LF = 10;
 const CR = 13;
 const COLON = 58;
 const SPACE = 32;
-/** `data:` and `data: ` are ASCII: their length in characters is their length in bytes. */
 const DATA = 'data';
 
 export class SseEventTooLargeError extends Error {
@@ -35,6 +35,12 @@ export class SseParser {
   private eventBytes = 0;
   /** The previous read ended with CR: a LF at the start of the next read belongs to it. */
   private skipLeadingLf = false;
+  /**
+   * This read's characters are its bytes, one each: it is ASCII, and so was the one before (which then
+   * left no partial character to the decoder). The usual case; then no line needs its bytes counted.
+   */
+  private charsAreBytes = true;
+  private previousAscii = true;
   private data = '';
   private hasData = false;
   /** Reused across calls so a read costs no array allocation; see `feed`. */
@@ -51,6 +57,9 @@ export class SseParser {
    */
   feed(bytes: Uint8Array): readonly string[] {
     this.events.length = 0;
+    const ascii = isAscii(bytes);
+    this.charsAreBytes = ascii && this.previousAscii;
+    this.previousAscii = ascii;
     const text = this.decoder.decode(bytes, { stream: true });
     if (text.length > 0) this.scan(text);
     return this.events;
@@ -66,6 +75,7 @@ export class SseParser {
     this.data = '';
     this.hasData = false;
     this.skipLeadingLf = false;
+    this.previousAscii = true;
     return this.events;
   }
 
@@ -90,10 +100,12 @@ export class SseParser {
       else lineEnd = lfIndex < crIndex ? lfIndex : crIndex;
       if (lineEnd === -1) break;
       if (this.line.length === 0) {
+        if (position !== lineEnd) this.countLine(this.bytesOf(text, position, lineEnd));
         this.processLine(text, position, lineEnd);
       } else {
         // The end of a line that began in an earlier read.
         const line = this.line + text.slice(position, lineEnd);
+        this.countLine(this.lineBytes + this.bytesOf(text, position, lineEnd));
         this.line = '';
         this.lineBytes = 0;
         this.processLine(line, 0, line.length);
@@ -105,11 +117,25 @@ export class SseParser {
       }
     }
     if (position < length) {
-      const rest = position === 0 ? text : text.slice(position);
-      this.line = this.line.length === 0 ? rest : this.line + rest;
-      this.lineBytes += Buffer.byteLength(rest);
-      this.checkBound(this.lineBytes);
+      this.lineBytes += this.bytesOf(text, position, length);
+      this.line = this.line.length === 0 && position === 0 ? text : this.line + text.slice(position);
+      if (this.eventBytes + this.lineBytes > this.eventBytesMax) this.tooLarge();
     }
+  }
+
+  /** UTF-8 bytes of `text` from `start` to `end`, counted only when the read is not plain ASCII. */
+  private bytesOf(text: string, start: number, end: number): number {
+    return this.charsAreBytes ? end - start : Buffer.byteLength(text.slice(start, end));
+  }
+
+  /** A complete line of `bytes` joins the current event. */
+  private countLine(bytes: number): void {
+    this.eventBytes += bytes;
+    if (this.eventBytes > this.eventBytesMax) this.tooLarge();
+  }
+
+  private tooLarge(): never {
+    throw new SseEventTooLargeError(`an SSE event exceeded ${this.eventBytesMax} bytes`);
   }
 
   private processLine(buffer: string, start: number, end: number): void {
@@ -117,40 +143,20 @@ export class SseParser {
       this.dispatch();
       return;
     }
-    const first = buffer.charCodeAt(start);
-    // Only the `data` field matters; check its name in place instead of slicing the line.
-    if (end - start < 4 || first !== 100 /* d */ || !buffer.startsWith(DATA, start)) {
-      this.skipLine(buffer, start, end);
-      return;
-    }
+    // Comments and fields other than `data` keep nothing (their bytes were counted by the caller); the
+    // field's name is checked in place instead of slicing the line.
+    if (end - start < 4 || buffer.charCodeAt(start) !== 100 /* d */ || !buffer.startsWith(DATA, start)) return;
     let valueStart = start + 4;
     if (valueStart < end) {
-      if (buffer.charCodeAt(valueStart) !== COLON) {
-        this.skipLine(buffer, start, end); // a longer field name, e.g. "database"
-        return;
-      }
+      if (buffer.charCodeAt(valueStart) !== COLON) return; // a longer field name, e.g. "database"
       valueStart++;
       if (valueStart < end && buffer.charCodeAt(valueStart) === SPACE) valueStart++;
     }
     const value = buffer.slice(valueStart, end);
-    this.eventBytes += valueStart - start + Buffer.byteLength(value);
-    this.checkBound(0);
     if (this.hasData) this.data = this.data + '\n' + value;
     else {
       this.data = value;
       this.hasData = true;
-    }
-  }
-
-  /** A comment or a field we ignore: it keeps no memory, but its bytes count toward its event's bound. */
-  private skipLine(buffer: string, start: number, end: number): void {
-    this.eventBytes += Buffer.byteLength(buffer.slice(start, end));
-    this.checkBound(0);
-  }
-
-  private checkBound(pendingBytes: number): void {
-    if (this.eventBytes + pendingBytes > this.eventBytesMax) {
-      throw new SseEventTooLargeError(`an SSE event exceeded ${this.eventBytesMax} bytes`);
     }
   }
 
