@@ -17,6 +17,8 @@ export function createProviders(config: Config, logger: Logger): Map<string, Pro
           name,
           new OpenAIProvider(name, providerConfig, {
             defaultTimeoutMs: config.limits.upstream_timeout_ms,
+            bodyBytesMax: config.limits.max_upstream_body_bytes,
+            eventBytesMax: config.limits.max_upstream_event_bytes,
             logger: logger.child({ provider: name }),
           }),
         );
