@@ -5,6 +5,7 @@ import { GatewayError } from '../../http/errors.ts';
 import { assert } from '../../util/assert.ts';
 import { newToolCallId } from '../../util/ids.ts';
 import type { Logger } from '../../util/log.ts';
+import { TextBuilder } from '../../util/text-builder.ts';
 import type { Delta, FinishReason, Provider, ProviderRequest } from '../provider.ts';
 import { HttpClient, type ExchangeHandler, type HttpClientError, type HttpExchange, type ResponseHead } from '../http/client.ts';
 import { SseEventTooLargeError, SseParser } from './sse-parse.ts';
@@ -608,30 +609,6 @@ class DeltaCollector {
   }
 }
 
-/**
- * Many small strings joined with little overhead: pieces are joined in groups, so neither a rope of
- * millions of nodes (`+=`) nor an array of millions of strings is ever held.
- */
-class TextBuilder {
-  private readonly groups: string[] = [];
-  private readonly pieces: string[] = [];
-
-  append(text: string): void {
-    if (text.length === 0) return;
-    this.pieces.push(text);
-    if (this.pieces.length === TEXT_PIECES_PER_GROUP) {
-      this.groups.push(this.pieces.join(''));
-      this.pieces.length = 0;
-    }
-  }
-
-  build(): string {
-    if (this.groups.length === 0) return this.pieces.length === 1 ? this.pieces[0]! : this.pieces.join('');
-    return this.groups.join('') + this.pieces.join('');
-  }
-}
-
-const TEXT_PIECES_PER_GROUP = 256;
 
 /** The same deltas from a whole chat.completion object (a server that ignored `stream: true`). */
 function completionToDeltas(completion: unknown, name: string): Delta[] {
