@@ -70,7 +70,11 @@ interface Rule {
   code: string;
   param?: string | null;
   reason?: string;
+  /** The exact message, where it names the field and the bound (CONTRACT §8: never "Expected union value"). */
+  message?: string;
 }
+
+const ROLES = 'must be one of "system", "developer", "user", "assistant" or "tool"';
 
 const rules: Rule[] = [
   { name: 'missing key', body: chatBody(), headers: () => ({ 'content-type': 'application/json' }), status: 401, code: 'invalid_api_key', reason: 'missing' },
@@ -85,7 +89,18 @@ const rules: Rule[] = [
   { name: 'model missing', body: { messages: [{ role: 'user', content: 'x' }] }, status: 400, code: 'invalid_request_error', param: 'model' },
   { name: 'messages missing', body: { model: 'model_03' }, status: 400, code: 'invalid_request_error', param: 'messages' },
   { name: 'messages empty', body: chatBody({ messages: [] }), status: 400, code: 'invalid_request_error', param: 'messages' },
-  { name: 'unknown role', body: chatBody({ messages: [{ role: 'wizard', content: 'x' }] }), status: 400, code: 'invalid_request_error', param: 'messages[0].role' },
+  { name: 'unknown role', body: chatBody({ messages: [{ role: 'wizard', content: 'x' }] }), status: 400, code: 'invalid_request_error', param: 'messages[0].role', message: `messages[0].role ${ROLES}` },
+  // Object.prototype's names are plain data: a role lookup must not find them (these were 500s).
+  ...['__proto__', 'constructor', 'toString', 'hasOwnProperty', 'valueOf'].map((role) => ({
+    name: `role ${role}`,
+    body: chatBody({ messages: [{ role: 'user', content: 'a' }, { role, content: 'x' }] }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'messages[1].role',
+    message: `messages[1].role ${ROLES}`,
+  })),
+  { name: 'model __proto__', body: chatBody({ model: '__proto__' }), status: 404, code: 'model_not_found', param: null, message: 'The model "__proto__" does not exist.' },
+  { name: 'model constructor', body: chatBody({ model: 'constructor' }), status: 404, code: 'model_not_found', param: null, message: 'The model "constructor" does not exist.' },
   { name: 'user content a number', body: chatBody({ messages: [{ role: 'user', content: 7 }] }), status: 400, code: 'invalid_request_error', param: 'messages[0].content' },
   { name: 'text part without text', body: chatBody({ messages: [{ role: 'user', content: [{ type: 'text' }] }] }), status: 400, code: 'invalid_request_error', param: 'messages[0].content[0].text' },
   { name: 'assistant with neither content nor tool_calls', body: chatBody({ messages: [{ role: 'user', content: 'a' }, { role: 'assistant', content: null }] }), status: 400, code: 'invalid_request_error', param: 'messages[1].content' },
@@ -93,14 +108,25 @@ const rules: Rule[] = [
   { name: 'tool message before its tool call', body: chatBody({ messages: [{ role: 'tool', tool_call_id: 'call_1', content: 'r' }, ...toolCallHistory] }), status: 400, code: 'invalid_request_error', param: 'messages[0].tool_call_id' },
   { name: 'tool message without tool_call_id', body: chatBody({ messages: [...toolCallHistory, { role: 'tool', content: 'r' }] }), status: 400, code: 'invalid_request_error', param: 'messages[2].tool_call_id' },
   { name: 'tool_choice naming an unknown function', body: chatBody({ tools: [weatherTool], tool_choice: { type: 'function', function: { name: 'nope' } } }), status: 400, code: 'invalid_request_error', param: 'tool_choice.function.name' },
-  { name: 'tool_choice not a known value', body: chatBody({ tools: [weatherTool], tool_choice: 'sometimes' }), status: 400, code: 'invalid_request_error', param: 'tool_choice' },
+  { name: 'tool_choice not a known value', body: chatBody({ tools: [weatherTool], tool_choice: 'sometimes' }), status: 400, code: 'invalid_request_error', param: 'tool_choice', message: 'tool_choice must be "auto", "none", "required", an object or null' },
   { name: 'tool_choice required without tools', body: chatBody({ tool_choice: 'required' }), status: 400, code: 'invalid_request_error', param: 'tool_choice' },
   { name: 'tool without a name', body: chatBody({ tools: [{ type: 'function', function: {} }] }), status: 400, code: 'invalid_request_error', param: 'tools[0].function.name' },
-  { name: 'max_tokens zero', body: chatBody({ max_tokens: 0 }), status: 400, code: 'invalid_request_error', param: 'max_tokens' },
-  { name: 'max_completion_tokens not an integer', body: chatBody({ max_completion_tokens: 1.5 }), status: 400, code: 'invalid_request_error', param: 'max_completion_tokens' },
-  { name: 'temperature out of range', body: chatBody({ temperature: 3 }), status: 400, code: 'invalid_request_error', param: 'temperature' },
-  { name: 'stream not a boolean', body: chatBody({ stream: 'yes' }), status: 400, code: 'invalid_request_error', param: 'stream' },
-  { name: 'stop not a string or array', body: chatBody({ stop: 5 }), status: 400, code: 'invalid_request_error', param: 'stop' },
+  // Numbers outside their range name the field and the bound (CONTRACT §8).
+  { name: 'max_tokens zero', body: chatBody({ max_tokens: 0 }), status: 400, code: 'invalid_request_error', param: 'max_tokens', message: 'max_tokens must be ≥ 1' },
+  { name: 'max_completion_tokens negative', body: chatBody({ max_completion_tokens: -5 }), status: 400, code: 'invalid_request_error', param: 'max_completion_tokens', message: 'max_completion_tokens must be ≥ 1' },
+  { name: 'max_completion_tokens not an integer', body: chatBody({ max_completion_tokens: 1.5 }), status: 400, code: 'invalid_request_error', param: 'max_completion_tokens', message: 'max_completion_tokens must be an integer' },
+  { name: 'temperature out of range', body: chatBody({ temperature: 3 }), status: 400, code: 'invalid_request_error', param: 'temperature', message: 'temperature must be ≤ 2' },
+  { name: 'temperature 5', body: chatBody({ temperature: 5 }), status: 400, code: 'invalid_request_error', param: 'temperature', message: 'temperature must be ≤ 2' },
+  { name: 'temperature negative', body: chatBody({ temperature: -0.5 }), status: 400, code: 'invalid_request_error', param: 'temperature', message: 'temperature must be ≥ 0' },
+  { name: 'temperature a string', body: chatBody({ temperature: 'hot' }), status: 400, code: 'invalid_request_error', param: 'temperature', message: 'temperature must be a number or null' },
+  { name: 'top_p 2', body: chatBody({ top_p: 2 }), status: 400, code: 'invalid_request_error', param: 'top_p', message: 'top_p must be ≤ 1' },
+  { name: 'top_k negative', body: chatBody({ top_k: -1 }), status: 400, code: 'invalid_request_error', param: 'top_k', message: 'top_k must be ≥ 0' },
+  { name: 'seed not an integer', body: chatBody({ seed: 1.5 }), status: 400, code: 'invalid_request_error', param: 'seed', message: 'seed must be an integer' },
+  { name: 'stream not a boolean', body: chatBody({ stream: 'yes' }), status: 400, code: 'invalid_request_error', param: 'stream', message: 'stream must be a boolean or null' },
+  { name: 'stop not a string or array', body: chatBody({ stop: 5 }), status: 400, code: 'invalid_request_error', param: 'stop', message: 'stop must be a string, an array or null' },
+  { name: 'stop holding a number', body: chatBody({ stop: ['a', 5] }), status: 400, code: 'invalid_request_error', param: 'stop[1]', message: 'stop[1] must be a string' },
+  { name: 'a tool call id empty', body: chatBody({ messages: [{ role: 'user', content: 'a' }, { role: 'assistant', tool_calls: [{ id: '', type: 'function', function: { name: 'f', arguments: '{}' } }] }] }), status: 400, code: 'invalid_request_error', param: 'messages[1].tool_calls[0].id', message: 'messages[1].tool_calls[0].id must not be empty' },
+  { name: 'tool_choice an object without its function', body: chatBody({ tools: [weatherTool], tool_choice: { type: 'function' } }), status: 400, code: 'invalid_request_error', param: 'tool_choice.function', message: 'tool_choice.function is required' },
   { name: 'unknown model', body: chatBody({ model: 'model_99' }), status: 404, code: 'model_not_found', param: null },
   { name: 'tools on model_09', body: chatBody({ model: 'model_09', tools: [weatherTool] }), status: 400, code: 'unsupported_parameter', param: 'tools' },
   { name: 'malformed Idempotency-Key', body: chatBody(), headers: () => bearer(key, { 'idempotency-key': 'short' }), status: 400, code: 'invalid_idempotency_key' },
@@ -140,6 +166,7 @@ describe('chat request rules', () => {
       if (rule.param !== undefined) expect(body.error.param).toBe(rule.param);
       else expect('param' in body.error).toBe(true);
       if (rule.reason) expect(body.error.reason).toBe(rule.reason);
+      if (rule.message !== undefined) expect(body.error.message).toBe(rule.message);
     });
   }
 
