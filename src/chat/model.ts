@@ -6,6 +6,7 @@ import { GatewayError } from '../http/errors.ts';
 import { assert } from '../util/assert.ts';
 import { fieldPath, firstProblem, mustBe } from '../util/validation.ts';
 import type { ProviderMessage, ToolCall, ToolChoice, ToolDefinition } from '../providers/provider.ts';
+import { smallestInstance } from '../providers/simulator/schema-value.ts';
 
 const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
 
@@ -123,6 +124,31 @@ function contentText(content: string | Array<{ type: string }>, param: string): 
   return text;
 }
 
+function servedBySimulator(config: Config, model: ModelConfig): boolean {
+  return Object.hasOwn(config.providers, model.provider) && config.providers[model.provider]!.type === 'simulator';
+}
+
+/**
+ * CONTRACT §8, generated work is bounded: the simulator writes a tool's arguments in at most
+ * `bytesMax` bytes, so a schema whose smallest instance is larger (minItems 1e8, a required recursive
+ * $ref) is refused here, before any hold, in bounded work, whichever tool tool_choice would pick.
+ */
+function checkSimulatorTools(tools: Static<typeof ToolSchema>[], bytesMax: number): void {
+  for (let i = 0; i < tools.length; i++) {
+    const parameters = tools[i]!.function.parameters;
+    if (parameters === undefined) continue;
+    const smallest = smallestInstance(parameters, bytesMax);
+    if (smallest.fits) continue;
+    const param = `tools[${i}].function.parameters`;
+    throw invalid(
+      smallest.reason === 'too_large'
+        ? `${param}: the smallest value this schema allows is larger than the ${bytesMax} bytes the simulator writes for tool arguments`
+        : `${param}: the simulator cannot find a value of this schema within ${bytesMax} bytes in bounded work; simplify the schema`,
+      param,
+    );
+  }
+}
+
 /**
  * Applies the request rules in the contract's order: shape (400), then model (404), then model
  * capability (400). Context and quota come later, after idempotency and the rate limit.
@@ -216,6 +242,7 @@ export function validateChatRequest(json: unknown, config: Config): ChatRequest 
   if (tools && !model.tools) {
     throw new GatewayError('unsupported_parameter', `The model ${modelId} does not support tools.`, { param: 'tools' });
   }
+  if (tools && servedBySimulator(config, model)) checkSimulatorTools(tools, config.limits.simulator_tool_arguments_bytes);
 
   return {
     body,

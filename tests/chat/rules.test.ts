@@ -2,6 +2,7 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test';
 import { randomBytes } from 'node:crypto';
 import { JSON_DEPTH_MAX, nestsDeeperThan } from '../../src/http/body.ts';
+import { JSON_SCHEMA_MARKER } from '../../src/providers/provider.ts';
 import { ADMIN_TOKEN, bearer, chatBody, openTestGateway, type TestGateway } from '../support/gateway.ts';
 
 let t: TestGateway;
@@ -349,5 +350,86 @@ describe('JSON nesting limit', () => {
     };
     expect(await message(256)).toBe('The body must be a JSON object.');
     expect(await message(257)).toBe(`The JSON body nests deeper than ${JSON_DEPTH_MAX} levels.`);
+  });
+});
+
+describe('generated work is bounded (CONTRACT §8): a tool schema the simulator cannot answer within 64 KiB is a 400', () => {
+  /** A generous ceiling only an unbounded generator could pass (minItems 1e8 took 19.6 s and 1.7 GB). */
+  const QUICK_MS = 2_000;
+  const LIMIT = 64 * 1024;
+  const tooLarge = (param: string) => `${param}: the smallest value this schema allows is larger than the ${LIMIT} bytes the simulator writes for tool arguments`;
+  const tooComplex = (param: string) => `${param}: the simulator cannot find a value of this schema within ${LIMIT} bytes in bounded work; simplify the schema`;
+  const nested = (levels: number, items: number): unknown => (levels === 0 ? { type: 'integer' } : { type: 'array', minItems: items, items: nested(levels - 1, items) });
+  const cycle: { $defs: Record<string, unknown>; $ref: string } = { $defs: {}, $ref: '#/$defs/n0' };
+  for (let i = 0; i < 30; i++) {
+    const next = { $ref: `#/$defs/n${(i + 1) % 30}` };
+    cycle.$defs[`n${i}`] = { anyOf: [next, { type: 'object', properties: { x: next }, required: ['x'] }] };
+  }
+  const tool = (name: string, parameters: unknown) => ({ type: 'function', function: { name, parameters } });
+
+  const attacks: Array<{ name: string; parameters: unknown; message: (param: string) => string }> = [
+    { name: 'minItems 1e8', parameters: { type: 'array', minItems: 1e8 }, message: tooLarge },
+    { name: 'minLength 1e9', parameters: { type: 'object', properties: { s: { type: 'string', minLength: 1e9 } }, required: ['s'] }, message: tooLarge },
+    { name: 'minProperties 1e8', parameters: { type: 'object', minProperties: 1e8 }, message: tooLarge },
+    { name: 'nested arrays with minItems 100 at every level', parameters: nested(4, 100), message: tooLarge },
+    { name: 'a required recursive $ref', parameters: { type: 'object', properties: { next: { $ref: '#' } }, required: ['next'] }, message: tooLarge },
+    { name: 'an enum whose every member is over the limit', parameters: { type: 'object', properties: { e: { enum: ['x'.repeat(70_000), 'y'.repeat(80_000)] } }, required: ['e'] }, message: tooLarge },
+    { name: 'uniqueItems over a tiny enum, minItems 1e7', parameters: { type: 'array', uniqueItems: true, minItems: 1e7, items: { enum: [1, 2] } }, message: tooLarge },
+    { name: 'a string one byte over the limit', parameters: { type: 'string', minLength: LIMIT - 1 }, message: tooLarge },
+    { name: 'a recursive cycle of unions', parameters: cycle, message: tooComplex },
+  ];
+
+  let keyId: string;
+  let attackKey: string;
+  beforeAll(async () => {
+    ({ id: keyId, key: attackKey } = await t.createKey({ credits: 5 }));
+  });
+
+  async function balances(): Promise<Record<string, number>> {
+    return ((await (await t.request(`/admin/v1/keys/${keyId}`, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } })).json()) as any).balances;
+  }
+
+  for (const attack of attacks) {
+    for (const [choice, toolChoice] of [['required', 'required'], ['auto (no tool_choice)', undefined]] as const) {
+      test(`${attack.name}, tool_choice ${choice} → 400 naming the tool, at once, nothing held`, async () => {
+        const before = await balances();
+        const startedMs = performance.now();
+        const response = await post(chatBody({ tools: [weatherTool, tool('attack', attack.parameters)], tool_choice: toolChoice }), bearer(attackKey));
+        const body = (await response.json()) as any;
+        expect(performance.now() - startedMs).toBeLessThan(QUICK_MS);
+        expect(response.status).toBe(400);
+        const param = 'tools[1].function.parameters';
+        expect(body.error).toEqual({ message: attack.message(param), type: 'invalid_request_error', code: 'invalid_request_error', param });
+        expect(await balances()).toEqual(before);
+      });
+    }
+  }
+
+  test('a schema at the limit is answered: 65,536 bytes of arguments', async () => {
+    const response = await post(chatBody({ tools: [tool('edge', { type: 'string', minLength: LIMIT - 2 })], tool_choice: 'required' }));
+    expect(response.status).toBe(200);
+    const args = ((await response.json()) as any).choices[0].message.tool_calls[0].function.arguments as string;
+    expect(Buffer.byteLength(args)).toBeLessThanOrEqual(LIMIT);
+    expect((JSON.parse(args) as string).length).toBeGreaterThanOrEqual(LIMIT - 2);
+  });
+
+  test('a large but small-enough schema gets arguments that satisfy it', async () => {
+    const parameters = { type: 'object', properties: { rows: { type: 'array', minItems: 2_000, items: { type: 'integer', minimum: 1, maximum: 9 } } }, required: ['rows'] };
+    const response = await post(chatBody({ tools: [tool('rows', parameters)], tool_choice: 'required' }));
+    expect(response.status).toBe(200);
+    const args = JSON.parse(((await response.json()) as any).choices[0].message.tool_calls[0].function.arguments) as { rows: number[] };
+    expect(args.rows.length).toBeGreaterThanOrEqual(2_000);
+    expect(args.rows.every((n) => Number.isInteger(n) && n >= 1 && n <= 9)).toBe(true);
+  });
+
+  test('a JSON-schema request written into a system message is answered within the limit, at once', async () => {
+    // The simulator honours JSON_SCHEMA_MARKER for the decision service; any caller can write it too.
+    const system = `${JSON_SCHEMA_MARKER}\n${JSON.stringify({ type: 'array', minItems: 1e8, items: { type: 'string', minLength: 1e6 } })}`;
+    const startedMs = performance.now();
+    const response = await post(chatBody({ messages: [{ role: 'system', content: system }, { role: 'user', content: 'go' }] }));
+    expect(performance.now() - startedMs).toBeLessThan(QUICK_MS);
+    expect(response.status).toBe(200);
+    const content = ((await response.json()) as any).choices[0].message.content as string;
+    expect(Buffer.byteLength(content)).toBeLessThanOrEqual(LIMIT);
   });
 });
