@@ -71,23 +71,31 @@ function describe(error: ValueError): FieldProblem {
 
 function describeUnion(error: ValueError): FieldProblem {
   const branches = (error.schema.anyOf ?? []) as TSchema[];
-  const meant = branches.findIndex((branch) => fits(branch, error.value));
-  if (meant >= 0) {
-    const inner = error.errors[meant]?.First();
-    if (inner !== undefined) return describe(inner);
-  }
+  const inBranch = (index: number): FieldProblem | null => {
+    const inner = index < 0 ? undefined : error.errors[index]?.First();
+    return inner === undefined ? null : describe(inner);
+  };
+  const meant = inBranch(branches.findIndex((branch) => fits(branch, error.value, true)));
+  if (meant !== null) return meant;
   const segments = segmentsOf(error.path);
   // Objects told apart by a literal field (a provider's `type`): name that field and its choices.
   const discriminator = isPlainObject(error.value) ? sharedLiteralKey(branches) : null;
   if (discriminator !== null) {
     const literals = branches.map((branch) => JSON.stringify(branch.properties[discriminator].const));
-    return { segments: [...segments, discriminator], problem: mustBe(literals), value: (error.value as Record<string, unknown>)[discriminator] };
+    const value = Object.hasOwn(error.value as object, discriminator) ? (error.value as Record<string, unknown>)[discriminator] : undefined;
+    return { segments: [...segments, discriminator], problem: mustBe(literals), value };
   }
+  // The right kind with a wrong or missing literal field (tool_choice {"function": ...} without its type).
+  const sameKind = inBranch(branches.findIndex((branch) => fits(branch, error.value, false)));
+  if (sameKind !== null) return sameKind;
   return { segments, problem: mustBe(branches.flatMap(alternativesOf)), value: error.value };
 }
 
-/** Whether `value` is of the kind `schema` describes, so that schema's own error is the one to report. */
-function fits(schema: TSchema, value: unknown): boolean {
+/**
+ * Whether `value` is of the kind `schema` describes, so that schema's own error is the one to report;
+ * `strict` also asks an object's literal fields (a discriminator such as `type`) to match.
+ */
+function fits(schema: TSchema, value: unknown, strict: boolean): boolean {
   switch (schema[Kind]) {
     case 'Literal':
       return value === schema.const;
@@ -106,9 +114,9 @@ function fits(schema: TSchema, value: unknown): boolean {
     case 'Record':
       return isPlainObject(value);
     case 'Object':
-      return isPlainObject(value) && literalsMatch(schema, value);
+      return isPlainObject(value) && (!strict || literalsMatch(schema, value));
     case 'Union':
-      return (schema.anyOf as TSchema[]).some((branch) => fits(branch, value));
+      return (schema.anyOf as TSchema[]).some((branch) => fits(branch, value, strict));
     default:
       return true;
   }

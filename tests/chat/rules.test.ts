@@ -127,6 +127,7 @@ const rules: Rule[] = [
   { name: 'stop not a string or array', body: chatBody({ stop: 5 }), status: 400, code: 'invalid_request_error', param: 'stop', message: 'stop must be a string, an array or null' },
   { name: 'stop holding a number', body: chatBody({ stop: ['a', 5] }), status: 400, code: 'invalid_request_error', param: 'stop[1]', message: 'stop[1] must be a string' },
   { name: 'a tool call id empty', body: chatBody({ messages: [{ role: 'user', content: 'a' }, { role: 'assistant', tool_calls: [{ id: '', type: 'function', function: { name: 'f', arguments: '{}' } }] }] }), status: 400, code: 'invalid_request_error', param: 'messages[1].tool_calls[0].id', message: 'messages[1].tool_calls[0].id must not be empty' },
+  { name: 'tool_choice an object without its type', body: chatBody({ tools: [weatherTool], tool_choice: { function: { name: 'weather' } } }), status: 400, code: 'invalid_request_error', param: 'tool_choice.type', message: 'tool_choice.type is required' },
   { name: 'tool_choice an object without its function', body: chatBody({ tools: [weatherTool], tool_choice: { type: 'function' } }), status: 400, code: 'invalid_request_error', param: 'tool_choice.function', message: 'tool_choice.function is required' },
   { name: 'unknown model', body: chatBody({ model: 'model_99' }), status: 404, code: 'model_not_found', param: null },
   { name: 'tools on model_09', body: chatBody({ model: 'model_09', tools: [weatherTool] }), status: 400, code: 'unsupported_parameter', param: 'tools' },
