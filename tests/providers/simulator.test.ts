@@ -263,6 +263,24 @@ describe('schema values', () => {
 /** A generous ceiling that only an unbounded generator (the 7-20 s stalls this replaced) could pass. */
 const QUICK_MS = 1_000;
 
+/** The cycle of unions above, with a long required name on every node, which the search meets again and again. */
+function longNamesOnACycle(): unknown {
+  const name = 'k'.repeat(200_000);
+  const cycle: { $defs: Record<string, unknown>; $ref: string } = { $defs: {}, $ref: '#/$defs/n0' };
+  for (let i = 0; i < 30; i++) {
+    const next = { $ref: `#/$defs/n${(i + 1) % 30}` };
+    cycle.$defs[`n${i}`] = { anyOf: [next, { type: 'object', properties: { [name]: next }, required: [name] }] };
+  }
+  return cycle;
+}
+
+/** An array whose item may be any of 2,000 allOf nodes, each merging the same large part: every merge is charged. */
+function manyMerges(): unknown {
+  const part = { properties: Object.fromEntries(Array.from({ length: 30_000 }, (_, i) => [`p${i}`, { type: 'integer' }])) };
+  const branches = Array.from({ length: 2_000 }, () => ({ allOf: [{ $ref: '#/$defs/part' }], type: 'object' }));
+  return { $defs: { part }, type: 'array', minItems: 2, items: { anyOf: branches } };
+}
+
 /** Schemas that asked for gigabytes or unbounded work (CONTRACT §8: generated work is bounded). */
 function attackSchemas(): Array<{ name: string; schema: unknown }> {
   const nested = (levels: number, items: number): unknown => (levels === 0 ? { type: 'integer' } : { type: 'array', minItems: items, items: nested(levels - 1, items) });
@@ -285,6 +303,8 @@ function attackSchemas(): Array<{ name: string; schema: unknown }> {
     { name: 'uniqueItems over strings, minItems 1e6', schema: { type: 'array', uniqueItems: true, minItems: 1e6, items: { type: 'string' } } },
     { name: 'minProperties 1e6 of large values', schema: { type: 'object', minProperties: 1e6, additionalProperties: { type: 'string', minLength: 100 } } },
     { name: 'a required list of 100,000 names', schema: { type: 'object', required: Array.from({ length: 100_000 }, (_, i) => `k${i}`) } },
+    { name: 'required names of 200,000 characters on a recursive cycle', schema: longNamesOnACycle() },
+    { name: '2,000 allOf nodes merging one part of 30,000 properties', schema: manyMerges() },
   ];
 }
 

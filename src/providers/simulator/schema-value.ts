@@ -103,12 +103,15 @@ function setOwn(object: Record<string, unknown>, key: string, value: unknown): v
 interface ObjectPlan {
   declared: Schema;
   declaredKeys: string[];
+  /** Declared and not required, in order. */
+  optionalKeys: string[];
   /** Deduplicated, in order. */
   requiredKeys: string[];
-  required: Set<string>;
   extraSchema: unknown;
   /** additionalProperties: false. */
   closed: boolean;
+  /** propertyBytes of the names used so far. */
+  keyBytes: Map<string, number>;
   propertiesMin: number;
 }
 
@@ -160,13 +163,15 @@ function objectPlan(schema: Schema): ObjectPlan {
     const requiredSet = new Set(Array.isArray(required) ? required.filter((key): key is string => typeof key === 'string') : []);
     const extra = own(schema, 'additionalProperties');
     const propertiesMin = own(schema, 'minProperties');
+    const declaredKeys = Object.keys(declared);
     plan = {
       declared,
-      declaredKeys: Object.keys(declared),
+      declaredKeys,
+      optionalKeys: declaredKeys.filter((key) => !requiredSet.has(key)),
       requiredKeys: [...requiredSet],
-      required: requiredSet,
       extraSchema: isSchema(extra) ? extra : true,
       closed: extra === false,
+      keyBytes: new Map(),
       propertiesMin: typeof propertiesMin === 'number' ? propertiesMin : 0,
     };
     objectPlanCache.set(schema, plan);
@@ -204,44 +209,65 @@ function walkPointer(root: Schema, ref: string): unknown {
   return node;
 }
 
-/** allOf as one schema: properties and required lists are unioned, other keywords the last wins. */
-function mergeAllOf(schema: Schema, root: Schema): Schema {
+/**
+ * allOf as one schema: properties and required lists are unioned, other keywords the last wins. Each
+ * key copied is charged to `step` (the caller's budget): many allOf nodes may name one large part.
+ */
+function mergeAllOf(schema: Schema, root: Schema, step: (count: number) => void): Schema {
   let merged = mergedCache.get(schema);
   if (merged === undefined) {
-    merged = mergeParts(schema, root);
+    merged = mergeParts(schema, root, step);
     mergedCache.set(schema, merged);
   }
   return merged;
 }
 
-function mergeParts(schema: Schema, root: Schema): Schema {
-  const merged: Schema = { ...schema };
-  delete merged.allOf;
+function mergeParts(schema: Schema, root: Schema, step: (count: number) => void): Schema {
+  const merged: Schema = {};
   const properties: Schema = {};
   const required: unknown[] = [];
+  const copy = (from: Schema, to: Schema) => {
+    for (const key in from) {
+      if (!Object.hasOwn(from, key)) continue;
+      step(1);
+      setOwn(to, key, from[key]);
+    }
+  };
   const addFrom = (part: Schema) => {
+    copy(part, merged);
     const partProperties = own(part, 'properties');
-    if (isSchema(partProperties)) for (const key of Object.keys(partProperties)) setOwn(properties, key, partProperties[key]);
+    if (isSchema(partProperties)) copy(partProperties, properties);
     const partRequired = own(part, 'required');
-    if (Array.isArray(partRequired)) for (const key of partRequired) required.push(key);
+    if (Array.isArray(partRequired)) {
+      step(partRequired.length);
+      for (const key of partRequired) required.push(key);
+    }
   };
   addFrom(schema);
   for (const part of schema.allOf as unknown[]) {
+    step(1);
     const partRef = isSchema(part) ? own(part, '$ref') : undefined;
     const resolved = typeof partRef === 'string' ? resolveRef(root, partRef) : part;
-    if (!isSchema(resolved)) continue;
-    for (const key of Object.keys(resolved)) setOwn(merged, key, resolved[key]);
-    addFrom(resolved);
+    if (isSchema(resolved)) addFrom(resolved);
   }
+  delete merged.allOf;
   delete merged.$ref;
   if (Object.keys(properties).length > 0) merged.properties = properties;
   if (required.length > 0) merged.required = required;
   return merged;
 }
 
-/** Bytes a property adds besides its value: its quoted name, the colon and a comma. */
-function propertyBytes(key: string): number {
-  return stringJsonBytes(key, Number.POSITIVE_INFINITY) + 2;
+/**
+ * Bytes a property of `plan`'s object adds besides its value: its quoted name, the colon and a comma.
+ * Kept per object, so a long name met again (an object on a recursive cycle) is not read again.
+ */
+function propertyBytes(plan: ObjectPlan, key: string): number {
+  let bytes = plan.keyBytes.get(key);
+  if (bytes === undefined) {
+    bytes = stringJsonBytes(key, Number.POSITIVE_INFINITY) + 2;
+    plan.keyBytes.set(key, bytes);
+  }
+  return bytes;
 }
 
 interface ArrayShape {
@@ -404,6 +430,11 @@ class Generator {
     if (this.bytesLeft < 0) throw SPENT;
   }
 
+  private readonly charge = (count: number): void => {
+    this.stepsLeft -= count;
+    if (this.stepsLeft < 0) throw SPENT;
+  };
+
   /** Charges `value`'s JSON (a const or enum member may be large) and returns it. */
   private spendValue(value: unknown): unknown {
     this.spend(jsonBytesAtMost(value, this.bytesLeft));
@@ -426,7 +457,7 @@ class Generator {
     const branches = anyOfBranches(schema);
     if (branches) return this.generate(branches[0], depth + 1);
     const allOf = own(schema, 'allOf');
-    if (Array.isArray(allOf) && allOf.length > 0) return this.generate(mergeAllOf(schema, this.root), depth + 1);
+    if (Array.isArray(allOf) && allOf.length > 0) return this.generate(mergeAllOf(schema, this.root, this.charge), depth + 1);
 
     switch (typeOf(schema)) {
       case 'object':
@@ -453,7 +484,7 @@ class Generator {
     this.spend(2);
     const result: Record<string, unknown> = {};
     const add = (key: string, propertySchema: unknown) => {
-      this.spend(propertyBytes(key));
+      this.spend(propertyBytes(plan, key));
       setOwn(result, key, this.generate(propertySchema, depth + 1));
     };
     // Every declared property is filled in, optional ones too (that is always valid and shows the
@@ -577,6 +608,8 @@ class SmallestSearch {
     if (this.stepsLeft < 0) throw SPENT;
   }
 
+  private readonly charge = (count: number): void => this.step(count);
+
   visit(schema: unknown): Visit {
     this.step();
     if (!isSchema(schema)) return { found: schema === false ? { value: null, bytes: 4 } : { value: '', bytes: 2 }, lowest: NO_CYCLE };
@@ -619,7 +652,7 @@ class SmallestSearch {
       return { found: best, lowest };
     }
     const allOf = own(schema, 'allOf');
-    if (Array.isArray(allOf) && allOf.length > 0) return this.visit(mergeAllOf(schema, this.root));
+    if (Array.isArray(allOf) && allOf.length > 0) return this.visit(mergeAllOf(schema, this.root, this.charge));
     switch (typeOf(schema)) {
       case 'object':
         return this.object(schema);
@@ -664,7 +697,7 @@ class SmallestSearch {
       const next = this.visit(propertySchema);
       lowest = Math.min(lowest, next.lowest);
       // propertyBytes counts a comma after each property; the first has none before it.
-      bytes += (count++ === 0 ? -1 : 0) + propertyBytes(key) + next.found.bytes;
+      bytes += (count++ === 0 ? -1 : 0) + propertyBytes(plan, key) + next.found.bytes;
       setOwn(value, key, next.found.value);
       return bytes <= this.bytesMax;
     };
@@ -672,7 +705,7 @@ class SmallestSearch {
       if (!add(key, Object.hasOwn(plan.declared, key) ? plan.declared[key] : plan.extraSchema)) return { found: NONE, lowest };
     }
     // minProperties: `field_<n>` names when extra properties are allowed, else the declared optional ones.
-    const optional = plan.closed ? plan.declaredKeys.filter((key) => !plan.required.has(key)) : [];
+    const optional = plan.optionalKeys;
     for (let n = 0; count < plan.propertiesMin; n++) {
       this.step();
       let key: string;
