@@ -175,6 +175,7 @@ export class OpenAIProvider implements Provider {
     const translator = new ChunkTranslator(this.name, this.bodyBytesMax);
     const out: Delta[] = [];
     let done = false;
+    let deltasThisTurn = 0;
     while (!done) {
       const { value, done: ended } = await call.read();
       if (ended) break;
@@ -196,6 +197,13 @@ export class OpenAIProvider implements Provider {
       for (const delta of out) {
         yield delta;
         call.throwIfAborted();
+        // One socket read may hold thousands of tiny events; relaying them all in one go would keep
+        // the event loop from every other request (see UpstreamCall.read).
+        if (++deltasThisTurn === DELTAS_PER_TURN_MAX) {
+          deltasThisTurn = 0;
+          await nextTurn();
+          call.throwIfAborted();
+        }
       }
       out.length = 0;
     }
@@ -250,6 +258,8 @@ class UpstreamCall implements ExchangeHandler {
   private head: ResponseHead | null = null;
   private readonly queue: Uint8Array[] = [];
   private queuedBytes = 0;
+  /** Body bytes handed out since the consumer last waited for the socket (see read). */
+  private bytesThisTurn = 0;
   /** Body bytes received so far, and the bound past which the body is refused (see limitBody). */
   private bodyBytes = 0;
   private bodyBytesMax = Number.POSITIVE_INFINITY;
@@ -294,6 +304,15 @@ class UpstreamCall implements ExchangeHandler {
       if (value !== undefined) {
         this.queuedBytes -= value.length;
         if (this.queuedBytes < QUEUED_BYTES_MAX / 2) this.exchange?.resume();
+        // Queued bytes are handed out through resolved promises, which never let the event loop run:
+        // an upstream faster than its consumer (a flood of tiny events) would keep every other request
+        // waiting for as long as the queue refills (§8: no request blocks the loop for 50 ms).
+        this.bytesThisTurn += value.length;
+        if (this.bytesThisTurn > READ_BYTES_PER_TURN_MAX) {
+          this.bytesThisTurn = 0;
+          await nextTurn();
+          this.throwIfAborted();
+        }
         return { done: false, value };
       }
       this.throwIfFailed();
@@ -416,6 +435,7 @@ class UpstreamCall implements ExchangeHandler {
   }
 
   private wait(): Promise<void> {
+    this.bytesThisTurn = 0;
     this.waiter = Promise.withResolvers<void>();
     this.timer.refresh();
     return this.waiter.promise;
@@ -461,6 +481,14 @@ class UpstreamCall implements ExchangeHandler {
 }
 
 const DECODER = new TextDecoder();
+/** Body bytes a consumer may take from the queue before it lets the event loop run once. */
+const READ_BYTES_PER_TURN_MAX = 64 * 1024;
+/** Deltas relayed before the event loop runs once (a few ms of work at most). */
+const DELTAS_PER_TURN_MAX = 256;
+
+function nextTurn(): Promise<void> {
+  return new Promise((resolve) => setImmediate(resolve));
+}
 
 function timeOut(call: UpstreamCall): void {
   call.onTimeout();
