@@ -22,10 +22,17 @@ export interface Gateway {
   metrics: Metrics;
   /** Called on a broken invariant: the process must not keep serving (main exits; tests may observe). */
   onFatal?: (error: Error) => void;
+  /**
+   * Called once when the write-ahead log fails (disk full, EIO): nothing more can be made durable, so
+   * the process must restart from the log (main drains and exits 75; CONTRACT §8, crash-only).
+   */
+  onLogFailure?: (error: Error) => void;
 }
 
 export function openGateway(config: Config, logger: Logger, adminToken: string): Gateway {
   const registry = new ActorRegistry(config.limits.max_in_flight);
+  // The store fails before the gateway object exists to be told: the callback finds it once it does.
+  let gateway: Gateway | null = null;
   const store = StateStore.open({
     dataDir: config.data_dir,
     fsync: config.wal.fsync,
@@ -36,11 +43,14 @@ export function openGateway(config: Config, logger: Logger, adminToken: string):
       requestRecordsMax: config.limits.request_records_max,
       requestRecordTtlMs: config.idempotency_ttl_s * 1000,
       idempotencyKeysMax: config.limits.idempotency_keys_max,
+      requestRecordsPerKey: config.limits.request_records_per_key,
+      idempotencyKeysPerKey: config.limits.idempotency_keys_per_key,
     },
     logger,
     expectedCommits: () => registry.size,
+    onFailure: (error) => gateway?.onLogFailure?.(error),
   });
-  return {
+  gateway = {
     config,
     store,
     registry,
@@ -51,6 +61,7 @@ export function openGateway(config: Config, logger: Logger, adminToken: string):
     adminToken,
     draining: false,
   };
+  return gateway;
 }
 
 /** The status endpoint of a request: a path, or an absolute URL when public_base_url is set. */

@@ -9,6 +9,9 @@ import { startServer } from './server.ts';
 import { createLogger } from './util/log.ts';
 import { WalCorruptionError } from './wal/log.ts';
 
+/** EX_TEMPFAIL: the log could not be written; restart (CONTRACT §8, README "Operating"). */
+const EXIT_LOG_FAILED = 75;
+
 async function serve(config: Config): Promise<number> {
   const logger = createLogger(config.log_level);
   const lock = new DataDirLock(config.data_dir);
@@ -25,8 +28,40 @@ async function serve(config: Config): Promise<number> {
     logger.fatal({ err: error.stack }, 'broken invariant; stopping');
     process.exit(70);
   };
-  const running = await startServer(gateway);
+  let running: Awaited<ReturnType<typeof startServer>>;
+  try {
+    running = await startServer(gateway);
+  } catch (error) {
+    // Recovery's own commit (the interrupted requests) could not be written: the disk is still full or
+    // failing. A temporary failure: the supervisor starts us again (EX_TEMPFAIL).
+    if (gateway.store.unavailableReason) {
+      logger.fatal({ reason: gateway.store.unavailableReason }, 'cannot write the log at start; exiting 75 to be restarted');
+      return EXIT_LOG_FAILED;
+    }
+    throw error;
+  }
   lock.recordUrl(running.url);
+  // The event-loop delay in /metrics (tollgate_event_loop_delay_*): the figure §8's 50 ms rule is about.
+  gateway.metrics.loopDelay.start();
+  // Crash-only (§8): once the log cannot be written, nothing more can be acknowledged and memory may
+  // hold what the log does not. For the grace every request and both probes answer 503 (a supervisor
+  // or a load balancer sees it at once), then the process exits and the next start recovers from the
+  // log, the holds of unfinished requests released.
+  gateway.onLogFailure = (error) => {
+    const graceMs = config.limits.shutdown_grace_ms;
+    logger.fatal({ err: error.message, graceMs }, 'write-ahead log failed; answering 503, then exiting 75 to restart from the log');
+    gateway.draining = true;
+    // Their ends cannot be recorded: stop their upstream calls now (each answers 503) rather than
+    // spend on answers nobody will be charged for.
+    for (const actor of gateway.registry.all()) actor.abort('interrupted');
+    setTimeout(() => {
+      void running.shutdown(0).finally(() => {
+        lock.release();
+        process.exit(EXIT_LOG_FAILED);
+      });
+      setTimeout(() => process.exit(EXIT_LOG_FAILED), 1_000).unref();
+    }, graceMs);
+  };
   logger.info(
     { url: running.url, models: Object.keys(config.models).length, fsync: config.wal.fsync, dataDir: config.data_dir },
     'tollgate listening',

@@ -1,12 +1,13 @@
 // The admin controller (/admin/v1): create, list, read, top up and revoke keys, behind the admin token.
 import { timingSafeEqual } from 'node:crypto';
 import { TypeCompiler } from '@sinclair/typebox/compiler';
+import type { ValueErrorIterator } from '@sinclair/typebox/errors';
 import { Elysia } from 'elysia';
 import type { Gateway } from '../gateway.ts';
 import { parseJsonBody, readBodyText } from '../http/body.ts';
 import { GatewayError } from '../http/errors.ts';
 import { bearerToken, createKey, creditKey, creditsToMicro, findKey, keyView, revokeKey } from '../keys/store.ts';
-import { paramPath } from '../chat/model.ts';
+import { fieldPath, firstProblem } from '../util/validation.ts';
 import { CreateKeySchema, CreditKeySchema, type CreateKeyBody, type CreditKeyBody } from './model.ts';
 
 const CreateKeyCheck = TypeCompiler.Compile(CreateKeySchema);
@@ -24,12 +25,13 @@ function checkAdmin(gateway: Gateway, authorization: string | null): void {
   }
 }
 
-async function readJson<T>(gateway: Gateway, request: Request, check: { Check(v: unknown): v is T; Errors(v: unknown): any }): Promise<T> {
+async function readJson<T>(gateway: Gateway, request: Request, check: { Check(v: unknown): v is T; Errors(v: unknown): ValueErrorIterator }): Promise<T> {
   const json = parseJsonBody(await readBodyText(request, gateway.config.limits.max_body_bytes, gateway.config.limits.request_read_timeout_ms));
   if (!check.Check(json)) {
-    const first = check.Errors(json).First();
-    const param = paramPath(first?.path ?? '') || null;
-    throw new GatewayError('invalid_request_error', `${param ?? 'body'}: ${first?.message ?? 'invalid'}`, { param });
+    // Named field and bound ("rate_limit_rpm must be ≤ 10000000"), never TypeBox's "Expected union value".
+    const problem = firstProblem(check.Errors(json));
+    const param = problem ? fieldPath(json, problem.segments) || null : null;
+    throw new GatewayError('invalid_request_error', `${param ?? 'body'} ${problem?.problem ?? 'is not valid'}`, { param });
   }
   return json;
 }
@@ -37,7 +39,10 @@ async function readJson<T>(gateway: Gateway, request: Request, check: { Check(v:
 export function adminController(gateway: Gateway) {
   const defaultRpm = gateway.config.limits.default_rate_limit_rpm;
   return new Elysia({ name: 'admin', prefix: '/admin/v1' })
-    .onBeforeHandle(({ request }) => checkAdmin(gateway, request.headers.get('authorization')))
+    .onBeforeHandle(({ request }) => {
+      checkAdmin(gateway, request.headers.get('authorization'));
+      gateway.store.checkAvailable();
+    })
     .post(
       '/keys',
       async ({ request }) => {

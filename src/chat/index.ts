@@ -67,7 +67,7 @@ async function completions(gateway: Gateway, request: Request, server?: Server<u
       const early = await sink.opened.promise;
       if (early) {
         settleIdle(request, server, limits.request_read_timeout_ms);
-        return errorResponse(early, idHeader);
+        return errorResponse(early, idHeader, holdKept(gateway, requestId));
       }
       return new Response(sink.body, {
         status: 200,
@@ -75,7 +75,7 @@ async function completions(gateway: Gateway, request: Request, server?: Server<u
       });
     }
     const result = await runChat(gateway, admission, chat, null);
-    if (!result.ok) return errorResponse(result.error, idHeader);
+    if (!result.ok) return errorResponse(result.error, idHeader, holdKept(gateway, requestId));
     const body = completionBody(requestId, admission.createdS, chat.modelId, result.content, result.toolCalls, result.finishReason, result.usage);
     return new Response(JSON.stringify(body), { status: 200, headers: { 'content-type': 'application/json', 'x-request-id': requestId } });
   } catch (thrown) {
@@ -86,6 +86,11 @@ async function completions(gateway: Gateway, request: Request, server?: Server<u
     gateway.metrics.requestRefused('chat', error.code);
     return errorResponse(error, idHeader);
   }
+}
+
+/** Whether the finished request `id` was charged although it failed (its hold kept under on_error "keep"). */
+function holdKept(gateway: Gateway, id: string): boolean {
+  return (gateway.store.state.request(id)?.charge.credits_micro ?? 0) > 0;
 }
 
 function statusView(gateway: Gateway, record: RequestRecord): Record<string, unknown> {
@@ -140,6 +145,7 @@ export function chatController(gateway: Gateway) {
     })
     .get('/requests/:id', async ({ request, params }) => {
       const account = authenticate(gateway.store, request.headers.get('authorization'), 'chat');
+      gateway.store.checkAvailable();
       ownRecord(gateway, account.id, params.id);
       // Memory may be ahead of the disk by one commit; report only what a crash cannot take back.
       await gateway.registry.get(params.id)?.durable;
@@ -149,6 +155,7 @@ export function chatController(gateway: Gateway) {
       '/requests/:id/cancel',
       async ({ request, params }) => {
         const account = authenticate(gateway.store, request.headers.get('authorization'), 'chat');
+        gateway.store.checkAvailable();
         const record = ownRecord(gateway, account.id, params.id);
         const url = statusUrl(config, 'chat', record.id);
         const actor = gateway.registry.get(record.id);
@@ -158,7 +165,7 @@ export function chatController(gateway: Gateway) {
             throw new GatewayError('request_already_completed', `The request ${record.id} has already finished (${current}).`, {
               param: null,
               topLevel: { request_id: record.id, request_status: current, status_url: url },
-              headers: { 'x-service-request-status': url },
+              headers: { 'x-service-request-status': url, 'x-request-id': record.id },
             });
           }
         }

@@ -3,7 +3,10 @@ import { Type, type Static, type TSchema } from '@sinclair/typebox';
 import { TypeCompiler, type TypeCheck } from '@sinclair/typebox/compiler';
 import type { Config, ModelConfig } from '../config/model.ts';
 import { GatewayError } from '../http/errors.ts';
+import { assert } from '../util/assert.ts';
+import { fieldPath, firstProblem, mustBe } from '../util/validation.ts';
 import type { ProviderMessage, ToolCall, ToolChoice, ToolDefinition } from '../providers/provider.ts';
+import { smallestInstance } from '../providers/simulator/schema-value.ts';
 
 const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
 
@@ -68,13 +71,16 @@ export const ChatRequestSchema = Type.Object({
 export type ChatRequestBody = Static<typeof ChatRequestSchema>;
 
 const RequestCheck = TypeCompiler.Compile(ChatRequestSchema);
-const MessageChecks: Record<string, TypeCheck<TSchema>> = {
-  system: TypeCompiler.Compile(SystemMessageSchema),
-  developer: TypeCompiler.Compile(SystemMessageSchema),
-  user: TypeCompiler.Compile(UserMessageSchema),
-  assistant: TypeCompiler.Compile(AssistantMessageSchema),
-  tool: TypeCompiler.Compile(ToolMessageSchema),
-};
+// A Map, not an object: a role is request data, and "__proto__" or "toString" must not find Object.prototype.
+const SystemMessageCheck = TypeCompiler.Compile(SystemMessageSchema);
+const MessageChecks = new Map<string, TypeCheck<TSchema>>([
+  ['system', SystemMessageCheck],
+  ['developer', SystemMessageCheck],
+  ['user', TypeCompiler.Compile(UserMessageSchema)],
+  ['assistant', TypeCompiler.Compile(AssistantMessageSchema)],
+  ['tool', TypeCompiler.Compile(ToolMessageSchema)],
+]);
+const ROLES_MUST_BE = mustBe([...MessageChecks.keys()].map((role) => JSON.stringify(role)));
 const ToolCheck = TypeCompiler.Compile(ToolSchema);
 const TextPartCheck = TypeCompiler.Compile(TextPartSchema);
 
@@ -93,25 +99,16 @@ export interface ChatRequest {
   toolChoice: ToolChoice | null;
 }
 
-/** JSON pointer `/messages/2/tool_call_id` → `messages[2].tool_call_id`. */
-export function paramPath(pointer: string, prefix = ''): string {
-  let out = prefix;
-  for (const part of pointer.split('/')) {
-    if (part === '') continue;
-    if (/^\d+$/.test(part)) out += `[${part}]`;
-    else out += out === '' ? part : `.${part}`;
-  }
-  return out;
-}
-
 function invalid(message: string, param: string | null): GatewayError {
   return new GatewayError('invalid_request_error', message, { param });
 }
 
+/** The first schema error as a 400 whose message names the field and the bound ("temperature must be ≤ 2"). */
 function firstError(check: TypeCheck<TSchema>, value: unknown, prefix: string): GatewayError {
-  const error = check.Errors(value).First();
-  const param = paramPath(error?.path ?? '', prefix) || null;
-  return invalid(`${param ?? 'body'}: ${error?.message ?? 'invalid value'}`, param);
+  const problem = firstProblem(check.Errors(value));
+  assert(problem, 'a value that failed its check has an error');
+  const param = fieldPath(value, problem.segments, prefix) || null;
+  return invalid(`${param ?? 'body'} ${problem.problem}`, param);
 }
 
 /** Joins the text parts of a content value; every other part type is dropped. */
@@ -121,10 +118,35 @@ function contentText(content: string | Array<{ type: string }>, param: string): 
   for (let i = 0; i < content.length; i++) {
     const part = content[i]!;
     if (part.type !== 'text') continue;
-    if (!TextPartCheck.Check(part)) throw invalid(`${param}[${i}].text: a text part needs a string text`, `${param}[${i}].text`);
+    if (!TextPartCheck.Check(part)) throw invalid(`${param}[${i}].text must be a string`, `${param}[${i}].text`);
     text += part.text;
   }
   return text;
+}
+
+function servedBySimulator(config: Config, model: ModelConfig): boolean {
+  return Object.hasOwn(config.providers, model.provider) && config.providers[model.provider]!.type === 'simulator';
+}
+
+/**
+ * CONTRACT §8, generated work is bounded: the simulator writes a tool's arguments in at most
+ * `bytesMax` bytes, so a schema whose smallest instance is larger (minItems 1e8, a required recursive
+ * $ref) is refused here, before any hold, in bounded work, whichever tool tool_choice would pick.
+ */
+function checkSimulatorTools(tools: Static<typeof ToolSchema>[], bytesMax: number): void {
+  for (let i = 0; i < tools.length; i++) {
+    const parameters = tools[i]!.function.parameters;
+    if (parameters === undefined) continue;
+    const smallest = smallestInstance(parameters, bytesMax);
+    if (smallest.fits) continue;
+    const param = `tools[${i}].function.parameters`;
+    throw invalid(
+      smallest.reason === 'too_large'
+        ? `${param}: the smallest value this schema allows is larger than the ${bytesMax} bytes the simulator writes for tool arguments`
+        : `${param}: the simulator cannot find a value of this schema within ${bytesMax} bytes in bounded work; simplify the schema`,
+      param,
+    );
+  }
 }
 
 /**
@@ -145,8 +167,8 @@ export function validateChatRequest(json: unknown, config: Config): ChatRequest 
   for (let i = 0; i < body.messages.length; i++) {
     const raw = body.messages[i]!;
     const param = `messages[${i}]`;
-    const check = MessageChecks[raw.role];
-    if (!check) throw invalid(`${param}.role: must be one of system, user, assistant, tool`, `${param}.role`);
+    const check = MessageChecks.get(raw.role);
+    if (!check) throw invalid(`${param}.role ${ROLES_MUST_BE}`, `${param}.role`);
     if (!check.Check(raw)) throw firstError(check, raw, param);
     switch (raw.role) {
       case 'system':
@@ -213,12 +235,14 @@ export function validateChatRequest(json: unknown, config: Config): ChatRequest 
   }
 
   // Shape is settled; now the model (404), then what the model can do (400).
-  const modelId = config.aliases[body.model] ?? body.model;
+  // Own keys only: a model named "__proto__" or "constructor" is just an unknown model.
+  const modelId = Object.hasOwn(config.aliases, body.model) ? config.aliases[body.model]! : body.model;
   const model = Object.hasOwn(config.models, modelId) ? config.models[modelId] : undefined;
   if (!model) throw new GatewayError('model_not_found', `The model ${JSON.stringify(body.model)} does not exist.`, { param: null });
   if (tools && !model.tools) {
     throw new GatewayError('unsupported_parameter', `The model ${modelId} does not support tools.`, { param: 'tools' });
   }
+  if (tools && servedBySimulator(config, model)) checkSimulatorTools(tools, config.limits.simulator_tool_arguments_bytes);
 
   return {
     body,

@@ -7,8 +7,9 @@ import { checkIdempotency } from '../idempotency/store.ts';
 import type { KeyAccount } from '../state/apply.ts';
 import type { Event, Usage } from '../state/events.ts';
 import { collectAnswer, type Delta, type ProviderRequest, type ToolCall } from '../providers/provider.ts';
-import { abortError, abortOnTimer, RequestActor, statusForAbort, type Outcome } from '../requests/actor.ts';
+import { abortError, abortOnTimer, notRecordedError, RequestActor, statusForAbort, type Outcome } from '../requests/actor.ts';
 import { assert } from '../util/assert.ts';
+import { TextBuilder } from '../util/text-builder.ts';
 import { RESOLVED } from '../util/promise.ts';
 import type { ChatRequest } from './model.ts';
 import type { PublicFinishReason } from './stream.ts';
@@ -134,31 +135,47 @@ export type ChatResult =
   | { ok: true; content: string | null; toolCalls: ToolCall[]; finishReason: PublicFinishReason; usage: Usage }
   | { ok: false; error: GatewayError };
 
-/** What the provider said so far: text, tool calls (checked as they build up) and the finish. */
+/**
+ * What the provider said so far: text, tool calls (checked as they build up) and the finish. Text is
+ * gathered in a TextBuilder, not with `+=`: an upstream may send a million one-character deltas (up to
+ * limits.max_upstream_body_bytes), and a rope of that many nodes is hundreds of MB.
+ */
 class Answer {
-  text = '';
+  private readonly textParts = new TextBuilder();
   sawText = false;
-  readonly toolCalls: ToolCall[] = [];
+  private readonly calls: ToolCall[] = [];
+  private readonly callArguments: TextBuilder[] = [];
   finish: Extract<Delta, { type: 'finish' }> | null = null;
+
+  get text(): string {
+    return this.textParts.build();
+  }
+
+  /** The tool calls with their arguments joined (call once, at the end). */
+  toolCalls(): ToolCall[] {
+    for (let i = 0; i < this.calls.length; i++) this.calls[i]!.function.arguments = this.callArguments[i]!.build();
+    return this.calls;
+  }
 
   /** Takes one delta and relays it to `sink` (when streaming); returns the sink's backpressure, if any. */
   add(delta: Delta, sink: ChatSink | null): void | Promise<void> {
     switch (delta.type) {
       case 'text':
         if (delta.text.length === 0) return;
-        this.text += delta.text;
+        this.textParts.append(delta.text);
         this.sawText = true;
         return sink?.text(delta.text);
       case 'tool_call': {
-        let call = this.toolCalls[delta.index];
-        if (!call) {
-          if (delta.index !== this.toolCalls.length || delta.id === null || delta.name === null) {
+        let args = this.callArguments[delta.index];
+        if (!args) {
+          if (delta.index !== this.calls.length || delta.id === null || delta.name === null) {
             throw new GatewayError('upstream_invalid_response', 'The provider sent a malformed tool call.');
           }
-          call = { id: delta.id, type: 'function', function: { name: delta.name, arguments: '' } };
-          this.toolCalls.push(call);
+          this.calls.push({ id: delta.id, type: 'function', function: { name: delta.name, arguments: '' } });
+          args = new TextBuilder();
+          this.callArguments.push(args);
         }
-        call.function.arguments += delta.arguments;
+        args.append(delta.arguments);
         return sink?.toolCall(delta.index, delta.id, delta.name, delta.arguments);
       }
       case 'finish':
@@ -223,7 +240,8 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
       gateway.metrics.firstToken(chat.modelId, (Date.now() - admission.createdMs) / 1000);
       for (const delta of deltas) answer.add(delta, null);
     }
-    const { text, toolCalls, finish } = answer;
+    const { text, finish } = answer;
+    const toolCalls = answer.toolCalls();
     if (!finish) throw new GatewayError('upstream_invalid_response', 'The provider ended without finishing its answer.');
     const promptTokens = finish.usage?.promptTokens ?? providerRequest.promptTokens;
     const completionTokens =
@@ -240,8 +258,9 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
       httpStatus: 200,
     };
     const finishReason: PublicFinishReason = toolCalls.length > 0 ? 'tool_calls' : 'stop';
-    await actor.finish(outcome);
-    result = { ok: true, content: answer.sawText || toolCalls.length === 0 ? text : null, toolCalls, finishReason, usage };
+    result = (await actor.finish(outcome))
+      ? { ok: true, content: answer.sawText || toolCalls.length === 0 ? text : null, toolCalls, finishReason, usage }
+      : { ok: false, error: notRecordedError() };
   } catch (thrown) {
     const kind = actor.abortKind;
     let error: GatewayError;
@@ -262,8 +281,7 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
       answers: null,
       httpStatus: error.status,
     };
-    await actor.finish(outcome);
-    result = { ok: false, error };
+    result = { ok: false, error: (await actor.finish(outcome)) ? error : notRecordedError() };
   } finally {
     clearTimeout(timer);
     // Whatever happened above, the hold never outlives the run: an unexpected exit is an error.

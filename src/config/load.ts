@@ -1,7 +1,8 @@
 // Loads the config: built-in defaults, then GATEWAY_CONFIG deep-merged over them, then env; validated once.
 import { readFileSync } from 'node:fs';
 import { Value } from '@sinclair/typebox/value';
-import { ConfigSchema, type Config, type OpenAIProviderConfig } from './model.ts';
+import { fieldPath, firstProblem } from '../util/validation.ts';
+import { ConfigSchema, ProviderConfigSchema, type Config, type OpenAIProviderConfig } from './model.ts';
 import { defaultConfig } from './defaults.ts';
 
 /** A config that cannot run; the message names the field so the operator can fix it. */
@@ -15,12 +16,17 @@ function isPlainObject(value: unknown): value is Record<string, Json> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
 }
 
-/** Objects merge key by key at every depth; anything else (arrays included) replaces. */
+/**
+ * Objects merge key by key at every depth; anything else (arrays included) replaces. Keys are plain data:
+ * a "__proto__" key is defined as an own field (an assignment would replace the object's prototype), and
+ * "constructor" or "toString" find nothing in the base unless it has them itself.
+ */
 export function deepMerge(base: Json, override: Json): Json {
   if (!isPlainObject(base) || !isPlainObject(override)) return override;
   const merged: Record<string, Json> = { ...base };
   for (const [key, value] of Object.entries(override)) {
-    merged[key] = key in base ? deepMerge(base[key] as Json, value) : value;
+    const mergedValue = Object.hasOwn(base, key) ? deepMerge(base[key] as Json, value) : value;
+    Object.defineProperty(merged, key, { value: mergedValue, enumerable: true, writable: true, configurable: true });
   }
   return merged;
 }
@@ -102,19 +108,44 @@ function checkOpenAIProvider(name: string, provider: OpenAIProviderConfig): void
   }
 }
 
-/** Validates the schema, then the references between sections that a schema cannot express. */
-export function validateConfig(candidate: unknown): Config {
-  const first = Value.Errors(ConfigSchema, candidate).First();
-  if (first) {
-    const field = first.path.replace(/^\//, '').replaceAll('/', '.') || '(root)';
-    throw new ConfigError(`config field ${field}: ${first.message} (got ${JSON.stringify(first.value)})`);
+/**
+ * Each provider with its options' defaults filled in from the schema's `default` annotations (so
+ * `{"type": "simulator"}` alone is complete). Copies: the caller's objects are left as they were.
+ */
+function withProviderDefaults(candidate: unknown): unknown {
+  if (!isPlainObject(candidate) || !isPlainObject(candidate.providers)) return candidate;
+  const providers: Record<string, Json> = {};
+  for (const [name, provider] of Object.entries(candidate.providers)) {
+    const type = isPlainObject(provider) ? provider.type : undefined;
+    const schema = ProviderConfigSchema.anyOf.find((branch) => branch.properties.type.const === type);
+    const value = schema ? (Value.Default(schema, structuredClone(provider)) as Json) : provider;
+    Object.defineProperty(providers, name, { value, enumerable: true, writable: true, configurable: true });
+  }
+  return { ...candidate, providers };
+}
+
+/** Fields whose value a message must not repeat: the config error goes to the terminal and the logs. */
+function isSecretField(segments: readonly string[]): boolean {
+  return segments[0] === 'admin_token' || (segments[0] === 'providers' && segments[2] === 'headers');
+}
+
+/** Validates the schema (defaults filled in first), then the references between sections that a schema cannot express. */
+export function validateConfig(input: unknown): Config {
+  const candidate = withProviderDefaults(input);
+  const problem = firstProblem(Value.Errors(ConfigSchema, candidate));
+  if (problem) {
+    const field = fieldPath(candidate, problem.segments) || '(root)';
+    const got = problem.value === undefined || isSecretField(problem.segments) ? '' : ` (got ${JSON.stringify(problem.value)})`;
+    throw new ConfigError(`config field ${field}: ${problem.problem}${got}`);
   }
   const config = candidate as Config;
+  // Own keys only, here and below: a name such as "constructor" must not find Object.prototype's.
+  const has = (record: object, key: string) => Object.hasOwn(record, key);
   for (const [name, provider] of Object.entries(config.providers)) {
     if (provider.type === 'openai') checkOpenAIProvider(name, provider);
   }
   for (const [id, model] of Object.entries(config.models)) {
-    if (!config.providers[model.provider]) {
+    if (!has(config.providers, model.provider)) {
       throw new ConfigError(`config field models.${id}.provider: no provider named ${JSON.stringify(model.provider)}`);
     }
     if (model.max_output_tokens > model.context_window) {
@@ -122,11 +153,11 @@ export function validateConfig(candidate: unknown): Config {
     }
   }
   for (const [alias, target] of Object.entries(config.aliases)) {
-    if (!config.models[target]) throw new ConfigError(`config field aliases.${alias}: no model named ${JSON.stringify(target)}`);
-    if (config.models[alias]) throw new ConfigError(`config field aliases.${alias}: shadows a catalogue model`);
+    if (!has(config.models, target)) throw new ConfigError(`config field aliases.${alias}: no model named ${JSON.stringify(target)}`);
+    if (has(config.models, alias)) throw new ConfigError(`config field aliases.${alias}: shadows a catalogue model`);
   }
   for (const [name, target] of Object.entries(config.decision.models)) {
-    if (!config.models[target]) {
+    if (!has(config.models, target)) {
       throw new ConfigError(`config field decision.models.${name}: no model named ${JSON.stringify(target)}`);
     }
   }

@@ -7,12 +7,16 @@ const NonNegativeInt = (description: string) => Type.Integer({ minimum: 0, descr
 const TIMER_MS_MAX = 2_147_483_647;
 const DurationMs = (description: string, minimum = 1) => Type.Integer({ minimum, maximum: TIMER_MS_MAX, description });
 
+/**
+ * Every option has a `default`, filled in by the loader before validation: `{"type": "simulator"}` alone
+ * is a complete provider, and the rest of the code sees every field set.
+ */
 export const SimulatorProviderSchema = Type.Object(
   {
     type: Type.Literal('simulator'),
-    ttft_ms: DurationMs('delay before the first token', 0),
-    tokens_per_second: PositiveInt('output speed after the first token'),
-    completion_tokens: PositiveInt('tokens of a text answer when no output limit is lower'),
+    ttft_ms: Type.Integer({ minimum: 0, maximum: TIMER_MS_MAX, default: 40, description: 'delay before the first token' }),
+    tokens_per_second: Type.Integer({ minimum: 1, default: 400, description: 'output speed after the first token' }),
+    completion_tokens: Type.Integer({ minimum: 1, default: 24, description: 'tokens of a text answer when no output limit is lower' }),
   },
   { additionalProperties: false },
 );

@@ -7,7 +7,7 @@ import { nativePost, type NativeRoutes } from '../http/routes.ts';
 import { requestFingerprint } from '../idempotency/fingerprint.ts';
 import { parseIdempotencyKey } from '../idempotency/store.ts';
 import { authenticate, microToCredits } from '../keys/store.ts';
-import type { KeyAccount, RequestRecord } from '../state/apply.ts';
+import type { RequestRecord } from '../state/apply.ts';
 import { newDecisionRequestId } from '../util/ids.ts';
 import { validateDecisionRequest } from './model.ts';
 import { admitDecision, preparePrompt, runDecision } from './service.ts';
@@ -18,46 +18,16 @@ const DECIDE_ROUTE = '/decide';
 const DECIDE_PATH = '/decision/v1/decide/';
 const JSON_HEADERS = { 'content-type': 'application/json' };
 
-/**
- * Records a refusal that came after authentication, so the caller can look the dec_ id up. Not awaited:
- * a refusal acknowledges no durable fact, so its answer need not wait for the disk.
- */
-function recordRefusal(gateway: Gateway, account: KeyAccount, requestId: string, model: string, error: GatewayError): void {
-  if (gateway.store.unavailableReason) return;
-  try {
-    void gateway.store
-      .commit([
-        {
-          type: 'request.recorded',
-          request_id: requestId,
-          key_id: account.id,
-          service: 'decision',
-          model,
-          status: error.status === 499 ? 'cancelled' : 'error',
-          error_code: error.code,
-          http_status: error.status,
-          at_ms: Date.now(),
-        },
-      ])
-      .catch(() => {});
-  } catch {
-    // The log just failed; the refusal itself is still answered.
-  }
-}
-
 async function decide(gateway: Gateway, request: Request): Promise<Response> {
   const requestId = newDecisionRequestId();
   const idHeader = { 'x-request-id': requestId };
-  let account: KeyAccount | null = null;
-  let model = '';
   let admitted = false;
   try {
     if (gateway.draining) throw new GatewayError('service_unavailable', 'The decision service is shutting down; retry shortly.');
     if (gateway.store.unavailableReason) throw new GatewayError('service_unavailable', 'The decision service cannot record requests right now; retry later.');
     const text = await readBodyText(request, gateway.config.limits.max_body_bytes, gateway.config.limits.request_read_timeout_ms);
-    account = authenticate(gateway.store, request.headers.get('authorization'), 'decision');
+    const account = authenticate(gateway.store, request.headers.get('authorization'), 'decision');
     const json = parseJsonBody(text);
-    if (typeof (json as { model?: unknown })?.model === 'string') model = String((json as { model: string }).model).slice(0, 128);
     const decision = validateDecisionRequest(json, gateway.config);
     const idempotencyKey = parseIdempotencyKey(request.headers.get('idempotency-key'));
     const idempotency = idempotencyKey ? { key: idempotencyKey, fingerprint: requestFingerprint('POST', DECIDE_PATH, json) } : null;
@@ -85,10 +55,8 @@ async function decide(gateway: Gateway, request: Request): Promise<Response> {
   } catch (thrown) {
     const error = asGatewayError(gateway, thrown, requestId);
     if (error.settleFirst) await error.settleFirst;
-    if (!admitted) {
-      gateway.metrics.requestRefused('decision', error.code);
-      if (account) recordRefusal(gateway, account, requestId, model, error);
-    }
+    // A refusal leaves no trace but a counter (§8: refusals are cheap): nothing logged, nothing kept.
+    if (!admitted) gateway.metrics.requestRefused('decision', error.code);
     return errorResponse(error, idHeader);
   }
 }
@@ -121,6 +89,7 @@ export function decisionController(gateway: Gateway) {
       const headers = { ...JSON_HEADERS, 'x-request-id': newDecisionRequestId() };
       try {
         const account = authenticate(gateway.store, request.headers.get('authorization'), 'decision');
+        gateway.store.checkAvailable();
         // Memory may be ahead of the disk by one commit; report only what a crash cannot take back.
         await gateway.registry.get(params.id)?.durable;
         const record = gateway.store.state.request(params.id);

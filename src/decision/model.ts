@@ -117,7 +117,7 @@ function checkQuestion(id: string, raw: unknown): Question {
 export function validateDecisionRequest(json: unknown, config: Config): DecisionRequest {
   if (!isObject(json)) throw invalid('The body must be a JSON object.', null, `expected a JSON object with model, state and questions, got ${describe(json)}`);
   if (typeof json.model !== 'string') throw invalid('model is required', 'model', 'model must be "decision-fast" or "decision-accurate"');
-  if (!('state' in json)) throw invalid('state is required', 'state', 'state is required: the JSON value the questions are about');
+  if (!Object.hasOwn(json, 'state')) throw invalid('state is required', 'state', 'state is required: the JSON value the questions are about');
   const questions = json.questions;
   if (!isObject(questions)) throw invalid('questions must be an object', 'questions', `questions must be an object keyed by question id, got ${describe(questions)}`);
   const entries = Object.entries(questions);

@@ -90,7 +90,8 @@ export function readAnswers(raw: unknown, questions: Array<[string, Question]>):
   if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) return null;
   const answers: Record<string, Answer> = Object.create(null);
   for (const [id, question] of questions) {
-    const value = (raw as Record<string, unknown>)[id];
+    // Own keys only: a missing answer to question "toString" must not read Object.prototype.toString.
+    const value = Object.hasOwn(raw, id) ? (raw as Record<string, unknown>)[id] : undefined;
     if (question.type === 'choice') {
       if (typeof value !== 'string' || !Object.hasOwn(question.criteria, value)) return null;
       answers[id] = { type: 'choice', label: value };

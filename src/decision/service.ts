@@ -5,7 +5,7 @@ import { actorSettled, statusUrl, type Gateway } from '../gateway.ts';
 import { GatewayError, internalError } from '../http/errors.ts';
 import { checkIdempotency } from '../idempotency/store.ts';
 import { collectAnswer, type ProviderRequest } from '../providers/provider.ts';
-import { abortError, abortOnTimer, RequestActor, statusForAbort, type Outcome } from '../requests/actor.ts';
+import { abortError, abortOnTimer, notRecordedError, RequestActor, statusForAbort, type Outcome } from '../requests/actor.ts';
 import { DAY_MS, type KeyAccount } from '../state/apply.ts';
 import type { Amount, Event, Usage } from '../state/events.ts';
 import { assert } from '../util/assert.ts';
@@ -216,7 +216,7 @@ export async function runDecision(
         ? { credits_micro: 0, tokens: Math.min(hold.tokens, usage.total_tokens) }
         : { credits_micro: Math.min(hold.credits_micro, costCreditsMicro), tokens: 0 };
     outcome = { status: 'completed', error: null, usage, charge, budgetSpendMicro: costCreditsMicro, answers, httpStatus: 200 };
-    await actor.finish(outcome);
+    if (!(await actor.finish(outcome))) return { ok: false, error: notRecordedError() };
     return { ok: true, value: { answers, usage, charged: charge } };
   } catch (thrown) {
     const kind = actor.abortKind;
@@ -237,8 +237,7 @@ export async function runDecision(
       answers: null,
       httpStatus: error.status,
     };
-    await actor.finish(outcome);
-    return { ok: false, error };
+    return { ok: false, error: (await actor.finish(outcome)) ? error : notRecordedError() };
   } finally {
     clearTimeout(timer);
     if (!outcome) {

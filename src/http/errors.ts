@@ -110,10 +110,36 @@ export function errorBody(error: GatewayError): Record<string, unknown> {
   return error.topLevel ? { error: inner, ...error.topLevel } : { error: inner };
 }
 
-const JSON_HEADERS = { 'content-type': 'application/json' } as const;
+/**
+ * CONTRACT §8 "Retry advice", the `x-should-retry` header the official OpenAI SDKs obey (they retry
+ * 408/409/429/5xx on their own otherwise, so a kept hold would be paid again and a 409 retried): worth
+ * retrying are a rate limit, a cancel, an unavailable gateway, and an upstream failure that charged
+ * nothing; never a client error, a spent budget, or a failure whose hold was kept.
+ */
+export function shouldRetry(error: GatewayError, charged: boolean): boolean {
+  switch (error.status) {
+    case 429:
+      return error.code === 'rate_limit_exceeded';
+    case 499:
+    case 503:
+      return true;
+    case 500:
+    case 502:
+    case 504:
+      return !charged;
+    default:
+      return false;
+  }
+}
 
-export function errorResponse(error: GatewayError, extraHeaders?: Record<string, string>): Response {
-  const headers: Record<string, string> = { ...JSON_HEADERS, ...extraHeaders, ...error.headers };
+/** The error as an HTTP answer; `charged`: the request's hold was kept (billing.on_error "keep"). */
+export function errorResponse(error: GatewayError, extraHeaders?: Record<string, string>, charged = false): Response {
+  const headers: Record<string, string> = {
+    'content-type': 'application/json',
+    'x-should-retry': shouldRetry(error, charged) ? 'true' : 'false',
+    ...extraHeaders,
+    ...error.headers,
+  };
   return new Response(JSON.stringify(errorBody(error)), { status: error.status, headers });
 }
 

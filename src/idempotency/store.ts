@@ -54,7 +54,8 @@ export function checkIdempotency(
     {
       param: 'Idempotency-Key',
       topLevel: { request_id: binding.requestId, request_status: status, status_url: url },
-      headers: { 'x-service-request-status': url },
+      // The answer is about the original request: its id, not this refused attempt's, is the one to look up.
+      headers: { 'x-service-request-status': url, 'x-request-id': binding.requestId },
       ...(settleFirst ? { settleFirst } : {}),
     },
   );

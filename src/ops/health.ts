@@ -4,7 +4,12 @@ import type { Gateway } from '../gateway.ts';
 
 export function healthController(gateway: Gateway) {
   return new Elysia({ name: 'health' })
-    .get('/healthz', () => Response.json({ status: 'ok' }))
+    // A failed log is not a state this process can leave (§8, crash-only): both probes fail at once,
+    // so a supervisor or an orchestrator restarts it even before it exits by itself.
+    .get('/healthz', () => {
+      const reason = gateway.store.unavailableReason;
+      return reason ? Response.json({ status: 'failing', reason }, { status: 503 }) : Response.json({ status: 'ok' });
+    })
     .get('/metrics', async () => {
       const text = await gateway.metrics.registry.metrics();
       return new Response(text, { headers: { 'content-type': gateway.metrics.registry.contentType } });

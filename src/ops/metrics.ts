@@ -76,6 +76,77 @@ class TtftHistogram {
   }
 }
 
+/** Event-loop delay buckets, in seconds: the §8 rule is that nothing blocks the loop for 50 ms. */
+const LOOP_DELAY_BUCKETS_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5];
+const LOOP_TICK_MS = 20;
+
+/**
+ * How late a 20 ms timer fires, i.e. how long the event loop was busy with something else: measured by
+ * hand, because Bun's monitorEventLoopDelay (behind prom-client's nodejs_eventloop_lag_*) does not see a
+ * loop blocked by JavaScript. One timer, no allocation per tick.
+ */
+export class LoopDelayMonitor {
+  readonly name = 'tollgate_event_loop_delay_seconds';
+  readonly help = 'Event-loop delays: how late a 20 ms timer fired';
+  readonly type = 'histogram';
+  readonly aggregator = 'sum';
+  private timer: ReturnType<typeof setInterval> | null = null;
+  private lastMs = 0;
+  /** The worst delay since the last read of `takeMaxSeconds`. */
+  private maxMs = 0;
+  private readonly counts = new Float64Array(LOOP_DELAY_BUCKETS_S.length + 1);
+  private sumSeconds = 0;
+
+  start(): void {
+    if (this.timer) return;
+    this.lastMs = performance.now();
+    this.timer = setInterval(() => this.tick(), LOOP_TICK_MS);
+    this.timer.unref();
+  }
+
+  stop(): void {
+    if (this.timer) clearInterval(this.timer);
+    this.timer = null;
+  }
+
+  private tick(): void {
+    const nowMs = performance.now();
+    const delayMs = Math.max(0, nowMs - this.lastMs - LOOP_TICK_MS);
+    this.lastMs = nowMs;
+    if (delayMs > this.maxMs) this.maxMs = delayMs;
+    const seconds = delayMs / 1000;
+    this.sumSeconds += seconds;
+    let bucket = 0;
+    while (bucket < LOOP_DELAY_BUCKETS_S.length && seconds > LOOP_DELAY_BUCKETS_S[bucket]!) bucket++;
+    this.counts[bucket]!++;
+  }
+
+  takeMaxSeconds(): number {
+    const max = this.maxMs / 1000;
+    this.maxMs = 0;
+    return max;
+  }
+
+  async get() {
+    const values: { value: number; labels: Record<string, string | number>; metricName: string }[] = [];
+    let cumulative = 0;
+    for (let i = 0; i < LOOP_DELAY_BUCKETS_S.length; i++) {
+      cumulative += this.counts[i]!;
+      values.push({ value: cumulative, labels: { le: LOOP_DELAY_BUCKETS_S[i]! }, metricName: `${this.name}_bucket` });
+    }
+    cumulative += this.counts[LOOP_DELAY_BUCKETS_S.length]!;
+    values.push({ value: cumulative, labels: { le: '+Inf' }, metricName: `${this.name}_bucket` });
+    values.push({ value: this.sumSeconds, labels: {}, metricName: `${this.name}_sum` });
+    values.push({ value: cumulative, labels: {}, metricName: `${this.name}_count` });
+    return { name: this.name, help: this.help, type: this.type, values, aggregator: this.aggregator };
+  }
+
+  reset(): void {
+    this.counts.fill(0);
+    this.sumSeconds = 0;
+  }
+}
+
 type FinishedLabels = { service: string; status: string; code: string };
 type RefusedLabels = { service: string; code: string };
 
@@ -85,6 +156,8 @@ export class Metrics {
   private readonly refused = new Tally<RefusedLabels>();
   private readonly chargedMicro = new Tally<{ service: string }>();
   private readonly ttft = new TtftHistogram();
+  /** Started by a serving process (main), not by every gateway a test opens. */
+  readonly loopDelay = new LoopDelayMonitor();
 
   constructor(inFlight: () => number) {
     collectDefaultMetrics({ register: this.registry, prefix: 'tollgate_' });
@@ -119,6 +192,16 @@ export class Metrics {
     });
     this.registry.registerMetric(this.ttft as never);
     new Gauge({ name: 'tollgate_requests_in_flight', help: 'Requests running now', registers, collect() { this.set(inFlight()); } });
+    const loopDelay = this.loopDelay;
+    new Gauge({
+      name: 'tollgate_event_loop_delay_max_seconds',
+      help: 'Worst event-loop delay since the previous scrape (a 20 ms timer firing late)',
+      registers,
+      collect() {
+        this.set(loopDelay.takeMaxSeconds());
+      },
+    });
+    this.registry.registerMetric(loopDelay as never);
   }
 
   requestFinished(service: Service, status: string, code: string | null, chargedMicro: number): void {

@@ -10,13 +10,15 @@ export function createProviders(config: Config, logger: Logger): Map<string, Pro
   for (const [name, providerConfig] of Object.entries(config.providers)) {
     switch (providerConfig.type) {
       case 'simulator':
-        providers.set(name, new SimulatorProvider(name, providerConfig));
+        providers.set(name, new SimulatorProvider(name, providerConfig, config.limits.simulator_tool_arguments_bytes));
         break;
       case 'openai':
         providers.set(
           name,
           new OpenAIProvider(name, providerConfig, {
             defaultTimeoutMs: config.limits.upstream_timeout_ms,
+            bodyBytesMax: config.limits.max_upstream_body_bytes,
+            eventBytesMax: config.limits.max_upstream_event_bytes,
             logger: logger.child({ provider: name }),
           }),
         );

@@ -133,12 +133,14 @@ export class RequestActor {
 
   /**
    * Moves to the terminal state and commits it: the hold is settled (charge) or released. Called exactly
-   * once, from the run loop's `finally`. Resolves when durable; a failing log is logged, not thrown.
+   * once, from the run loop's `finally`. Resolves with whether the finish is durable: a failing log is
+   * logged, not thrown, and the caller must then not answer as if it were (§8: 503 instead of a 200).
    */
-  async finish(outcome: Outcome): Promise<void> {
+  async finish(outcome: Outcome): Promise<boolean> {
     assert(!this.finishing, `finish twice for ${this.id}`);
     this.finishing = true;
     this.transition(outcome.status);
+    let durable = false;
     try {
       const commit = this.store.commit([
         {
@@ -155,6 +157,7 @@ export class RequestActor {
         },
       ]);
       await commit;
+      durable = true;
     } catch (error) {
       this.logger.error({ err: (error as Error).message }, 'request: could not record the terminal state');
     } finally {
@@ -162,7 +165,13 @@ export class RequestActor {
       this.onSettled(this, outcome);
       this.done?.resolve();
     }
+    return durable;
   }
+}
+
+/** What a caller gets instead of its answer when the request's end could not be made durable. */
+export function notRecordedError(): GatewayError {
+  return new GatewayError('service_unavailable', 'The gateway could not record the end of this request; retry later.');
 }
 
 /** The error a caller sees for an abort of `kind`. */

@@ -1,6 +1,6 @@
 // The in-memory state and the one `apply` that changes it; live commands and replay both go through here.
-import { LRUCache } from 'lru-cache';
 import { assert, AssertionError } from '../util/assert.ts';
+import { BindingTable, type IdempotencyBinding } from './bindings.ts';
 import { RecordTable } from './records.ts';
 import type { Amount, Event, RequestFinished, RequestRecorded, RequestStarted, RequestStatus, Service, Usage } from './events.ts';
 
@@ -50,20 +50,12 @@ export interface RequestRecord {
   idempotencyKey: string | null;
 }
 
-export interface IdempotencyBinding {
-  requestId: string;
-  fingerprint: string;
-  expiresAtMs: number;
-}
-
 export interface StateLimits {
   requestRecordsMax: number;
   requestRecordTtlMs: number;
   idempotencyKeysMax: number;
-}
-
-export function idempotencyScope(keyId: string, idempotencyKey: string): string {
-  return `${keyId}\u0000${idempotencyKey}`;
+  requestRecordsPerKey: number;
+  idempotencyKeysPerKey: number;
 }
 
 export class GatewayState {
@@ -73,11 +65,12 @@ export class GatewayState {
   readonly inFlight = new Map<string, RequestRecord>();
   /** Finished requests, for the status endpoints; bounded, oldest go first. */
   readonly finished: RecordTable;
-  readonly idempotency: LRUCache<string, IdempotencyBinding>;
+  /** Idempotency-Key bindings; bounded per key and in all. */
+  readonly idempotency: BindingTable;
 
   constructor(readonly limits: StateLimits) {
-    this.finished = new RecordTable(limits.requestRecordsMax, limits.requestRecordTtlMs);
-    this.idempotency = new LRUCache({ max: limits.idempotencyKeysMax, ttl: 1, ttlAutopurge: false });
+    this.finished = new RecordTable(limits.requestRecordsMax, limits.requestRecordTtlMs, limits.requestRecordsPerKey);
+    this.idempotency = new BindingTable(limits.idempotencyKeysMax, limits.idempotencyKeysPerKey);
   }
 
   request(id: string): RequestRecord | undefined {
@@ -85,8 +78,7 @@ export class GatewayState {
   }
 
   binding(keyId: string, idempotencyKey: string, nowMs: number): IdempotencyBinding | undefined {
-    const binding = this.idempotency.get(idempotencyScope(keyId, idempotencyKey));
-    return binding && binding.expiresAtMs > nowMs ? binding : undefined;
+    return this.idempotency.get(keyId, idempotencyKey, nowMs);
   }
 
   apply(event: Event): void {
@@ -171,14 +163,13 @@ export class GatewayState {
       idempotencyKey: event.idempotency?.key ?? null,
     });
     if (event.idempotency) {
-      const ttl = event.idempotency.expires_at_ms - Date.now();
       // A binding already expired (seen on replay) is not worth a slot.
-      if (ttl > 0) {
-        this.idempotency.set(
-          idempotencyScope(event.key_id, event.idempotency.key),
-          { requestId: event.request_id, fingerprint: event.idempotency.fingerprint, expiresAtMs: event.idempotency.expires_at_ms },
-          { ttl },
-        );
+      if (event.idempotency.expires_at_ms > Date.now()) {
+        this.idempotency.set(event.key_id, event.idempotency.key, {
+          requestId: event.request_id,
+          fingerprint: event.idempotency.fingerprint,
+          expiresAtMs: event.idempotency.expires_at_ms,
+        });
       }
     }
   }
@@ -217,8 +208,7 @@ export class GatewayState {
     this.finished.add(record);
     // Decision: an original that ended without a decision frees its Idempotency-Key for the retry.
     if (record.service === 'decision' && event.status !== 'completed' && record.idempotencyKey !== null) {
-      const scope = idempotencyScope(record.keyId, record.idempotencyKey);
-      if (this.idempotency.get(scope)?.requestId === record.id) this.idempotency.delete(scope);
+      this.idempotency.deleteIfBoundTo(record.keyId, record.idempotencyKey, record.id);
     }
   }
 

@@ -72,7 +72,7 @@ export const RequestFinishedSchema = Type.Object({
   at_ms: TimeMs,
 });
 
-/** A request refused before any task was created, recorded so its id can be looked up (decision). */
+/** A refused decision request, recorded by releases before CONTRACT §8 (refusals now write nothing); still replayed from their logs. */
 export const RequestRecordedSchema = Type.Object({
   type: Type.Literal('request.recorded'),
   request_id: Id,

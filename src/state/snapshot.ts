@@ -1,7 +1,8 @@
 // Snapshot form of the state: JSON, taken synchronously so it matches one log sequence number.
 import { assert } from '../util/assert.ts';
 import type { SnapshotContent } from '../wal/log.ts';
-import { GatewayState, type IdempotencyBinding, type KeyAccount, type RequestRecord, type StateLimits } from './apply.ts';
+import type { GatewayState, KeyAccount, RequestRecord } from './apply.ts';
+import type { IdempotencyBinding } from './bindings.ts';
 
 /**
  * Version 2 keeps finished records as the record table's columns (RecordTable.serializeColumns): their
@@ -31,7 +32,7 @@ export function serializeState(state: GatewayState): SnapshotContent {
     version: 2,
     keys: [...state.keys.values()],
     inFlight: [...state.inFlight.values()],
-    idempotency: [...state.idempotency.rentries()] as Array<[string, IdempotencyBinding]>,
+    idempotency: [...state.idempotency.entries(Date.now())],
     finished: meta,
   };
   return { json: JSON.stringify(snapshot), blobs };
@@ -50,12 +51,8 @@ export function restoreState(state: GatewayState, raw: unknown, nowMs: number, b
     state.finished.restoreColumns(snapshot.finished, blobs, nowMs);
   }
   else for (const record of snapshot.finished) state.finished.add(record);
+  // Oldest first (as written), so the per-key order of eviction survives the restart.
   for (const [scope, binding] of snapshot.idempotency) {
-    const ttl = binding.expiresAtMs - nowMs;
-    if (ttl > 0) state.idempotency.set(scope, binding, { ttl });
+    if (binding.expiresAtMs > nowMs) state.idempotency.restore(scope, binding);
   }
-}
-
-export function emptyState(limits: StateLimits): GatewayState {
-  return new GatewayState(limits);
 }

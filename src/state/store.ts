@@ -18,6 +18,8 @@ export interface StoreOptions {
   logger: Logger;
   /** Requests in flight now (each will commit its finish): lets an fsync wait for them (see WalOptions). */
   expectedCommits?: () => number;
+  /** Called once when the log fails: nothing can be made durable any more (§8: the process goes down). */
+  onFailure?: (error: Error) => void;
 }
 
 function unavailableError(): GatewayError {
@@ -53,6 +55,7 @@ export class StateStore {
         segmentBytes: options.segmentBytes,
         logger: options.logger,
         ...(options.expectedCommits ? { expectedCommits: options.expectedCommits } : {}),
+        ...(options.onFailure ? { onFailure: options.onFailure } : {}),
         unavailable: unavailableError,
       },
       {
@@ -71,6 +74,14 @@ export class StateStore {
   /** Why writes are refused, or null when the log is healthy. */
   get unavailableReason(): string | null {
     return this.wal.failure ? `write-ahead log failed: ${this.wal.failure.message}` : null;
+  }
+
+  /**
+   * 503 once the log has failed, for reads too: memory may then hold what the log never will (a top-up
+   * or a finish whose write failed), and nothing may be reported that a restart would take back.
+   */
+  checkAvailable(): void {
+    if (this.wal.failure) throw unavailableError();
   }
 
   /**

@@ -1,10 +1,11 @@
 // The write-ahead log: numbered segment files of checksummed frames, group commit, fsync policy, snapshots.
-import { closeSync, fsync, fsyncSync, ftruncateSync, mkdirSync, openSync, readdirSync, readFileSync, writeSync } from 'node:fs';
-import { open, rename, unlink } from 'node:fs/promises';
+import { closeSync, fstatSync, fsync, fsyncSync, ftruncateSync, mkdirSync, openSync, readdirSync, readFileSync, write, writeSync } from 'node:fs';
+import { rename, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { assert } from '../util/assert.ts';
 import type { Logger } from '../util/log.ts';
 import { ignore } from '../util/promise.ts';
+import { FdReserve } from './fd-reserve.ts';
 import { decodeFrame, FRAME_HEADER_BYTES, textFrameBytesMax, writeTextFrame } from './frame.ts';
 
 export type FsyncPolicy = 'always' | 'interval' | 'off';
@@ -22,6 +23,8 @@ export interface WalOptions {
   expectedCommits?: () => number;
   /** The error appenders get when the log fails (the owner's own, e.g. a 503); default WalUnavailableError. */
   unavailable?: (message: string) => Error;
+  /** Called once, when a write or fsync fails and the log stops taking records (the owner goes down). */
+  onFailure?: (error: Error) => void;
 }
 
 export interface ReplayHandlers {
@@ -63,51 +66,14 @@ function fsyncAsync(fd: number): Promise<void> {
   return new Promise((resolve, reject) => fsync(fd, (error) => (error ? reject(error) : resolve())));
 }
 
-/** The synchronous twin of syncDirectory, for openSegment (called where no await can be). */
-function fsyncDirectory(dir: string): void {
-  const fd = openSync(dir, 'r');
-  try {
-    fsyncSync(fd);
-  } finally {
-    closeSync(fd);
-  }
+function writeAsync(fd: number, bytes: Uint8Array, offset: number, length: number): Promise<number> {
+  return new Promise((resolve, reject) => write(fd, bytes, offset, length, null, (error, written) => (error ? reject(error) : resolve(written))));
 }
 
 /** A snapshot's content: the state as JSON, and bytes that travel beside it (the record columns). */
 export interface SnapshotContent {
   json: string;
   blobs: Uint8Array[];
-}
-
-/**
- * Snapshot file, format 2: one line of JSON, `{"format":2,"seq","json_bytes","blob_bytes":[...],"crc32"}`,
- * then the state JSON, then the blobs, one after the other. The CRC-32 (IEEE, native) covers the header's
- * fields (`seq` decides which log records replay skips) and all that follows the line. Format 1, still
- * read, was one JSON object `{"format":1,"seq","state"}`.
- *
- * Written so that after a crash it is either the old file or the whole new one, and asynchronously: a
- * snapshot is megabytes, and its write and fsync must not stop the event loop.
- */
-async function writeSnapshotFile(path: string, content: SnapshotContent, seq: number, dir: string): Promise<void> {
-  const json = Buffer.from(content.json, 'utf8');
-  const blobBytes = content.blobs.map((blob) => blob.byteLength);
-  let crc = Bun.hash.crc32(json, snapshotHeaderCrc(seq, json.length, blobBytes));
-  for (const blob of content.blobs) crc = Bun.hash.crc32(blob, crc);
-  const header = `${JSON.stringify({ format: 2, seq, json_bytes: json.length, blob_bytes: blobBytes, crc32: crc })}\n`;
-  const temp = `${path}.tmp`;
-  const file = await open(temp, 'w', 0o600);
-  try {
-    await file.write(header);
-    for (const part of [json, ...content.blobs]) {
-      let written = 0;
-      while (written < part.byteLength) written += (await file.write(part, written, part.byteLength - written)).bytesWritten;
-    }
-    await file.sync();
-  } finally {
-    await file.close();
-  }
-  await rename(temp, path);
-  await syncDirectory(dir);
 }
 
 /** The CRC-32 of a format 2 header's fields, the seed of the body's: a changed `seq` must not pass. */
@@ -153,15 +119,6 @@ function readSnapshot(bytes: Buffer, path: string): { seq: number; state: unknow
   return { seq, state, blobs };
 }
 
-async function syncDirectory(dir: string): Promise<void> {
-  const directory = await open(dir, 'r');
-  try {
-    await directory.sync();
-  } finally {
-    await directory.close();
-  }
-}
-
 export class WriteAheadLog {
   private fd = -1;
   private segmentIndex = 0;
@@ -196,11 +153,18 @@ export class WriteAheadLog {
   /** The interval fsync in flight, if any; segment fds it may be using are closed only after it. */
   private syncing: Promise<void> | null = null;
   private readonly fdsToCloseAfterSync: number[] = [];
+  /** Spare descriptors for the log's own opens (segments, snapshots): see FdReserve. */
+  private readonly reserve = new FdReserve();
+  /** The log directory, open for the log's life: its fsyncs need no descriptor of their own. */
+  private readonly dirFd: number;
+  /** Indexes of the segment files on disk (a snapshot removes the ones it covers). */
+  private readonly segments = new Set<number>();
 
   private readonly expectedCommits: () => number;
 
   private constructor(private readonly options: WalOptions) {
     this.expectedCommits = options.expectedCommits ?? (() => 0);
+    this.dirFd = openSync(options.dir, 'r');
   }
 
   get lastSeq(): number {
@@ -251,6 +215,7 @@ export class WriteAheadLog {
 
     for (let i = 0; i < segments.length; i++) {
       const index = segments[i]!;
+      this.segments.add(index);
       const path = join(dir, segmentName(index));
       const bytes = new Uint8Array(readFileSync(path));
       const isLast = i === segments.length - 1;
@@ -310,17 +275,12 @@ export class WriteAheadLog {
 
   private openSegment(index: number): void {
     const path = join(this.options.dir, segmentName(index));
-    this.fd = openSync(path, 'a', 0o600);
+    this.fd = this.reserve.openSync(path, 'a', 0o600);
+    this.segments.add(index);
     this.segmentIndex = index;
-    let size = 0;
-    try {
-      size = Bun.file(path).size;
-    } catch {
-      size = 0;
-    }
-    this.segmentSizeBytes = size;
+    this.segmentSizeBytes = fstatSync(this.fd).size;
     // The new file's directory entry must be durable too, or an fsynced record could vanish with it.
-    fsyncDirectory(this.options.dir);
+    fsyncSync(this.dirFd);
   }
 
   /**
@@ -372,6 +332,7 @@ export class WriteAheadLog {
   private async flushLoop(): Promise<void> {
     while (this.pendingTexts.length > 0) {
       let batch: PromiseWithResolvers<void> | null = null;
+      let written: { fd: number; offset: number } | null = null;
       try {
         if (this.options.fsync === 'always') {
           // Group commit across turns: while other requests are about to commit (they are in flight and
@@ -387,6 +348,7 @@ export class WriteAheadLog {
         if (this.failureError) throw this.failureError;
         batch = this.pendingBatch;
         this.pendingBatch = null;
+        written = { fd: this.fd, offset: this.segmentSizeBytes };
         const lastSeq = this.writePending();
         this.writingBatch = batch;
         this.writingLastSeq = lastSeq;
@@ -395,6 +357,7 @@ export class WriteAheadLog {
         this.durableSeq = Math.max(this.durableSeq, lastSeq);
       } catch (error) {
         this.fail(error as Error);
+        if (written !== null) this.eraseFailedBatch(written.fd, written.offset);
         this.writingBatch = null;
         (batch ?? this.takeBatch())?.reject(this.unavailableError(error as Error));
         this.rollRequest?.reject(this.unavailableError(error as Error));
@@ -475,6 +438,22 @@ export class WriteAheadLog {
     return batchLastSeq;
   }
 
+  /**
+   * Cuts a batch whose write or fsync failed back off its segment. Its appenders are told it failed (a
+   * 503), so none of its records may count after a restart: a partial write (disk full) can leave whole
+   * frames of it on disk, which replay would otherwise apply, charging requests answered 503.
+   * Best effort: when even this fails, the log says so.
+   */
+  private eraseFailedBatch(fd: number, offset: number): void {
+    try {
+      ftruncateSync(fd, offset);
+      fsyncSync(fd);
+      this.segmentSizeBytes = offset;
+    } catch (error) {
+      this.options.logger.fatal({ err: (error as Error).message, offset }, 'wal: could not cut the failed batch off its segment');
+    }
+  }
+
   /** Frames `texts` (seqs from `firstSeq`) one after the other; the view is valid until the next batch. */
   private frameBatch(texts: string[], firstSeq: number, bytesMax: number): Buffer {
     const out = bytesMax > this.writeBuffer.length ? Buffer.allocUnsafeSlow(bytesMax) : this.writeBuffer;
@@ -487,6 +466,7 @@ export class WriteAheadLog {
     if (this.failureError) return;
     this.failureError = error;
     this.options.logger.fatal({ err: error.message }, 'wal: write or fsync failed; refusing all further writes');
+    this.options.onFailure?.(error);
   }
 
   private rollSegment(): void {
@@ -494,9 +474,11 @@ export class WriteAheadLog {
       if (this.options.fsync !== 'off') fsyncSync(this.fd);
       // An interval fsync may still be running on this fd; closing it under that fsync would fail it
       // (EBADF) and with it the whole log.
-      if (this.syncing) this.fdsToCloseAfterSync.push(this.fd);
-      else closeSync(this.fd);
+      const old = this.fd;
       this.openSegment(this.segmentIndex + 1);
+      if (this.syncing) this.fdsToCloseAfterSync.push(old);
+      else closeSync(old);
+      this.reserve.refill();
     } catch (error) {
       this.fail(error as Error);
     }
@@ -510,6 +492,7 @@ export class WriteAheadLog {
       .finally(() => {
         this.syncing = null;
         for (const fd of this.fdsToCloseAfterSync.splice(0)) closeSync(fd);
+        this.reserve.refill();
       });
     await this.syncing;
   }
@@ -549,21 +532,55 @@ export class WriteAheadLog {
     const oldIndex = await this.rollSegmentSoon();
     // A failed roll leaves the old segment current: removing it would remove the live log.
     this.assertWritable();
-    await writeSnapshotFile(join(this.options.dir, SNAPSHOT_FILE), content, seq, this.options.dir);
+    await this.writeSnapshotFile(content, seq);
     this.recordsSinceSnapshot = this.seq - seq;
     // Records appended after `seq` was taken (while this waited for the flush) sit in the old segments
     // too; a segment holding any of them must stay, or they would be lost (and replay would find a gap).
-    for (const name of readdirSync(this.options.dir)) {
-      const match = SEGMENT_RE.exec(name);
-      if (!match) continue;
-      const index = Number(match[1]);
+    for (const index of [...this.segments].sort((a, b) => a - b)) {
       if (index <= oldIndex && (this.segmentLastSeq.get(index) ?? 0) <= seq) {
         this.segmentLastSeq.delete(index);
+        this.segments.delete(index);
         // On the thread pool: removing a full 64 MB segment takes the kernel ~30 ms.
-        await unlink(join(this.options.dir, name));
+        await unlink(join(this.options.dir, segmentName(index)));
       }
     }
-    await syncDirectory(this.options.dir);
+    await fsyncAsync(this.dirFd);
+  }
+
+  /**
+   * Snapshot file, format 2: one line of JSON, `{"format":2,"seq","json_bytes","blob_bytes":[...],"crc32"}`,
+   * then the state JSON, then the blobs, one after the other. The CRC-32 (IEEE, native) covers the header's
+   * fields (`seq` decides which log records replay skips) and all that follows the line. Format 1, still
+   * read, was one JSON object `{"format":1,"seq","state"}`.
+   *
+   * Written so that after a crash it is either the old file or the whole new one, and asynchronously: a
+   * snapshot is megabytes, and its write and fsync must not stop the event loop.
+   */
+  private async writeSnapshotFile(content: SnapshotContent, seq: number): Promise<void> {
+    const path = join(this.options.dir, SNAPSHOT_FILE);
+    const json = Buffer.from(content.json, 'utf8');
+    const blobBytes = content.blobs.map((blob) => blob.byteLength);
+    let crc = Bun.hash.crc32(json, snapshotHeaderCrc(seq, json.length, blobBytes));
+    for (const blob of content.blobs) crc = Bun.hash.crc32(blob, crc);
+    const header = Buffer.from(`${JSON.stringify({ format: 2, seq, json_bytes: json.length, blob_bytes: blobBytes, crc32: crc })}\n`);
+    const temp = `${path}.tmp`;
+    const fd = this.reserve.openSync(temp, 'w', 0o600);
+    try {
+      for (const part of [header, json, ...content.blobs]) {
+        let written = 0;
+        while (written < part.byteLength) written += await writeAsync(fd, part, written, part.byteLength - written);
+      }
+      await fsyncAsync(fd);
+    } catch (error) {
+      // A full disk: the half-written file must not keep the space the log needs.
+      await unlink(temp).catch(ignore);
+      throw error;
+    } finally {
+      closeSync(fd);
+      this.reserve.refill();
+    }
+    await rename(temp, path);
+    await fsyncAsync(this.dirFd);
   }
 
   private assertWritable(): void {
@@ -576,13 +593,14 @@ export class WriteAheadLog {
     this.closed = true;
     if (this.intervalTimer) clearInterval(this.intervalTimer);
     if (this.syncing) await this.syncing;
-    if (this.fd >= 0) {
-      try {
-        if (!this.failureError && this.options.fsync !== 'off') fsyncSync(this.fd);
-      } finally {
-        closeSync(this.fd);
-        this.fd = -1;
-      }
+    await this.snapshotQueue;
+    try {
+      if (this.fd >= 0 && !this.failureError && this.options.fsync !== 'off') fsyncSync(this.fd);
+    } finally {
+      if (this.fd >= 0) closeSync(this.fd);
+      this.fd = -1;
+      closeSync(this.dirFd);
+      this.reserve.close();
     }
   }
 }

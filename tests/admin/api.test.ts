@@ -203,19 +203,23 @@ describe('POST /admin/v1/keys', () => {
 });
 
 describe('bad bodies → 400 invalid_request_error naming the field', () => {
-  const cases: Array<{ name: string; body: unknown; param: string | null }> = [
+  // `message` where it names the field and the bound (CONTRACT §8: never "Expected union value").
+  const cases: Array<{ name: string; body: unknown; param: string | null; message?: string }> = [
     { name: 'not JSON', body: '{"name": ', param: null },
-    { name: 'missing name', body: {}, param: 'name' },
-    { name: 'empty name', body: { name: '' }, param: 'name' },
-    { name: 'name not a string', body: { name: 7 }, param: 'name' },
-    { name: 'negative credits', body: { name: 'x', credits: -1 }, param: 'credits' },
-    { name: 'credits as a string', body: { name: 'x', credits: '5' }, param: 'credits' },
-    { name: 'unknown service', body: { name: 'x', services: ['images'] }, param: 'services[0]' },
-    { name: 'no services', body: { name: 'x', services: [] }, param: 'services' },
-    { name: 'fractional token wallet', body: { name: 'x', token_wallet: 1.5 }, param: 'token_wallet' },
-    { name: 'zero rpm', body: { name: 'x', rate_limit_rpm: 0 }, param: 'rate_limit_rpm' },
-    { name: 'negative daily budget', body: { name: 'x', daily_decision_budget: -1 }, param: 'daily_decision_budget' },
-    { name: 'unknown field', body: { name: 'x', colour: 'red' }, param: 'colour' },
+    { name: 'missing name', body: {}, param: 'name', message: 'name is required' },
+    { name: 'empty name', body: { name: '' }, param: 'name', message: 'name must not be empty' },
+    { name: 'name not a string', body: { name: 7 }, param: 'name', message: 'name must be a string' },
+    { name: 'negative credits', body: { name: 'x', credits: -1 }, param: 'credits', message: 'credits must be ≥ 0' },
+    { name: 'credits over their maximum', body: { name: 'x', credits: 9_000_000_001 }, param: 'credits', message: 'credits must be ≤ 9000000000' },
+    { name: 'credits as a string', body: { name: 'x', credits: '5' }, param: 'credits', message: 'credits must be a number' },
+    { name: 'unknown service', body: { name: 'x', services: ['images'] }, param: 'services[0]', message: 'services[0] must be one of "chat" or "decision"' },
+    { name: 'no services', body: { name: 'x', services: [] }, param: 'services', message: 'services must have at least 1 item' },
+    { name: 'fractional token wallet', body: { name: 'x', token_wallet: 1.5 }, param: 'token_wallet', message: 'token_wallet must be an integer' },
+    { name: 'zero rpm', body: { name: 'x', rate_limit_rpm: 0 }, param: 'rate_limit_rpm', message: 'rate_limit_rpm must be ≥ 1' },
+    { name: 'rpm over its maximum', body: { name: 'x', rate_limit_rpm: 10_000_001 }, param: 'rate_limit_rpm', message: 'rate_limit_rpm must be ≤ 10000000' },
+    { name: 'rpm a string', body: { name: 'x', rate_limit_rpm: 'fast' }, param: 'rate_limit_rpm', message: 'rate_limit_rpm must be null or an integer' },
+    { name: 'negative daily budget', body: { name: 'x', daily_decision_budget: -1 }, param: 'daily_decision_budget', message: 'daily_decision_budget must be ≥ 0' },
+    { name: 'unknown field', body: { name: 'x', colour: 'red' }, param: 'colour', message: 'colour is not a known field' },
     { name: 'imported secret too short', body: { name: 'x', key: 'short' }, param: 'key' },
     { name: 'imported secret with a space', body: { name: 'x', key: 'has a space 0123456789abcdef' }, param: 'key' },
   ];
@@ -226,18 +230,18 @@ describe('bad bodies → 400 invalid_request_error naming the field', () => {
       const response = await admin('/keys', 'POST', c.body);
       expect(response.status).toBe(400);
       expect(await response.json()).toEqual({
-        error: { message: expect.any(String), type: 'invalid_request_error', code: 'invalid_request_error', param: c.param },
+        error: { message: c.message ?? expect.any(String), type: 'invalid_request_error', code: 'invalid_request_error', param: c.param },
       });
       expect(t.gateway.store.state.keys.size).toBe(before);
     });
   }
 
-  const creditCases: Array<{ name: string; body: unknown; param: string | null }> = [
+  const creditCases: Array<{ name: string; body: unknown; param: string | null; message?: string }> = [
     { name: 'neither credits nor tokens', body: {}, param: 'credits' },
-    { name: 'negative credits', body: { credits: -5 }, param: 'credits' },
-    { name: 'credits as a string', body: { credits: '5' }, param: 'credits' },
-    { name: 'fractional tokens', body: { tokens: 0.5 }, param: 'tokens' },
-    { name: 'unknown field', body: { amount: 5 }, param: 'amount' },
+    { name: 'negative credits', body: { credits: -5 }, param: 'credits', message: 'credits must be ≥ 0' },
+    { name: 'credits as a string', body: { credits: '5' }, param: 'credits', message: 'credits must be a number' },
+    { name: 'fractional tokens', body: { tokens: 0.5 }, param: 'tokens', message: 'tokens must be an integer' },
+    { name: 'unknown field', body: { amount: 5 }, param: 'amount', message: 'amount is not a known field' },
     { name: 'not JSON', body: 'five', param: null },
   ];
 
@@ -247,7 +251,7 @@ describe('bad bodies → 400 invalid_request_error naming the field', () => {
       const response = await admin(`/keys/${id}/credits`, 'POST', c.body);
       expect(response.status).toBe(400);
       expect(await response.json()).toEqual({
-        error: { message: expect.any(String), type: 'invalid_request_error', code: 'invalid_request_error', param: c.param },
+        error: { message: c.message ?? expect.any(String), type: 'invalid_request_error', code: 'invalid_request_error', param: c.param },
       });
       expect(await (await admin(`/keys/${id}`)).json()).toEqual(view({ id, name: 'bad-topup', credits: 1 }));
     });

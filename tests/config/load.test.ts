@@ -3,8 +3,10 @@ import { afterAll, describe, expect, test } from 'bun:test';
 import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { ConfigError, loadConfig } from '../../src/config/load.ts';
+import { ConfigError, deepMerge, loadConfig } from '../../src/config/load.ts';
 import { defaultConfig } from '../../src/config/defaults.ts';
+import type { SimulatorProviderConfig } from '../../src/config/model.ts';
+import { bearer, chatBody, openTestGateway } from '../support/gateway.ts';
 
 const dir = mkdtempSync(join(tmpdir(), 'tollgate-config-'));
 let fileCount = 0;
@@ -238,5 +240,96 @@ describe('a bad config stops with a ConfigError naming the field', () => {
   test('a JSON array instead of an object is refused', () => {
     const path = configFile('[1, 2]');
     expect(configError(() => loadConfig({ env: { GATEWAY_CONFIG: path } })).message).toContain(path);
+  });
+});
+
+describe('a bad config names the field and the bound (CONTRACT §8), never "Expected union value"', () => {
+  const cases: Array<{ name: string; file?: unknown; env?: Record<string, string>; message: string }> = [
+    { name: 'admin token too short', env: { ADMIN_TOKEN: 'short-secret' }, message: 'config field admin_token: must be at least 16 characters' },
+    { name: 'max_in_flight zero', file: { limits: { max_in_flight: 0 } }, message: 'config field limits.max_in_flight: must be ≥ 1 (got 0)' },
+    { name: 'default rpm fractional', file: { limits: { default_rate_limit_rpm: 1.5 } }, message: 'config field limits.default_rate_limit_rpm: must be an integer (got 1.5)' },
+    { name: 'stream timeout too long for a timer', file: { limits: { stream_timeout_ms: 2 ** 31 } }, message: 'config field limits.stream_timeout_ms: must be ≤ 2147483647 (got 2147483648)' },
+    {
+      name: 'an openai timeout inside the provider union',
+      file: { providers: { up: { type: 'openai', base_url: 'http://x/v1', timeout_ms: 2 ** 31 } } },
+      message: 'config field providers.up.timeout_ms: must be ≤ 2147483647 (got 2147483648)',
+    },
+    { name: 'a simulator option below its bound', file: { providers: { simulator: { ttft_ms: -1 } } }, message: 'config field providers.simulator.ttft_ms: must be ≥ 0 (got -1)' },
+    { name: 'a simulator option of the wrong type', file: { providers: { sim2: { type: 'simulator', tokens_per_second: 'fast' } } }, message: 'config field providers.sim2.tokens_per_second: must be an integer (got "fast")' },
+    { name: 'unknown provider type', file: { providers: { up: { type: 'grpc' } } }, message: 'config field providers.up.type: must be one of "simulator" or "openai" (got "grpc")' },
+    { name: 'provider without a type', file: { providers: { up: { ttft_ms: 5 } } }, message: 'config field providers.up.type: must be one of "simulator" or "openai"' },
+    { name: 'log level unknown', env: { LOG_LEVEL: 'loud' }, message: 'config field log_level: must be one of "fatal", "error", "warn", "info", "debug", "trace" or "silent" (got "loud")' },
+    { name: 'billing.on_error unknown', file: { billing: { on_error: 'refund' } }, message: 'config field billing.on_error: must be one of "keep" or "release" (got "refund")' },
+    { name: 'public_base_url not http', file: { public_base_url: 'ftp://x' }, message: 'config field public_base_url: must match ^https?:// (got "ftp://x")' },
+    { name: 'port out of range', env: { PORT: '70000' }, message: 'config field server.port: must be ≤ 65535 (got 70000)' },
+    { name: 'a new model missing a field', file: { models: { model_new: { provider: 'simulator' } } }, message: 'config field models.model_new.tools: is required' },
+    { name: 'an unknown section', file: { limitz: {} }, message: 'config field limitz: is not a known field (got {})' },
+    // Object.prototype's names are not models: an alias to "constructor" names nothing.
+    { name: 'alias to constructor', file: { aliases: { old: 'constructor' } }, message: 'config field aliases.old: no model named "constructor"' },
+    { name: 'decision model toString', file: { decision: { models: { 'decision-fast': 'toString' } } }, message: 'config field decision.models.decision-fast: no model named "toString"' },
+    { name: 'model on provider hasOwnProperty', file: { models: { model_03: { provider: 'hasOwnProperty' } } }, message: 'config field models.model_03.provider: no provider named "hasOwnProperty"' },
+  ];
+
+  for (const c of cases) {
+    test(c.name, () => {
+      const env: Record<string, string> = { ...c.env };
+      if (c.file !== undefined) env.GATEWAY_CONFIG = configFile(c.file);
+      expect(configError(() => loadConfig({ env })).message).toBe(c.message);
+    });
+  }
+
+  test('the admin token a message refuses is not repeated in it', () => {
+    const message = configError(() => loadConfig({ env: { ADMIN_TOKEN: 'sekrit-short' } })).message;
+    expect(message).not.toContain('sekrit');
+  });
+});
+
+describe('every provider option has a default: {"type": "simulator"} alone is valid (CONTRACT §8)', () => {
+  const defaults = defaultConfig().providers.simulator as SimulatorProviderConfig;
+
+  test('through overrides, with the catalogue default\'s values, leaving the caller\'s object as it was', () => {
+    const overrides = { providers: { bare: { type: 'simulator' } }, models: { model_03: { provider: 'bare' } } };
+    const config = loadConfig({ env: {}, overrides });
+    expect(config.providers.bare).toEqual(defaults);
+    expect(config.providers.bare).toEqual({ type: 'simulator', ttft_ms: 40, tokens_per_second: 400, completion_tokens: 24 });
+    expect(overrides.providers.bare).toEqual({ type: 'simulator' });
+  });
+
+  test('through GATEWAY_CONFIG, with some options given and the rest defaulted', () => {
+    const config = loadWith({ providers: { simulator: { type: 'simulator' }, quick: { type: 'simulator', ttft_ms: 0 } } });
+    expect(config.providers.simulator).toEqual(defaults);
+    expect(config.providers.quick).toEqual({ ...defaults, ttft_ms: 0 });
+  });
+
+  test('a chat call is served by such a provider', async () => {
+    const t = openTestGateway({ providers: { bare: { type: 'simulator' } }, models: { model_03: { provider: 'bare' } } });
+    try {
+      expect(t.config.providers.bare).toEqual(defaults);
+      const { key } = await t.createKey();
+      const response = await t.request('/api/v1/chat/completions', { method: 'POST', headers: bearer(key), body: JSON.stringify(chatBody()) });
+      expect(response.status).toBe(200);
+      const body = (await response.json()) as any;
+      expect(body.model).toBe('model_03');
+      expect(body.usage.completion_tokens).toBe(defaults.completion_tokens);
+    } finally {
+      await t.close();
+    }
+  });
+});
+
+describe('config keys are plain data', () => {
+  test('a "__proto__" key merges as an own field, not as the prototype', () => {
+    const merged = deepMerge({ a: 1 }, JSON.parse('{"__proto__": {"polluted": true}, "b": 2}')) as Record<string, unknown>;
+    expect(Object.getPrototypeOf(merged)).toBe(Object.prototype);
+    expect(Object.keys(merged)).toEqual(['a', '__proto__', 'b']);
+    expect((merged as any).polluted).toBeUndefined();
+    expect(JSON.stringify(merged)).toBe('{"a":1,"__proto__":{"polluted":true},"b":2}');
+  });
+
+  test('a provider named "__proto__" is a provider like any other', () => {
+    const config = loadWith(JSON.parse('{"providers": {"__proto__": {"type": "simulator", "ttft_ms": 0}}, "models": {"model_03": {"provider": "__proto__"}}}'));
+    expect(Object.hasOwn(config.providers, '__proto__')).toBe(true);
+    expect(Object.getOwnPropertyDescriptor(config.providers, '__proto__')!.value).toEqual({ ...defaultConfig().providers.simulator!, ttft_ms: 0 });
+    expect(config.models.model_03!.provider).toBe('__proto__');
   });
 });

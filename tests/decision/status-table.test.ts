@@ -324,9 +324,11 @@ describe('lookup: GET /decision/v1/requests/<dec_id>/', () => {
     }
   });
 
-  test('a refused request (400) is looked up by its dec_ id: status error, http_status 400, its error_code', async () => {
+  test('a refused request (400) leaves nothing behind: its dec_ id is not found and the log did not grow', async () => {
     const t = gateway();
     const { key } = await t.createKey({ credits: 10 });
+    const wal = (t.gateway.store as unknown as { wal: { lastSeq: number } }).wal;
+    const seqBefore = wal.lastSeq;
     const response = await post(t, key, decisionBody({ questions: { urgency: { type: 'choice', prompt: 'Urgent?', criteria: ['a', 'b'] } } }));
     const { requestId } = await expectError(response, {
       status: 400,
@@ -334,21 +336,12 @@ describe('lookup: GET /decision/v1/requests/<dec_id>/', () => {
       param: 'questions.urgency.criteria',
       detail: expect.any(String),
     });
+    // CONTRACT §8: a request refused before a task is created writes nothing to the log and keeps nothing.
+    expect(wal.lastSeq).toBe(seqBefore);
+    expect(t.gateway.store.state.finished.size).toBe(0);
     const found = await lookup(t, key, requestId);
-    expect(found.status).toBe(200);
-    expect(found.body).toEqual({
-      id: requestId,
-      object: 'decision.request',
-      status: 'error',
-      http_status: 400,
-      created: expect.any(Number),
-      finished: expect.any(Number),
-      model: 'decision-fast',
-      error_code: 'invalid_request_error',
-      answers: null,
-      usage: null,
-      charged: { tokens: 0, credits: 0 },
-    });
+    expect(found.status).toBe(404);
+    expect(found.body.error.code).toBe('request_not_found');
   });
 });
 
@@ -504,7 +497,8 @@ describe('409 Idempotency-Key collisions', () => {
     });
     expect(body.status_url).toBe(`/decision/v1/requests/${body.request_id}/`);
     expect(response.headers.get('x-service-request-status')).toBe(body.status_url);
-    expect(response.headers.get('x-request-id')).not.toBe(body.request_id);
+    // CONTRACT §8: a 409 for an existing request names that request in X-Request-ID (a fresh id nobody can look up helps no one).
+    expect(response.headers.get('x-request-id')).toBe(body.request_id);
     expect(await balances(t, keyId)).toEqual(during);
     expect((await lookup(t, key, body.request_id)).body.status).toBe('in_progress');
 

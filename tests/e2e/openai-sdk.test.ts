@@ -146,6 +146,21 @@ describe('openai SDK', () => {
       expect(model).toEqual({ id: model.id, object: 'model', created: expect.any(Number), owned_by: 'simulator' });
     }
   });
+
+  test('the README way to an Idempotency-Key: a per-request header; the repeat is a 409 naming the original', async () => {
+    const body = { model: 'model_03', messages: [{ role: 'user' as const, content: 'Summarise order 4711' }] };
+    const options = { headers: { 'Idempotency-Key': 'order-4711-summary' } };
+    const first = await client.chat.completions.create(body, options);
+    const repeat = await client.chat.completions.create(body, options).catch((error: unknown) => error);
+    expect(repeat).toBeInstanceOf(APIError);
+    expect((repeat as APIError).status).toBe(409);
+    expect((repeat as APIError).code).toBe('request_already_completed');
+    expect((repeat as APIError).headers?.get('x-request-id')).toBe(first.id);
+    // The SDK's own idempotencyKey option sends no header on chat calls: both of these run and are charged.
+    const a = await client.chat.completions.create(body, { idempotencyKey: 'sdk-option-0001' });
+    const b = await client.chat.completions.create(body, { idempotencyKey: 'sdk-option-0001' });
+    expect(a.id).not.toBe(b.id);
+  });
 });
 
 describe('errors surface as APIError with the contract status and code', () => {

@@ -2,10 +2,11 @@
 import { afterEach, describe, expect, test } from 'bun:test';
 import { join } from 'node:path';
 import { countPromptTokens, countTextTokens } from '../../src/billing/tokens.ts';
+import { defaultConfig } from '../../src/config/defaults.ts';
 import type { OpenAIProviderConfig, SimulatorProviderConfig } from '../../src/config/model.ts';
 import { GatewayError } from '../../src/http/errors.ts';
 import { createLogger } from '../../src/util/log.ts';
-import { OpenAIProvider } from '../../src/providers/openai/index.ts';
+import { OpenAIProvider, type OpenAIProviderOptions } from '../../src/providers/openai/index.ts';
 import type { Delta, Provider, ProviderMessage, ProviderRequest, ToolDefinition } from '../../src/providers/provider.ts';
 import { SimulatorProvider } from '../../src/providers/simulator/index.ts';
 import {
@@ -17,6 +18,13 @@ import {
 } from './fake-upstream.ts';
 
 const logger = createLogger('silent');
+/** The options the gateway gives an openai provider, with the default limits. */
+const PROVIDER_OPTIONS: OpenAIProviderOptions = {
+  defaultTimeoutMs: 5_000,
+  bodyBytesMax: defaultConfig().limits.max_upstream_body_bytes,
+  eventBytesMax: defaultConfig().limits.max_upstream_event_bytes,
+  logger,
+};
 const FAST: SimulatorProviderConfig = { type: 'simulator', ttft_ms: 0, tokens_per_second: 100_000, completion_tokens: 24 };
 /** Slow enough to abort in the middle: 100 ms between tokens, longer than the 50 ms abort bound. */
 const SLOW: SimulatorProviderConfig = { type: 'simulator', ttft_ms: 0, tokens_per_second: 10, completion_tokens: 100 };
@@ -325,7 +333,7 @@ providerContract('simulator', (simulator) => ({
 providerContract('openai adapter', (simulator) => {
   const upstream = startSimulatorUpstream(simulator);
   return {
-    provider: new OpenAIProvider('fake-openai', { type: 'openai', base_url: upstream.baseUrl }, { defaultTimeoutMs: 5_000, logger }),
+    provider: new OpenAIProvider('fake-openai', { type: 'openai', base_url: upstream.baseUrl }, PROVIDER_OPTIONS),
     upstream,
     close: () => upstream.stop(),
   };
@@ -341,7 +349,7 @@ describe('openai adapter', () => {
     for (const stop of stops.splice(0)) stop();
   });
   const adapter = (baseUrl: string, extra: Partial<OpenAIProviderConfig> = {}) =>
-    new OpenAIProvider('fake-openai', { type: 'openai', base_url: baseUrl, ...extra }, { defaultTimeoutMs: 5_000, logger });
+    new OpenAIProvider('fake-openai', { type: 'openai', base_url: baseUrl, ...extra }, PROVIDER_OPTIONS);
 
   test('sends the request as OpenAI Chat Completions, with the key and extra headers', async () => {
     const keyEnv = 'TOLLGATE_TEST_PROVIDER_KEY';

@@ -70,24 +70,27 @@ function echoServer(options: { tls?: boolean; hostname?: string } = {}) {
   return { origin, connections: () => ports.size };
 }
 
-/** A raw TCP upstream; `onRequest` gets each request's socket and the count of requests on it so far. */
-function rawServer(onRequest: (socket: Socket<{ requests: number }>, nth: number) => void) {
+/**
+ * A raw TCP upstream; `onRequest` gets each request's socket, the count of requests on it so far, and
+ * which connection it is (1 for the first the server accepted).
+ */
+function rawServer(onRequest: (socket: Socket<{ requests: number }>, nth: number, connection: number) => void) {
   const closed: Promise<void>[] = [];
   let connections = 0;
-  const server = Bun.listen<{ requests: number; closed: PromiseWithResolvers<void> }>({
+  const server = Bun.listen<{ requests: number; connection: number; closed: PromiseWithResolvers<void> }>({
     hostname: '127.0.0.1',
     port: 0,
     socket: {
       open(socket) {
         connections++;
-        socket.data = { requests: 0, closed: Promise.withResolvers<void>() };
+        socket.data = { requests: 0, connection: connections, closed: Promise.withResolvers<void>() };
         closed.push(socket.data.closed.promise);
       },
       data(socket, bytes) {
         // Each test request fits in one read and carries an empty body.
         if (!decoder.decode(bytes).includes('\r\n\r\n')) return;
         socket.data.requests++;
-        onRequest(socket as unknown as Socket<{ requests: number }>, socket.data.requests);
+        onRequest(socket as unknown as Socket<{ requests: number }>, socket.data.requests, socket.data.connection);
       },
       close(socket) {
         socket.data.closed.resolve();
@@ -122,14 +125,47 @@ describe('keep-alive', () => {
     expect(client.idleCount).toBe(0);
   });
 
-  test('a kept connection that closes after the next request was written is an error, never a second send', async () => {
-    // The upstream answers the first request on a connection and drops it when the second one comes:
-    // it may have read that request and started on it, so the client must not send it again.
+  test('a kept connection closed with no answer to the next request: that request is sent once more, on a new connection', async () => {
+    // The upstream answers the first request on a connection and drops it, unanswered, when the second
+    // one comes (its keep-alive timeout met our request): CONTRACT §7 asks for one try on a fresh one.
+    const seen: string[] = [];
+    const upstream = rawServer((socket, nth, connection) => {
+      seen.push(`connection ${connection} request ${nth}`);
+      if (connection === 1 && nth === 2) socket.terminate();
+      else socket.write(`HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\n${connection}`);
+    });
+    const client = new HttpClient(new URL(upstream.origin));
+    expect((await send(client, '/one').answer).body).toBe('1');
+    expect((await send(client, '/two').answer).body).toBe('2');
+    expect(seen).toEqual(['connection 1 request 1', 'connection 1 request 2', 'connection 2 request 1']);
+    // The new connection is kept for the next request, as any other.
+    expect((await send(client, '/three').answer).body).toBe('2');
+    expect(upstream.connections()).toBe(2);
+    client.close();
+  });
+
+  test('the resend happens once: a new connection that closes with no answer too is an error', async () => {
+    let requests = 0;
+    const upstream = rawServer((socket) => {
+      requests++;
+      if (requests === 1) socket.write('HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok');
+      else socket.terminate();
+    });
+    const client = new HttpClient(new URL(upstream.origin));
+    expect((await send(client, '/one').answer).body).toBe('ok');
+    const error = await failure(send(client, '/two').answer);
+    expect(error.kind).toBe('closed');
+    expect({ requests, connections: upstream.connections() }).toEqual({ requests: 3, connections: 2 });
+    client.close();
+  });
+
+  test('a kept connection closed after the first byte of an answer is an error, never a second send', async () => {
+    // A status line begun is an answer begun: the upstream did act on the request.
     const seen: number[] = [];
     const upstream = rawServer((socket, nth) => {
       seen.push(nth);
       if (nth === 1) socket.write('HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nfirst');
-      else socket.terminate();
+      else socket.end('HTTP/1.1 5');
     });
     const client = new HttpClient(new URL(upstream.origin));
     expect((await send(client, '/one').answer).body).toBe('first');
@@ -138,6 +174,26 @@ describe('keep-alive', () => {
     expect(seen).toEqual([1, 2]);
     expect(upstream.connections()).toBe(1);
     client.close();
+  });
+
+  test('an abort while the resend waits for its answer closes the new connection and reports nothing', async () => {
+    const resent = Promise.withResolvers<void>();
+    const upstream = rawServer((socket, nth, connection) => {
+      if (connection === 1 && nth === 1) socket.write('HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok');
+      else if (connection === 1) socket.terminate();
+      else resent.resolve(); // silent
+    });
+    const client = new HttpClient(new URL(upstream.origin));
+    expect((await send(client, '/one').answer).body).toBe('ok');
+    const { exchange, answer } = send(client, '/two');
+    let settled = false;
+    void answer.then(() => (settled = true), () => (settled = true));
+    await resent.promise;
+    exchange.abort();
+    await upstream.closed[1];
+    expect(settled).toBe(false);
+    expect(upstream.connections()).toBe(2);
+    expect(client.idleCount).toBe(0);
   });
 
   test('a kept connection the upstream closed while idle is not reused', async () => {

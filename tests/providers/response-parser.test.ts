@@ -110,6 +110,20 @@ describe('framing', () => {
     expect(parse([encoder.encode('HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n')])).toMatchObject({ status: 200, body: '', ended: true });
   });
 
+  test('the head carries the declared body size, before any of the body is read', () => {
+    const heads: (number | null)[] = [];
+    const sizeOf = (text: string) => {
+      const parser = new ResponseParser({ head: (head) => heads.push(head.bodyBytes), body() {}, end() {} });
+      parser.feed(encoder.encode(text));
+      return heads.pop();
+    };
+    expect(sizeOf('HTTP/1.1 200 OK\r\ncontent-length: 17179869184\r\n\r\n')).toBe(17_179_869_184);
+    expect(sizeOf('HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n')).toBe(0);
+    expect(sizeOf('HTTP/1.1 204 No Content\r\n\r\n')).toBe(0);
+    expect(sizeOf('HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n')).toBeNull();
+    expect(sizeOf('HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n')).toBeNull();
+  });
+
   test('interim 1xx answers are skipped', () => {
     const parsed = parse(everySplit('HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 1\r\n\r\nx')[0]!);
     expect(parsed).toEqual({ status: 201, headers: { 'content-length': '1' }, body: 'x', ended: true, keepAlive: true });

@@ -85,4 +85,31 @@ describe('SseParser', () => {
     const multiLine = new SseParser(16);
     expect(() => multiLine.feed(encoder.encode('data: 0123456789\ndata: abcdefgh\n'))).toThrow(SseEventTooLargeError);
   });
+
+  test('the bound counts the bytes of the event as sent, not its characters, in one read or many', () => {
+    // "data: " and 8 characters of 3 bytes each: 14 characters, 30 bytes.
+    const event = encoder.encode('data: 日本語日本語日本\n\n');
+    expect([...new SseParser(30).feed(event)]).toEqual(['日本語日本語日本']);
+    expect(() => new SseParser(29).feed(event)).toThrow(SseEventTooLargeError);
+    const split = new SseParser(29);
+    expect(() => {
+      for (let i = 0; i < event.length; i++) split.feed(event.subarray(i, i + 1));
+    }).toThrow(SseEventTooLargeError);
+    const exact = new SseParser(30);
+    const events: string[] = [];
+    for (let i = 0; i < event.length; i++) events.push(...exact.feed(event.subarray(i, i + 1)));
+    expect(events).toEqual(['日本語日本語日本']);
+  });
+
+  test('comment and field lines count toward their event, and the count starts again at each blank line', () => {
+    // Endless keep-alives, each its own event, never pass the bound: nothing builds up between events.
+    const keepAlive = new SseParser(16);
+    const ping = encoder.encode(': keep-alive\n\nevent: ping\n\ndata: {}\n\n');
+    for (let i = 0; i < 10_000; i++) expect([...keepAlive.feed(ping)]).toEqual(['{}']);
+    // Comment lines with no blank line between them are one event that keeps growing.
+    const endless = new SseParser(64);
+    expect(() => {
+      for (let i = 0; i < 100; i++) endless.feed(encoder.encode(': still here\n'));
+    }).toThrow(SseEventTooLargeError);
+  });
 });

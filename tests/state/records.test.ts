@@ -156,6 +156,38 @@ describe('RecordTable', () => {
     expect([...copy.values(NOW_MS)].map((r) => r.id)).toEqual(['e', 'f', 'g', 'h', 'i']);
   });
 
+  test('one key flooding a full table evicts its own records, never another key within its share', () => {
+    const table = new RecordTable(50, TTL_MS, 1_000);
+    table.add(record('victim-1', { keyId: 'key_victim' }));
+    table.add(record('victim-2', { keyId: 'key_victim' }));
+    for (let i = 0; i < 5_000; i++) table.add(record(`flood-${i}`, { keyId: 'key_attacker' }));
+    expect(table.get('victim-1', NOW_MS)?.keyId).toBe('key_victim');
+    expect(table.get('victim-2', NOW_MS)?.keyId).toBe('key_victim');
+    expect(table.heldBy('key_attacker')).toBe(48);
+    expect(table.has('flood-4951')).toBe(false);
+    expect(table.has('flood-4952')).toBe(true);
+    // The per-key bound: a key past it loses its own oldest even when the table has room.
+    const bounded = new RecordTable(1_000, TTL_MS, 3);
+    for (const id of ['a', 'b', 'c', 'd']) bounded.add(record(id));
+    bounded.add(record('other', { keyId: 'key_other' }));
+    expect([...bounded.values(NOW_MS)].map((r) => r.id)).toEqual(['b', 'c', 'd', 'other']);
+  });
+
+  test('a snapshot of interleaved keys restores each key’s own order, so eviction goes on the same way', () => {
+    const table = new RecordTable(6, TTL_MS, 4);
+    for (let i = 0; i < 20; i++) table.add(record(`r${i}`, { keyId: i % 3 === 0 ? 'key_a' : 'key_b' }));
+    const copy = new RecordTable(6, TTL_MS, 4);
+    const { meta, blobs } = table.serializeColumns();
+    copy.restoreColumns(JSON.parse(JSON.stringify(meta)), blobs, NOW_MS);
+    expect([...copy.values(NOW_MS)]).toEqual([...table.values(NOW_MS)]);
+    for (const t of [table, copy]) {
+      t.add(record('n1', { keyId: 'key_b' }));
+      t.add(record('n2', { keyId: 'key_a' }));
+    }
+    expect([...copy.values(NOW_MS)]).toEqual([...table.values(NOW_MS)]);
+    expect([copy.heldBy('key_a'), copy.heldBy('key_b')]).toEqual([table.heldBy('key_a'), table.heldBy('key_b')]);
+  });
+
   test('an id is added once; an unfinished record is refused', () => {
     const table = new RecordTable(3, TTL_MS);
     table.add(record('a'));

@@ -7,7 +7,13 @@ import { createLogger } from '../../src/util/log.ts';
 /** Event times: recent, since finished records expire `requestRecordTtlMs` after their finish. */
 export const T0_MS = Date.now();
 
-export const LIMITS: StateLimits = { requestRecordsMax: 1000, requestRecordTtlMs: 3_600_000, idempotencyKeysMax: 1000 };
+export const LIMITS: StateLimits = {
+  requestRecordsMax: 1000,
+  requestRecordTtlMs: 3_600_000,
+  idempotencyKeysMax: 1000,
+  requestRecordsPerKey: 1000,
+  idempotencyKeysPerKey: 1000,
+};
 
 export function storeOptions(dataDir: string, overrides: Partial<StoreOptions> = {}): StoreOptions {
   return {

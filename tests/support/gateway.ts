@@ -105,6 +105,12 @@ export function closedAfterEach() {
       gateways.push(opened);
       return opened;
     },
+    /** A gateway on an existing data dir (a restart); the dir is left to whoever made it. */
+    gatewayOn(dataDir: string, overrides: unknown = {}): TestGateway {
+      const opened = openTestGateway(overrides, dataDir);
+      gateways.push(opened);
+      return opened;
+    },
     async server(overrides: unknown = {}): Promise<TestServer> {
       const started = await startTestServer(overrides);
       gateways.push(started);

@@ -228,7 +228,7 @@ describe('failure', () => {
       fsyncIntervalMs: 5,
       segmentBytes: 1,
       snapshotEveryRecords: 1_000_000,
-      limits: { requestRecordsMax: 100, requestRecordTtlMs: 60_000, idempotencyKeysMax: 100 },
+      limits: { requestRecordsMax: 100, requestRecordTtlMs: 60_000, idempotencyKeysMax: 100, requestRecordsPerKey: 100, idempotencyKeysPerKey: 100 },
       logger: SILENT,
     });
 

@@ -18,7 +18,7 @@ function view(state: GatewayState) {
     secrets: [...state.keysBySecret.entries()].map(([secret, account]) => [secret, account.id]).sort(),
     inFlight: [...state.inFlight.values()].sort((a, b) => a.id.localeCompare(b.id)),
     finished: [...state.finished.values()].sort((a, b) => a.id.localeCompare(b.id)),
-    idempotency: [...state.idempotency.entries()].sort(),
+    idempotency: [...state.idempotency.entries(Date.now())].sort(),
   };
 }
 
@@ -262,7 +262,7 @@ describe('snapshot', () => {
       keys: [...state.keys.values()],
       inFlight: [...state.inFlight.values()],
       finished: [...state.finished.values()],
-      idempotency: [...state.idempotency.rentries()],
+      idempotency: [...state.idempotency.entries(Date.now())],
     };
     const expected = view(state);
     const seq = (store as unknown as { wal: { lastSeq: number } }).wal.lastSeq;

@@ -48,7 +48,7 @@ export class HttpExchange {
   connection: Connection | null = null;
   /** Ended: completed, failed or aborted; no callback follows. */
   finished = false;
-  /** A stale keep-alive connection was replaced once already. */
+  /** Sent once more already, on a new connection, after a kept one closed with no answer (see `lost`). */
   retried = false;
   paused = false;
 
@@ -104,12 +104,7 @@ class Connection implements ResponseSink {
     const socket = this.socket!;
     const written = socket.write(exchange.requestText);
     if (written < 0) {
-      // Closed before a byte of the request went out (a kept connection the upstream had just closed):
-      // the one case where sending it again on a new connection cannot make the upstream do it twice.
-      if (this.reused && !exchange.retried) {
-        this.retryElsewhere(exchange);
-        return;
-      }
+      // Closed before a byte of the request went out: a kept connection is retried there (see `lost`).
       this.lost();
       return;
     }
@@ -198,9 +193,14 @@ class Connection implements ResponseSink {
       this.complete();
       return;
     }
-    // Once the request was written it is never sent again, even on a kept connection that closed with
-    // no answer: the upstream may have read it and be working on it (a POST is not replayable). Idle
-    // connections close well before the usual upstream keep-alive timeouts, which keeps this rare.
+    if (this.reused && !exchange.retried && (parser === null || !parser.started)) {
+      // A kept connection the upstream closed before a byte of the answer (its keep-alive timeout met
+      // our request): CONTRACT §7 asks for one more try on a new connection before this is a failure.
+      // The upstream may have read the request, so this is the only resend there is: never on a new
+      // connection, never twice, never once any byte of an answer came (that answer was begun).
+      this.retryElsewhere(exchange);
+      return;
+    }
     const code = errorCode(this.lastError);
     this.fail(new HttpClientError('closed', `the connection closed before the answer was complete${code ? ` (${code})` : ''}`, code));
   }

@@ -22,6 +22,11 @@ export interface ResponseHead {
   status: number;
   /** Field names in lower case; repeated fields joined with ", ". */
   headers: Map<string, string>;
+  /**
+   * The body's size when the head declares it (Content-Length, or 0 for 204/304); null when it is
+   * chunked or runs until the close, so its size is known only as it arrives.
+   */
+  bodyBytes: number | null;
 }
 
 export interface ResponseSink {
@@ -228,14 +233,16 @@ export class ResponseParser {
       this.state = State.Head;
       return;
     }
-    this.sink.head({ status, headers });
-
     const connection = headers.get('connection')?.toLowerCase() ?? '';
     this.reusable = !http10 && !hasToken(connection, 'close');
     const transferEncoding = headers.get('transfer-encoding');
     const contentLength = headers.get('content-length');
+    // The framing is settled before the head is reported, so the sink learns a declared size with it
+    // (and can refuse an oversized body before a byte of it is read).
+    let bodyBytes: number | null = null;
     if (status === 204 || status === 304) {
-      this.finish();
+      bodyBytes = 0;
+      this.state = State.Done;
     } else if (transferEncoding !== undefined) {
       if (transferEncoding.trim().toLowerCase() !== 'chunked') throw new HttpProtocolError(`unsupported transfer-encoding ${transferEncoding}`);
       // With both, Transfer-Encoding wins and the connection is not reused (RFC 9112 §6.3).
@@ -243,14 +250,15 @@ export class ResponseParser {
       this.line = '';
       this.state = State.ChunkSize;
     } else if (contentLength !== undefined) {
-      const length = parseContentLength(contentLength);
-      this.remaining = length;
-      this.state = State.Length;
-      if (length === 0) this.finish();
+      bodyBytes = parseContentLength(contentLength);
+      this.remaining = bodyBytes;
+      this.state = bodyBytes === 0 ? State.Done : State.Length;
     } else {
       this.reusable = false;
       this.state = State.UntilClose;
     }
+    this.sink.head({ status, headers, bodyBytes });
+    if (this.state === State.Done) this.sink.end();
   }
 
   private feedChunkSize(bytes: Uint8Array, at: number): number {

@@ -2,20 +2,35 @@
 import { readFileSync } from 'node:fs';
 import type { OpenAIProviderConfig } from '../../config/model.ts';
 import { GatewayError } from '../../http/errors.ts';
+import { assert } from '../../util/assert.ts';
 import { newToolCallId } from '../../util/ids.ts';
 import type { Logger } from '../../util/log.ts';
+import { TextBuilder } from '../../util/text-builder.ts';
 import type { Delta, FinishReason, Provider, ProviderRequest } from '../provider.ts';
 import { HttpClient, type ExchangeHandler, type HttpClientError, type HttpExchange, type ResponseHead } from '../http/client.ts';
-import { SseParser } from './sse-parse.ts';
+import { SseEventTooLargeError, SseParser } from './sse-parse.ts';
 
 export interface OpenAIProviderOptions {
   /** Used when the provider config sets no `timeout_ms` (the gateway passes limits.upstream_timeout_ms). */
   defaultTimeoutMs: number;
+  /**
+   * limits.max_upstream_body_bytes: the largest JSON body, and the most content (text, tool-call ids,
+   * names and arguments) one streamed answer may carry.
+   */
+  bodyBytesMax: number;
+  /** limits.max_upstream_event_bytes: the largest single SSE event. */
+  eventBytesMax: number;
   logger: Logger;
 }
 
-/** A non-streamed (JSON) answer larger than this is refused rather than buffered without bound. */
-export const UPSTREAM_JSON_BYTES_MAX = 32 * 1024 * 1024;
+/**
+ * Tool calls one answer may make: the gateway takes at most this many in an assistant message of a
+ * request (chat/model.ts), so a client could not even send a longer list back. It also keeps the
+ * per-call state of an endless stream of new calls bounded.
+ */
+export const TOOL_CALLS_MAX = 128;
+/** Usage figures must be below this (a safe integer in [0, 2^31)): sums and prices of them stay exact. */
+const USAGE_TOKENS_LIMIT = 2 ** 31;
 /** Only the error code of a failed call is read, so its body is cut off early. */
 const ERROR_BODY_BYTES_MAX = 64 * 1024;
 /** Upstream error codes are echoed only when they look like identifiers, never free text. */
@@ -32,6 +47,8 @@ export class OpenAIProvider implements Provider {
   /** Request line and the fixed header fields, up to where the per-call ones go. */
   private readonly requestHead: string;
   private readonly timeoutMs: number;
+  private readonly bodyBytesMax: number;
+  private readonly eventBytesMax: number;
   private readonly apiKeyEnv: string | undefined;
   /** A configured `authorization` field: sent when no key comes from `api_key_env`, which replaces it. */
   private readonly configuredAuthorization: string = '';
@@ -58,6 +75,8 @@ export class OpenAIProvider implements Provider {
     for (const line of fields.values()) head += `${line}\r\n`;
     this.requestHead = head;
     this.timeoutMs = config.timeout_ms ?? options.defaultTimeoutMs;
+    this.bodyBytesMax = options.bodyBytesMax;
+    this.eventBytesMax = options.eventBytesMax;
     this.apiKeyEnv = config.api_key_env;
     this.logger = options.logger;
   }
@@ -87,12 +106,14 @@ export class OpenAIProvider implements Provider {
     try {
       let deltas: Delta[];
       if ((await this.open(call, request)) === 'sse') {
-        // A server that streams although asked not to: its events, collected.
-        deltas = [];
-        for await (const delta of this.relaySse(call)) deltas.push(delta);
+        // A server that streams although asked not to: its events, folded into the deltas a JSON
+        // answer gives, so what is kept grows with the content, not with the number of events.
+        const collector = new DeltaCollector();
+        for await (const delta of this.relaySse(call)) collector.add(delta);
+        deltas = collector.deltas();
       } else {
         // The usual JSON answer arrives with its head in one read: then its text is there already.
-        const text = call.completeBody(UPSTREAM_JSON_BYTES_MAX);
+        const text = call.completeBody();
         deltas = text !== null ? completionToDeltas(parseJson(text, this.name), this.name) : await this.readCompletion(call);
       }
       call.throwIfAborted();
@@ -111,12 +132,16 @@ export class OpenAIProvider implements Provider {
     if (encoding !== undefined && encoding.toLowerCase() !== 'identity') throw invalid(this.name, 'answered with a compressed body');
     const contentType = head.headers.get('content-type') ?? '';
     if (contentType.includes('text/event-stream')) return 'sse';
-    if (contentType.includes('json')) return 'json';
-    throw invalid(this.name, 'answered with an unexpected content type');
+    if (!contentType.includes('json')) throw invalid(this.name, 'answered with an unexpected content type');
+    // A JSON body is read whole before it is parsed: one over the bound is refused by its declared size
+    // before a byte of it is read, else (chunked, or until the close) the moment its count passes it.
+    if (head.bodyBytes !== null && head.bodyBytes > this.bodyBytesMax) throw oversizedBody(this.name, this.bodyBytesMax);
+    call.limitBody(this.bodyBytesMax);
+    return 'json';
   }
 
   private async readCompletion(call: UpstreamCall): Promise<Delta[]> {
-    const text = call.completeBody(UPSTREAM_JSON_BYTES_MAX) ?? (await call.readAll(UPSTREAM_JSON_BYTES_MAX));
+    const text = call.completeBody() ?? (await call.readAll(this.bodyBytesMax));
     return completionToDeltas(parseJson(text, this.name), this.name);
   }
 
@@ -142,18 +167,24 @@ export class OpenAIProvider implements Provider {
   }
 
   private async *relaySse(call: UpstreamCall): AsyncGenerator<Delta> {
-    const parser = new SseParser();
-    const translator = new ChunkTranslator(this.name);
+    const parser = new SseParser(this.eventBytesMax);
+    // The stream's content is bounded, not its raw bytes: SSE framing is about ten times the content it
+    // carries, so 16 MiB of raw events would cut off legitimate long answers. What the provider keeps
+    // per event is nothing (the parser holds one event, the translator counters), so events that carry
+    // no content (keep-alives, empty deltas) cost time, which the gateway's deadlines bound, not memory.
+    const translator = new ChunkTranslator(this.name, this.bodyBytesMax);
     const out: Delta[] = [];
     let done = false;
+    let deltasThisTurn = 0;
     while (!done) {
       const { value, done: ended } = await call.read();
       if (ended) break;
       let events: readonly string[];
       try {
         events = parser.feed(value);
-      } catch {
-        throw invalid(this.name, 'sent an oversized stream event');
+      } catch (error) {
+        if (!(error instanceof SseEventTooLargeError)) throw error;
+        throw invalid(this.name, `sent a stream event over ${this.eventBytesMax} bytes`);
       }
       // Translate the whole read before yielding: the parser reuses its event array on the next feed.
       for (const data of events) {
@@ -166,6 +197,13 @@ export class OpenAIProvider implements Provider {
       for (const delta of out) {
         yield delta;
         call.throwIfAborted();
+        // One socket read may hold thousands of tiny events; relaying them all in one go would keep
+        // the event loop from every other request (see UpstreamCall.read).
+        if (++deltasThisTurn === DELTAS_PER_TURN_MAX) {
+          deltasThisTurn = 0;
+          await nextTurn();
+          call.throwIfAborted();
+        }
       }
       out.length = 0;
     }
@@ -220,6 +258,11 @@ class UpstreamCall implements ExchangeHandler {
   private head: ResponseHead | null = null;
   private readonly queue: Uint8Array[] = [];
   private queuedBytes = 0;
+  /** Body bytes handed out since the consumer last waited for the socket (see read). */
+  private bytesThisTurn = 0;
+  /** Body bytes received so far, and the bound past which the body is refused (see limitBody). */
+  private bodyBytes = 0;
+  private bodyBytesMax = Number.POSITIVE_INFINITY;
   private ended = false;
   private failure: unknown = null;
   /** The pending `send` or `read`, woken by the socket's next event. */
@@ -261,6 +304,15 @@ class UpstreamCall implements ExchangeHandler {
       if (value !== undefined) {
         this.queuedBytes -= value.length;
         if (this.queuedBytes < QUEUED_BYTES_MAX / 2) this.exchange?.resume();
+        // Queued bytes are handed out through resolved promises, which never let the event loop run:
+        // an upstream faster than its consumer (a flood of tiny events) would keep every other request
+        // waiting for as long as the queue refills (§8: no request blocks the loop for 50 ms).
+        this.bytesThisTurn += value.length;
+        if (this.bytesThisTurn > READ_BYTES_PER_TURN_MAX) {
+          this.bytesThisTurn = 0;
+          await nextTurn();
+          this.throwIfAborted();
+        }
         return { done: false, value };
       }
       this.throwIfFailed();
@@ -269,18 +321,29 @@ class UpstreamCall implements ExchangeHandler {
     }
   }
 
-  /** The rest of the body as text, refused past `bytesMax` (or cut there when `truncate`). */
-  /** The whole body as text when it has all arrived (no wait needed), else null; refused past `bytesMax`. */
-  completeBody(bytesMax: number): string | null {
+  /**
+   * From now on the body is refused once more than `bytesMax` of it arrived: the exchange is dropped at
+   * that read, and nothing past the bound is kept. Bytes that came with the head count.
+   */
+  limitBody(bytesMax: number): void {
+    this.bodyBytesMax = bytesMax;
+    if (this.bodyBytes > bytesMax) {
+      this.refuseBody();
+      this.throwIfFailed();
+    }
+  }
+
+  /** The whole body as text when it has all arrived (no wait needed), else null. */
+  completeBody(): string | null {
     if (!this.ended || this.signal.aborted || this.timedOut) return null;
     const queue = this.queue;
-    if (this.queuedBytes > bytesMax) throw invalid(this.providerName, `sent a body over ${bytesMax} bytes`);
     const text = queue.length === 0 ? '' : DECODER.decode(queue.length === 1 ? queue[0] : Buffer.concat(queue));
     queue.length = 0;
     this.queuedBytes = 0;
     return text;
   }
 
+  /** The rest of the body as text, refused past `bytesMax` (or cut there when `truncate`). */
   async readAll(bytesMax: number, truncate = false): Promise<string> {
     const chunks: Uint8Array[] = [];
     let bytes = 0;
@@ -305,6 +368,12 @@ class UpstreamCall implements ExchangeHandler {
 
   onBody(bytes: Uint8Array): void {
     if (this.draining) return;
+    this.bodyBytes += bytes.length;
+    if (this.bodyBytes > this.bodyBytesMax) {
+      this.refuseBody();
+      this.wake(null);
+      return;
+    }
     this.queue.push(bytes);
     this.queuedBytes += bytes.length;
     // A consumer slower than the upstream: stop reading the socket until it catches up.
@@ -349,6 +418,16 @@ class UpstreamCall implements ExchangeHandler {
     this.exchange.abort();
   }
 
+  /** The body passed its bound: drop the connection and what was queued; the next wait throws. */
+  private refuseBody(): void {
+    this.failure = oversizedBody(this.providerName, this.bodyBytesMax);
+    this.queue.length = 0;
+    this.queuedBytes = 0;
+    const exchange = this.exchange;
+    this.exchange = null;
+    exchange?.abort();
+  }
+
   /** The body's end did not come in time after the answer was complete: drop the connection. */
   stopDraining(): void {
     this.exchange?.abort();
@@ -356,6 +435,7 @@ class UpstreamCall implements ExchangeHandler {
   }
 
   private wait(): Promise<void> {
+    this.bytesThisTurn = 0;
     this.waiter = Promise.withResolvers<void>();
     this.timer.refresh();
     return this.waiter.promise;
@@ -372,8 +452,9 @@ class UpstreamCall implements ExchangeHandler {
 
   private throwIfFailed(): void {
     this.throwIfAborted();
-    const failure = this.failure as HttpClientError | null;
+    const failure = this.failure as HttpClientError | GatewayError | null;
     if (failure === null) return;
+    if (failure instanceof GatewayError) throw failure;
     const code = failure.code === null ? '' : ` (${failure.code})`;
     if (failure.kind === 'protocol') throw invalid(this.providerName, `sent ${failure.message}`);
     if (failure.kind === 'connect' || this.phase === 'headers') {
@@ -400,6 +481,14 @@ class UpstreamCall implements ExchangeHandler {
 }
 
 const DECODER = new TextDecoder();
+/** Body bytes a consumer may take from the queue before it lets the event loop run once. */
+const READ_BYTES_PER_TURN_MAX = 64 * 1024;
+/** Deltas relayed before the event loop runs once (a few ms of work at most). */
+const DELTAS_PER_TURN_MAX = 256;
+
+function nextTurn(): Promise<void> {
+  return new Promise((resolve) => setImmediate(resolve));
+}
 
 function timeOut(call: UpstreamCall): void {
   call.onTimeout();
@@ -419,15 +508,19 @@ class ChunkTranslator {
   private readonly providerName: string;
   /** Tool-call indexes already announced: the first delta of each carries id and name. */
   private readonly toolIndexes = new Set<number>();
+  /** UTF-8 bytes of content (text, and tool calls' ids, names and arguments) relayed so far. */
+  private contentBytes = 0;
+  private readonly contentBytesMax: number;
 
-  constructor(providerName: string) {
+  constructor(providerName: string, contentBytesMax: number) {
     this.providerName = providerName;
+    this.contentBytesMax = contentBytesMax;
   }
 
   translate(chunk: unknown, out: Delta[]): void {
     if (!isRecord(chunk)) throw invalid(this.providerName, 'sent a stream chunk that is not an object');
     if (chunk.error !== undefined && chunk.error !== null) throw upstreamErrorInStream(this.providerName);
-    const usage = readUsage(chunk.usage);
+    const usage = readUsage(chunk.usage, this.providerName);
     if (usage) this.usage = usage;
     const choices = chunk.choices;
     if (choices === undefined || choices === null) return; // some servers omit it on the usage chunk
@@ -451,7 +544,10 @@ class ChunkTranslator {
   private translateDelta(delta: Record<string, unknown>, out: Delta[]): void {
     const content = delta.content;
     if (typeof content === 'string') {
-      if (content.length > 0) out.push({ type: 'text', text: content });
+      if (content.length > 0) {
+        this.countContent(content);
+        out.push({ type: 'text', text: content });
+      }
     } else if (content !== undefined && content !== null) {
       throw invalid(this.providerName, 'sent content that is not a string');
     }
@@ -472,15 +568,75 @@ class ChunkTranslator {
         if (typeof fn.name !== 'string' || fn.name.length === 0) {
           throw invalid(this.providerName, 'started a tool call without a name');
         }
+        if (this.toolIndexes.size === TOOL_CALLS_MAX) throw invalid(this.providerName, `made more than ${TOOL_CALLS_MAX} tool calls`);
         this.toolIndexes.add(index);
-        const id = typeof call.id === 'string' && call.id.length > 0 ? call.id : newToolCallId();
-        out.push({ type: 'tool_call', index, id, name: fn.name, arguments: args });
+        const upstreamId = typeof call.id === 'string' && call.id.length > 0 ? call.id : null;
+        if (upstreamId !== null) this.countContent(upstreamId);
+        this.countContent(fn.name);
+        this.countContent(args);
+        out.push({ type: 'tool_call', index, id: upstreamId ?? newToolCallId(), name: fn.name, arguments: args });
       } else if (args.length > 0) {
+        this.countContent(args);
         out.push({ type: 'tool_call', index, id: null, name: null, arguments: args });
       }
     }
   }
+
+  private countContent(text: string): void {
+    this.contentBytes += Buffer.byteLength(text);
+    if (this.contentBytes > this.contentBytesMax) {
+      throw invalid(this.providerName, `sent an answer with over ${this.contentBytesMax} bytes of content`);
+    }
+  }
 }
+
+/**
+ * The deltas of a stream, folded into those a JSON answer gives: all text in one delta, each tool call
+ * in one (with its own index), then the finish. `complete()` keeps this instead of every delta, so an
+ * answer of a million one-character events costs its content, not a million objects.
+ */
+class DeltaCollector {
+  private readonly text = new TextBuilder();
+  private readonly toolCalls: { index: number; id: string; name: string; arguments: TextBuilder }[] = [];
+  private finish: Extract<Delta, { type: 'finish' }> | null = null;
+
+  add(delta: Delta): void {
+    switch (delta.type) {
+      case 'text':
+        this.text.append(delta.text);
+        return;
+      case 'tool_call': {
+        if (delta.id !== null && delta.name !== null) {
+          const args = new TextBuilder();
+          args.append(delta.arguments);
+          this.toolCalls.push({ index: delta.index, id: delta.id, name: delta.name, arguments: args });
+          return;
+        }
+        // The translator announces each index once (bounded by TOOL_CALLS_MAX), so this search is short.
+        const call = this.toolCalls.find((known) => known.index === delta.index);
+        assert(call !== undefined, 'tool-call arguments before the call was announced');
+        call.arguments.append(delta.arguments);
+        return;
+      }
+      case 'finish':
+        this.finish = delta;
+        return;
+    }
+  }
+
+  deltas(): Delta[] {
+    assert(this.finish !== null, 'a collected stream without its finish');
+    const deltas: Delta[] = [];
+    const text = this.text.build();
+    if (text.length > 0) deltas.push({ type: 'text', text });
+    for (const call of this.toolCalls) {
+      deltas.push({ type: 'tool_call', index: call.index, id: call.id, name: call.name, arguments: call.arguments.build() });
+    }
+    deltas.push(this.finish);
+    return deltas;
+  }
+}
+
 
 /** The same deltas from a whole chat.completion object (a server that ignored `stream: true`). */
 function completionToDeltas(completion: unknown, name: string): Delta[] {
@@ -500,6 +656,7 @@ function completionToDeltas(completion: unknown, name: string): Delta[] {
   const toolCalls = message.tool_calls;
   if (toolCalls !== undefined && toolCalls !== null) {
     if (!Array.isArray(toolCalls)) throw invalid(name, 'answered with tool_calls that is not an array');
+    if (toolCalls.length > TOOL_CALLS_MAX) throw invalid(name, `made more than ${TOOL_CALLS_MAX} tool calls`);
     toolCalls.forEach((call: unknown, index: number) => {
       if (!isRecord(call) || !isRecord(call.function) || typeof call.function.name !== 'string') {
         throw invalid(name, 'answered with a malformed tool call');
@@ -512,7 +669,7 @@ function completionToDeltas(completion: unknown, name: string): Delta[] {
   const hasToolCalls = Array.isArray(toolCalls) && toolCalls.length > 0;
   const reason =
     typeof choice.finish_reason === 'string' ? mapFinishReason(choice.finish_reason) : hasToolCalls ? 'tool_calls' : 'stop';
-  deltas.push({ type: 'finish', reason, usage: readUsage(completion.usage) });
+  deltas.push({ type: 'finish', reason, usage: readUsage(completion.usage, name) });
   return deltas;
 }
 
@@ -543,13 +700,27 @@ export function mapFinishReason(reason: string): FinishReason {
   return 'stop';
 }
 
-function readUsage(value: unknown): Usage | null {
-  // Malformed usage is dropped rather than fatal: the gateway can count the tokens itself.
-  if (!isRecord(value)) return null;
-  const prompt = value.prompt_tokens;
-  const completion = value.completion_tokens;
-  if (!isCount(prompt) || !isCount(completion)) return null;
+/**
+ * The usage an answer reports. Absent usage (no object, or an object without both figures) is null: the
+ * gateway counts the tokens itself. A figure that is there but is not a whole number in [0, 2^31) is an
+ * unusable answer (CONTRACT §7): it would be billed, and a huge one broke the sums downstream.
+ */
+function readUsage(value: unknown, providerName: string): Usage | null {
+  if (value === undefined || value === null) return null;
+  if (!isRecord(value)) throw invalid(providerName, 'sent a usage that is not an object');
+  const prompt = usageFigure(value.prompt_tokens, providerName);
+  const completion = usageFigure(value.completion_tokens, providerName);
+  usageFigure(value.total_tokens, providerName);
+  if (prompt === null || completion === null) return null;
   return { promptTokens: prompt, completionTokens: completion };
+}
+
+function usageFigure(value: unknown, providerName: string): number | null {
+  if (value === undefined || value === null) return null;
+  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 0 || value >= USAGE_TOKENS_LIMIT) {
+    throw invalid(providerName, 'sent a usage figure that is not a whole number in [0, 2^31)');
+  }
+  return value;
 }
 
 function argumentsText(value: unknown, providerName: string): string {
@@ -572,16 +743,16 @@ function invalid(providerName: string, what: string): GatewayError {
   return new GatewayError('upstream_invalid_response', `Upstream ${providerName} ${what}.`);
 }
 
+function oversizedBody(providerName: string, bytesMax: number): GatewayError {
+  return invalid(providerName, `sent a body over ${bytesMax} bytes`);
+}
+
 function upstreamErrorInStream(providerName: string): GatewayError {
   return new GatewayError('upstream_error', `Upstream ${providerName} reported an error inside its answer.`);
 }
 
 function isRecord(value: unknown): value is Record<string, unknown> {
   return typeof value === 'object' && value !== null && !Array.isArray(value);
-}
-
-function isCount(value: unknown): value is number {
-  return typeof value === 'number' && Number.isSafeInteger(value) && value >= 0;
 }
 
 function isIdentifier(text: string): boolean {

@@ -1,5 +1,7 @@
 // The embedded simulator provider: deterministic answers, paced like a real model, honouring limits.
 import { countTextTokens } from '../../billing/tokens.ts';
+import { JSON_DEPTH_MAX, nestsDeeperThan } from '../../http/body.ts';
+import { defaultConfig } from '../../config/defaults.ts';
 import type { SimulatorProviderConfig } from '../../config/model.ts';
 import { JSON_SCHEMA_MARKER, type Delta, type FinishReason, type Provider, type ProviderRequest, type ToolDefinition } from '../provider.ts';
 import { SeededRandom } from './random.ts';
@@ -27,6 +29,8 @@ const ARGUMENT_FRAGMENT_CHARS = 12;
 const TOOL_CALL_ID_CHARS = 24;
 const ID_ALPHABET = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789';
 
+const DEFAULT_ARGUMENTS_BYTES_MAX = defaultConfig().limits.simulator_tool_arguments_bytes;
+
 /** What one request will produce, decided before the first delta so pacing is all that remains. */
 interface Answer {
   /** Text pieces (one per token) or argument fragments, streamed at the configured rate. */
@@ -39,10 +43,14 @@ interface Answer {
 export class SimulatorProvider implements Provider {
   readonly name: string;
   private readonly config: SimulatorProviderConfig;
+  /** limits.simulator_tool_arguments_bytes: the largest JSON a tool call's arguments (or a JSON answer) may be. */
+  private readonly argumentsBytesMax: number;
 
-  constructor(name: string, config: SimulatorProviderConfig) {
+  /** `argumentsBytesMax`: the gateway passes its config's limit; the default is the built-in one. */
+  constructor(name: string, config: SimulatorProviderConfig, argumentsBytesMax = DEFAULT_ARGUMENTS_BYTES_MAX) {
     this.name = name;
     this.config = config;
+    this.argumentsBytesMax = argumentsBytesMax;
   }
 
   async *stream(request: ProviderRequest, signal: AbortSignal): AsyncIterable<Delta> {
@@ -88,9 +96,9 @@ export class SimulatorProvider implements Provider {
     // which is what lets a caller (and a test) predict where a stop sequence lands.
     const random = SeededRandom.fromText(JSON.stringify([request.model, request.messages, request.tools, request.seed]));
     const tool = chooseTool(request);
-    if (tool) return toolAnswer(tool, request.maxOutputTokens, random);
+    if (tool) return toolAnswer(tool, request.maxOutputTokens, random, this.argumentsBytesMax);
     const schema = requestedJsonSchema(request);
-    if (schema !== undefined) return jsonAnswer(schema, random);
+    if (schema !== undefined) return jsonAnswer(schema, random, this.argumentsBytesMax);
     return textAnswer(this.config.completion_tokens, request, random);
   }
 }
@@ -119,18 +127,22 @@ function requestedJsonSchema(request: ProviderRequest): unknown {
     if (at < 0) continue;
     const start = at + JSON_SCHEMA_MARKER.length + 1;
     const end = message.content.indexOf('\n', start);
+    let schema: unknown;
     try {
-      return JSON.parse(message.content.slice(start, end < 0 ? undefined : end));
+      schema = JSON.parse(message.content.slice(start, end < 0 ? undefined : end));
     } catch {
       return undefined;
     }
+    // Any caller can write the marker into a system message: its schema is as untrusted as a tool's, and
+    // nested no deeper than a request body may be, so nothing that walks it can overflow the stack.
+    return nestsDeeperThan(schema, JSON_DEPTH_MAX) ? undefined : schema;
   }
   return undefined;
 }
 
 /** A text answer that is one JSON object valid against `schema`, as a model asked for JSON gives. */
-function jsonAnswer(schema: unknown, random: SeededRandom): Answer {
-  const text = JSON.stringify(valueForSchema(schema, random));
+function jsonAnswer(schema: unknown, random: SeededRandom, bytesMax: number): Answer {
+  const text = JSON.stringify(valueForSchema(schema, random, bytesMax));
   const pieces: string[] = [];
   for (let at = 0; at < text.length; at += ARGUMENT_FRAGMENT_CHARS) pieces.push(text.slice(at, at + ARGUMENT_FRAGMENT_CHARS));
   return { pieces, toolCall: null, reason: 'stop', completionTokens: countTextTokens(text) };
@@ -168,10 +180,10 @@ function textAnswer(completionTokens: number, request: ProviderRequest, random: 
   return { pieces, toolCall: null, reason, completionTokens: pieces.length };
 }
 
-function toolAnswer(tool: ToolDefinition, maxOutputTokens: number | null, random: SeededRandom): Answer {
+function toolAnswer(tool: ToolDefinition, maxOutputTokens: number | null, random: SeededRandom, bytesMax: number): Answer {
   const name = tool.function.name;
   const parameters = tool.function.parameters;
-  let args = JSON.stringify(parameters === undefined ? {} : valueForSchema(parameters, random));
+  let args = JSON.stringify(parameters === undefined ? {} : valueForSchema(parameters, random, bytesMax));
   let id = 'call_';
   for (let i = 0; i < TOOL_CALL_ID_CHARS; i++) id += ID_ALPHABET[Math.floor(random.next() * ID_ALPHABET.length)];
 
@@ -179,20 +191,39 @@ function toolAnswer(tool: ToolDefinition, maxOutputTokens: number | null, random
   let reason: FinishReason = 'tool_calls';
   if (maxOutputTokens !== null && completionTokens > maxOutputTokens) {
     // A real model runs out of budget mid-arguments; do the same: the longest prefix that fits.
-    let low = 0;
-    let high = args.length;
-    while (low < high) {
-      const middle = (low + high + 1) >> 1;
-      if (countTextTokens(name + args.slice(0, middle)) <= maxOutputTokens) low = middle;
-      else high = middle - 1;
-    }
-    args = args.slice(0, low);
+    args = args.slice(0, fittingPrefixLength(name, args, maxOutputTokens, completionTokens));
     completionTokens = Math.min(maxOutputTokens, countTextTokens(name + args));
     reason = 'length';
   }
   const pieces: string[] = [];
   for (let at = 0; at < args.length; at += ARGUMENT_FRAGMENT_CHARS) pieces.push(args.slice(at, at + ARGUMENT_FRAGMENT_CHARS));
   return { pieces, toolCall: { id, name }, reason, completionTokens };
+}
+
+/**
+ * The longest prefix of `args` whose tokens, with the name's, are at most `maxTokens` (`totalTokens`
+ * is the whole call's). Arguments reach 64 KiB and bisection would count ~17 prefixes of them (50 ms),
+ * so every other probe interpolates on the token density, which lands next to the answer, and each
+ * count stops once it passes the limit.
+ */
+function fittingPrefixLength(name: string, args: string, maxTokens: number, totalTokens: number): number {
+  let low = 0; // fits (or nothing does)
+  let lowTokens = 0;
+  let high = args.length; // does not fit
+  let highTokens = totalTokens;
+  for (let probe = 0; high - low > 1; probe++) {
+    const guess = probe % 2 === 0 ? low + Math.floor(((high - low) * (maxTokens - lowTokens)) / (highTokens - lowTokens)) : (low + high) >> 1;
+    const middle = Math.min(high - 1, Math.max(low + 1, guess));
+    const tokens = countTextTokens(name + args.slice(0, middle), maxTokens);
+    if (tokens <= maxTokens) {
+      low = middle;
+      lowTokens = tokens;
+    } else {
+      high = middle;
+      highTokens = tokens;
+    }
+  }
+  return low;
 }
 
 /** Waits `ms`, or rejects with the signal's reason the moment it aborts (the timer is cleared). */

@@ -1,0 +1,93 @@
+// Idempotency-Key bindings: (API key, Idempotency-Key) → the request it created, bounded per key (§8).
+//
+// A binding lives `idempotency_ttl_s`. Room is made by FairSlots (a key past its own bound loses its
+// own oldest binding; at the total bound an expired binding goes first, else the oldest of the key
+// holding the most), so no key's traffic can evict the binding of a key within its share: its retry
+// always finds the original and is never charged twice.
+import { FairSlots } from './fair-slots.ts';
+
+export interface IdempotencyBinding {
+  requestId: string;
+  fingerprint: string;
+  expiresAtMs: number;
+}
+
+/** The map key of a binding: API key id and Idempotency-Key, which neither contains NUL. */
+export function idempotencyScope(keyId: string, idempotencyKey: string): string {
+  return `${keyId}\u0000${idempotencyKey}`;
+}
+
+export class BindingTable {
+  private readonly slotOf = new Map<string, number>();
+  /** Per slot: its scope (to forget it on eviction) and its binding. */
+  private scopes: string[] = [];
+  private bindings: IdempotencyBinding[] = [];
+  /** API key ids as small integers, the owners of FairSlots; bounded by the keys the gateway holds. */
+  private readonly owners = new Map<string, number>();
+  private readonly slots: FairSlots;
+  private readonly expiredNow = (slot: number): boolean => this.bindings[slot]!.expiresAtMs <= Date.now();
+
+  constructor(capacity: number, perKeyMax: number) {
+    this.slots = new FairSlots(capacity, perKeyMax, (slot) => this.slotOf.delete(this.scopes[slot]!));
+  }
+
+  get size(): number {
+    return this.slots.size;
+  }
+
+  /** Bindings held for `keyId`, expired ones included until they make room. */
+  heldBy(keyId: string): number {
+    const owner = this.owners.get(keyId);
+    return owner === undefined ? 0 : this.slots.held(owner);
+  }
+
+  /** The live binding of the pair, or undefined (unknown, or past its TTL). */
+  get(keyId: string, idempotencyKey: string, nowMs: number): IdempotencyBinding | undefined {
+    const slot = this.slotOf.get(idempotencyScope(keyId, idempotencyKey));
+    if (slot === undefined) return undefined;
+    const binding = this.bindings[slot]!;
+    return binding.expiresAtMs > nowMs ? binding : undefined;
+  }
+
+  /** Binds the pair (a binding it had, live or expired, is replaced and counts as new). */
+  set(keyId: string, idempotencyKey: string, binding: IdempotencyBinding): void {
+    const scope = idempotencyScope(keyId, idempotencyKey);
+    const previous = this.slotOf.get(scope);
+    if (previous !== undefined) {
+      this.slotOf.delete(scope);
+      this.slots.release(previous);
+    }
+    let owner = this.owners.get(keyId);
+    if (owner === undefined) {
+      owner = this.owners.size;
+      this.owners.set(keyId, owner);
+    }
+    const slot = this.slots.take(owner, this.expiredNow);
+    this.slotOf.set(scope, slot);
+    this.scopes[slot] = scope;
+    this.bindings[slot] = binding;
+  }
+
+  /** Frees the pair if it is bound to `requestId` (a decision that ended without one frees its key). */
+  deleteIfBoundTo(keyId: string, idempotencyKey: string, requestId: string): void {
+    const scope = idempotencyScope(keyId, idempotencyKey);
+    const slot = this.slotOf.get(scope);
+    if (slot === undefined || this.bindings[slot]!.requestId !== requestId) return;
+    this.slotOf.delete(scope);
+    this.slots.release(slot);
+  }
+
+  /** Every binding still within its TTL as [scope, binding], oldest first (a snapshot restores in this order). */
+  *entries(nowMs: number): Generator<[string, IdempotencyBinding]> {
+    for (const slot of this.slots.inOrder()) {
+      const binding = this.bindings[slot]!;
+      if (binding.expiresAtMs > nowMs) yield [this.scopes[slot]!, binding];
+    }
+  }
+
+  /** Restores an entry of `entries` (scope as written there). */
+  restore(scope: string, binding: IdempotencyBinding): void {
+    const split = scope.indexOf('\u0000');
+    this.set(scope.slice(0, split), scope.slice(split + 1), binding);
+  }
+}
