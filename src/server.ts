@@ -1,6 +1,7 @@
 // Listening: the Bun server around the app, and the graceful stop that drains it.
 import { createApp } from './app.ts';
 import { chatNativeRoutes } from './chat/index.ts';
+import { STOPPED_DRAIN_MS_MAX } from './chat/sse.ts';
 import { decisionNativeRoutes } from './decision/index.ts';
 import type { Gateway } from './gateway.ts';
 import { readIdleSeconds } from './http/routes.ts';
@@ -69,6 +70,10 @@ export async function startServer(gateway: Gateway, options: { hostname?: string
       await Promise.all(rest.map((actor) => actor.settled));
       await gateway.store.close();
       for (const provider of gateway.providers.values()) provider.close?.();
+      // An interrupted stream ends with its error event, and its connection is dropped if the client
+      // is still behind after STOPPED_DRAIN_MS_MAX (chat/sse.ts). server.stop leaves such a connection
+      // open and detaches the response, after which the drop does nothing: it must come first.
+      if (rest.some((actor) => actor.init.stream)) await new Promise((resolve) => setTimeout(resolve, STOPPED_DRAIN_MS_MAX));
       server.stop(true);
     })();
     return stopping;

@@ -61,7 +61,7 @@ async function completions(gateway: Gateway, request: Request, server?: Server<u
         bufferBytesMax: limits.stream_buffer_bytes,
         signal: actor.signal,
         onCancel: () => actor.abort('disconnected'),
-        onEnd: server ? () => settleIdle(request, server, limits.request_read_timeout_ms) : undefined,
+        onEnd: server ? (stopped) => settleIdle(request, server, stopped ? 1 : limits.request_read_timeout_ms) : undefined,
       });
       void runChat(gateway, admission, chat, sink);
       const early = await sink.opened.promise;

@@ -53,12 +53,21 @@ export function errorFrame(error: GatewayError): string {
 
 /**
  * What the sink uses of Bun's controller of a `type: "direct"` ReadableStream. `write` hands text to the
- * response's own buffer (written to the socket once per event-loop turn) and returns a promise instead
- * of a count while the socket is backpressured, resolved when it drains or closes; `close(reason)` with
- * a reason aborts the response: Bun resets the connection at once, even one whose client stopped reading
- * (measured: a plain ReadableStream that errors is noticed only when the client reads again).
+ * response's own buffer (sent to the socket once per event-loop turn, or by `flush`) and returns a
+ * promise instead of a count when the socket is backpressured, resolved when it drains or closes; while
+ * that promise is out, later writes are taken and counted as if all were well. `close(reason)` with a
+ * reason aborts the response: Bun resets the connection at once, even one whose client stopped reading
+ * (measured: a plain ReadableStream that errors is noticed only when the client reads again, and
+ * server.stop(true) leaves such a connection open).
  */
-export type DirectController = Pick<ReadableStreamDirectController, 'write' | 'close'>;
+export type DirectController = Pick<ReadableStreamDirectController, 'write' | 'flush' | 'close'>;
+
+/**
+ * A stopped run (cancel, a time limit, shutdown) ends with its error event; a client that is behind
+ * gets this long to take it, then its connection is dropped: the stop must have freed everything
+ * within the contract's 1 s.
+ */
+export const STOPPED_DRAIN_MS_MAX = 500;
 
 /**
  * The reason a stream is dropped with. Bun prints it only in development mode, which server.ts turns off;
@@ -74,8 +83,12 @@ export interface SseSinkOptions {
   signal: AbortSignal;
   /** The client went away (the response was cancelled). */
   onCancel: () => void;
-  /** The stream ends gracefully: its connection goes back to idling under the read deadline. */
-  onEnd?: () => void;
+  /**
+   * The run is over: its connection goes back to idling under the read deadline, or, after a stopped
+   * run (`stopped`), under the shortest idle time Bun has (a client that stopped reading before its
+   * socket filled up cannot be told from one that keeps up, so that timer is what closes it).
+   */
+  onEnd?: (stopped: boolean) => void;
 }
 
 /**
@@ -96,7 +109,7 @@ export class SseSink implements ChatSink {
   private readonly bufferBytesMax: number;
   private readonly signal: AbortSignal;
   private readonly onCancel: () => void;
-  private readonly onEnd: (() => void) | undefined;
+  private readonly onEnd: ((stopped: boolean) => void) | undefined;
   /** Set when Bun starts sending the body (its first pull). */
   private controller: DirectController | null = null;
   /** Frames not handed to the response yet: before its first pull, and while the client is behind. */
@@ -115,6 +128,8 @@ export class SseSink implements ChatSink {
   private ended = false;
   /** The response is closed, dropped or cancelled: nothing more is written. */
   private closed = false;
+  /** A stopped run's error event is waiting for a client that is behind; past it the connection is dropped. */
+  private dropTimer: ReturnType<typeof setTimeout> | undefined;
   private readonly drained = (): void => {
     this.draining = false;
     this.unsentBytes = 0;
@@ -179,6 +194,7 @@ export class SseSink implements ChatSink {
     }
     if (this.ended) {
       this.closed = true;
+      clearTimeout(this.dropTimer);
       controller.close();
       return;
     }
@@ -229,22 +245,35 @@ export class SseSink implements ChatSink {
     }
     if (this.closed) return;
     this.ended = true;
-    if (!result.ok && this.draining) {
-      // Stopped while its client was behind: that reader may never read again, so its connection goes now.
-      this.drop();
+    this.onEnd?.(!result.ok);
+    if (result.ok) {
+      // Completed: the last frames follow whatever waits, however slowly the client reads; the
+      // connection's idle timer bounds a client that never does.
+      this.pending += this.encoder.finish(result.finishReason) + this.encoder.usage(result.usage) + DONE_FRAME;
+      if (this.controller !== null && !this.draining) this.handPending(this.controller);
       return;
     }
-    this.pending += result.ok
-      ? this.encoder.finish(result.finishReason) + this.encoder.usage(result.usage) + DONE_FRAME
-      : errorFrame(result.error);
-    this.onEnd?.();
-    if (this.controller !== null && !this.draining) this.handPending(this.controller);
+    this.pending += errorFrame(result.error);
+    const controller = this.controller;
+    if (controller !== null && !this.draining) {
+      // What Bun holds goes to the socket now, so the write of the error event tells whether the
+      // client is behind (Bun answers a write with a promise only after a send met backpressure).
+      controller.flush();
+      this.handPending(controller);
+    }
+    if (!this.closed) this.dropTimer = setTimeout(dropBehind, STOPPED_DRAIN_MS_MAX, this);
   }
 
   /** Aborts the response: Bun resets the connection, whatever waits in its buffers. */
-  private drop(): void {
+  drop(): void {
+    if (this.closed) return;
     this.closed = true;
     this.pending = '';
     this.controller?.close(DROPPED);
   }
+}
+
+/** A timer's callback (the sink is passed in): no closure per stream. */
+function dropBehind(sink: SseSink): void {
+  sink.drop();
 }

@@ -40,7 +40,7 @@ export function liftIdle(request: Request, server: Server<unknown> | undefined, 
   server.timeout(request, seconds > IDLE_S_MAX ? 0 : seconds);
 }
 
-/** The connection idles under the read deadline again (after `liftIdle`). */
+/** The connection idles under the read deadline (`readTimeoutMs`) again, after `liftIdle`. */
 export function settleIdle(request: Request, server: Server<unknown> | undefined, readTimeoutMs: number): void {
   server?.timeout(request, readIdleSeconds(readTimeoutMs));
 }

@@ -2,7 +2,7 @@
 // run loop, and a stopped run whose client is behind drops the connection instead of waiting for it.
 import { describe, expect, test } from 'bun:test';
 import type { ChatResult } from '../../src/chat/service.ts';
-import { ChunkEncoder, SseSink, type DirectController } from '../../src/chat/sse.ts';
+import { ChunkEncoder, SseSink, STOPPED_DRAIN_MS_MAX, type DirectController } from '../../src/chat/sse.ts';
 import { GatewayError } from '../../src/http/errors.ts';
 
 const encoder = new ChunkEncoder('chatcmpl-test', 1, 'model_03');
@@ -21,6 +21,7 @@ class FakeResponse implements DirectController {
   readonly drains: PromiseWithResolvers<number>[] = [];
   /** undefined while open; null when closed gracefully; the reason when aborted. */
   closedWith: unknown = undefined;
+  readonly closed = Promise.withResolvers<void>();
 
   write(data: string | Bun.BufferSource | ArrayBuffer): number | Promise<number> {
     const text = data as string;
@@ -33,6 +34,12 @@ class FakeResponse implements DirectController {
 
   close(reason?: Error): void {
     this.closedWith = reason ?? null;
+    this.closed.resolve();
+  }
+
+  /** Bun sends what it holds; nothing to model here (the next write's answer says whether it is stuck). */
+  flush(): number {
+    return 0;
   }
 
   /** The socket drains what it holds (and stays stuck for what comes next unless `stuck` is cleared). */
@@ -90,18 +97,36 @@ describe('SseSink with a client that stops reading', () => {
     expect(response.written.length).toBe(roleChars + first.chars);
   });
 
-  test('an abort wakes the waiting run loop at once, and the stopped run drops the connection', async () => {
+  test('an abort wakes the waiting run loop at once; the stopped run drops a client still behind after STOPPED_DRAIN_MS_MAX', async () => {
+    const { sink, response, controller } = openSink(2048);
+    sink.begin();
+    const { wait } = writeUntilWait(sink);
+    controller.abort();
+    await wait;
+    const endMs = Date.now();
+    sink.end(CANCELLED);
+    expect(response.closedWith).toBeUndefined();
+    await response.closed.promise;
+    expect(Date.now() - endMs).toBeGreaterThanOrEqual(STOPPED_DRAIN_MS_MAX - 5);
+    expect(response.closedWith).toBeInstanceOf(Error);
+    const written = response.written.length;
+    // Nothing more is written to a dropped response, whatever drains later.
+    await response.drainAll();
+    expect(response.written.length).toBe(written);
+  });
+
+  test('a stopped run whose client catches up in time gets its error event and a graceful end', async () => {
     const { sink, response, controller } = openSink(2048);
     sink.begin();
     const { wait } = writeUntilWait(sink);
     controller.abort();
     await wait;
     sink.end(CANCELLED);
-    expect(response.closedWith).toBeInstanceOf(Error);
-    const written = response.written.length;
-    // Nothing more is written to a dropped response, whatever drains later.
+    response.stuck = false;
     await response.drainAll();
-    expect(response.written.length).toBe(written);
+    expect(response.closedWith).toBeNull();
+    const last = response.written.slice(response.written.lastIndexOf('data: '));
+    expect(JSON.parse(last.slice(6)).error.code).toBe('request_cancelled');
   });
 
   test('a completed run whose client is behind is not dropped: its last frames follow once the socket drains', async () => {

@@ -6,20 +6,27 @@ import { postHead, rawConnect, type RawConnection } from '../support/raw-http.ts
 
 const cleanup = closedAfterEach();
 
+/**
+ * How long the upstream must stay unread before the gateway counts as waiting on its stuck client. The
+ * gateway also stops reading for a moment when relaying keeps it busy; that pause ends within
+ * milliseconds, while one caused by a client that stopped reading never does.
+ */
+const STALLED_MS = 400;
+
 interface FloodUpstream {
   url: string;
-  /** Resolves the first time the gateway stops reading this upstream (its socket is backpressured). */
-  paused: Promise<void>;
+  /** Resolves once the gateway has left this upstream unread for STALLED_MS: it waits on its client. */
+  stalled: Promise<void>;
   stop(): void;
 }
 
 /**
  * An OpenAI-compatible upstream that streams as fast as the gateway reads and never finishes. Its
- * writes report backpressure once the gateway stops reading: then the gateway's run loop is waiting on
- * a client that is behind, with everything between them full.
+ * writes report backpressure when the gateway does not read; when that lasts, everything between the
+ * gateway's stuck client and this upstream is full and the gateway's run loop waits on the client.
  */
 function startFloodUpstream(): FloodUpstream {
-  const paused = Promise.withResolvers<void>();
+  const stalled = Promise.withResolvers<void>();
   const frame = `data: ${JSON.stringify({ id: 'up-1', object: 'chat.completion.chunk', created: 0, model: 'up', choices: [{ index: 0, delta: { content: 'flood '.repeat(40) }, finish_reason: null }] })}\n\n`;
   const server = Bun.serve({
     port: 0,
@@ -36,8 +43,9 @@ function startFloodUpstream(): FloodUpstream {
               const written = controller.write(frame);
               if (written === 0) return;
               if (typeof written !== 'number') {
-                paused.resolve();
+                const timer = setTimeout(stalled.resolve, STALLED_MS);
                 await written;
+                clearTimeout(timer);
               } else if (frames % 256 === 0) {
                 await new Promise((resolve) => setImmediate(resolve));
               }
@@ -48,7 +56,7 @@ function startFloodUpstream(): FloodUpstream {
       );
     },
   });
-  return { url: `http://127.0.0.1:${server.port}/v1`, paused: paused.promise, stop: () => server.stop(true) };
+  return { url: `http://127.0.0.1:${server.port}/v1`, stalled: stalled.promise, stop: () => server.stop(true) };
 }
 
 function floodOverrides(upstream: FloodUpstream, limits: Record<string, unknown> = {}): Record<string, unknown> {
@@ -76,7 +84,7 @@ async function stuckStream(limits: Record<string, unknown> = {}): Promise<StuckS
   client.stopReading();
   const body = JSON.stringify(chatBody({ stream: true }));
   client.write(postHead('/api/v1/chat/completions', { authorization: `Bearer ${key}` }, body.length) + body);
-  await upstream.paused;
+  await upstream.stalled;
   const actors = t.gateway.registry.all();
   // Still running: what follows stops a run that is waiting on its stuck client.
   expect(actors.length).toBe(1);
