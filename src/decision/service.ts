@@ -1,5 +1,5 @@
 // Decisions: admission (idempotency, rate, input size, daily budget, quota), the hold, asking the model.
-import { countPromptTokens, countTextTokens } from '../billing/tokens.ts';
+import { countTextTokens } from '../billing/tokens.ts';
 import { costMicro, ratesFor } from '../billing/pricing.ts';
 import { actorSettled, statusUrl, type Gateway } from '../gateway.ts';
 import { GatewayError, internalError } from '../http/errors.ts';
@@ -11,7 +11,7 @@ import type { Amount, Event, Usage } from '../state/events.ts';
 import { assert } from '../util/assert.ts';
 import { RESOLVED } from '../util/promise.ts';
 import type { Answer, DecisionRequest } from './model.ts';
-import { buildPrompt, DECISION_TOOL_NAME, extractJsonObject, readAnswers, type DecisionPrompt } from './prompt.ts';
+import { DECISION_TOOL_NAME, extractJsonObject, readAnswers, type DecisionPrompt } from './prompt.ts';
 
 /** A model answer that is not a valid label or level is asked again this many times, then 502. */
 const ANSWER_RETRIES = 1;
@@ -28,13 +28,6 @@ export interface DecisionSuccess {
   answers: Record<string, Answer>;
   usage: Usage;
   charged: Amount;
-}
-
-/** Prompt and its token count: what the 422 check and the reservation both use. */
-export function preparePrompt(decision: DecisionRequest, contextTokens: number): { prompt: DecisionPrompt; promptTokens: number } {
-  const prompt = buildPrompt(decision.body.state, decision.questions, decision.model.tools);
-  // Counting stops past the limit: an input over it is refused whatever its size (422).
-  return { prompt, promptTokens: countPromptTokens(prompt.messages, prompt.tools, contextTokens) };
 }
 
 function nextUtcMidnight(nowMs: number): string {
