@@ -2,12 +2,24 @@
 import { expect, test } from 'bun:test';
 import { rmSync } from 'node:fs';
 import { join } from 'node:path';
+import { countPromptTokens } from '../../src/billing/tokens.ts';
 import { tempDir } from '../support/gateway.ts';
+import packageJson from '../../package.json';
+
+/** `bun run build`'s own command (package.json "build"), writing to `outfile`: the test builds what users build. */
+function buildCommand(outfile: string): string[] {
+  const words = packageJson.scripts.build.split(' ');
+  expect(words[0]).toBe('bun');
+  const at = words.indexOf('--outfile');
+  expect(at).toBeGreaterThan(0);
+  words[at + 1] = outfile;
+  return [process.execPath, ...words.slice(1)];
+}
 
 test('the compiled executable serves the API and runs the CLI', async () => {
   const dir = tempDir('tollgate-build-');
   const binary = join(dir, 'tollgate');
-  const build = Bun.spawnSync([process.execPath, 'build', '--compile', 'src/main.ts', '--outfile', binary], { stdout: 'pipe', stderr: 'pipe' });
+  const build = Bun.spawnSync(buildCommand(binary), { stdout: 'pipe', stderr: 'pipe' });
   expect(build.exitCode).toBe(0);
 
   const env = { ...process.env, DATA_DIR: join(dir, 'data'), ADMIN_TOKEN: 'build-test-admin-token', PORT: '0', LOG_LEVEL: 'info' };
@@ -34,6 +46,15 @@ test('the compiled executable serves the API and runs the CLI', async () => {
     });
     expect(reply.status).toBe(200);
     expect(((await reply.json()) as any).object).toBe('chat.completion');
+    // A prompt large enough to be counted by the count worker, a second entrypoint inside the binary.
+    const prompt = 'The quick brown fox jumps over the lazy dog; 日本語 🙂 x=1;\n'.repeat(4_000);
+    const large = await fetch(`${url}/api/v1/chat/completions`, {
+      method: 'POST',
+      headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json', 'idempotency-key': 'build-test-large-1' },
+      body: JSON.stringify({ model: 'model_03', messages: [{ role: 'user', content: prompt }] }),
+    });
+    expect(large.status).toBe(200);
+    expect(((await large.json()) as any).usage.prompt_tokens).toBe(countPromptTokens([{ role: 'user', content: prompt }], null));
     server.kill('SIGTERM');
     expect(await server.exited).toBe(0);
   } finally {
