@@ -3,7 +3,7 @@ import type { Question } from '../decision/model.ts';
 import { buildPrompt, type DecisionPrompt } from '../decision/prompt.ts';
 import { requestFingerprint } from '../idempotency/fingerprint.ts';
 import type { ProviderMessage } from '../providers/provider.ts';
-import { countPromptTokensSteps } from './tokens.ts';
+import { countPromptTokensSteps, countTextsSteps } from './tokens.ts';
 
 /** One request's work. Everything in it crosses to the worker by structured clone (strings copy at ~0.1 ms a MB). */
 export interface CountJob {
@@ -15,6 +15,8 @@ export interface CountJob {
   prompt: { messages: ProviderMessage[]; toolsJson: string | null; toolsInBody: boolean; limit: number } | null;
   /** A decision prompt to build from the body's state and questions, then count. */
   decision: { questions: Array<[string, Question]>; useTools: boolean; limit: number } | null;
+  /** Texts an upstream answered without usage, counted together up to `limit` (then possibly partial). */
+  answer?: { texts: string[]; limit: number } | null;
 }
 
 export interface CountResult {
@@ -32,8 +34,14 @@ export interface CountResult {
  * steps are what the event loop would have done (parse, fingerprint, build, count), with the same code.
  */
 export function runCountJob(job: CountJob): Generator<void, CountResult> {
+  if (job.answer) return answerSteps(job.answer.texts, job.answer.limit);
   // The job's fields as the steps' own variables, so that a paused job lets go of its body once parsed.
   return countSteps(job.body, job.fingerprintPath, job.prompt, job.decision);
+}
+
+function* answerSteps(texts: string[], limit: number): Generator<void, CountResult> {
+  const tokens = yield* countTextsSteps(texts, limit);
+  return { fingerprint: null, tokens, contentCounts: null, prompt: null };
 }
 
 function* countSteps(

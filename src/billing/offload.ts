@@ -9,7 +9,7 @@ import { checkIdempotency } from '../idempotency/store.ts';
 import type { KeyAccount } from '../state/apply.ts';
 import type { CountJob, CountResult } from './count-jobs.ts';
 import { CountPool } from './count-pool.ts';
-import { countPromptTokensInline, rememberPromptTextTokens } from './tokens.ts';
+import { countPromptTokensInline, countTextsSteps, INLINE_TEXT_CHARS_MAX, rememberPromptTextTokens } from './tokens.ts';
 
 /**
  * Bodies longer than this are fingerprinted (and their tools serialized, a decision's state made
@@ -160,6 +160,34 @@ async function decisionOffLoop(
     prompt: prompt ?? result.prompt!,
     promptTokens: result.tokens,
   };
+}
+
+/**
+ * Tokens of the texts an upstream answered without reporting usage (the answer's text, each tool call's
+ * name and arguments), counted up to `limit` (the output cap: a charge never exceeds the hold, so more
+ * precision buys nothing). A short answer is counted here; a long one (an upstream may send up to
+ * limits.max_upstream_body_bytes) by the count worker in the key's turn. Should the key's queue be full
+ * of its own large prompts, it is counted here anyway: the request has been served and must be billed.
+ */
+export function countAnswerTokens(keyId: string, texts: string[], limit: number, signal: AbortSignal | null, logger: Gateway['logger']): number | Promise<number> {
+  let chars = 0;
+  for (const text of texts) chars += text.length;
+  if (chars <= INLINE_TEXT_CHARS_MAX) return countTextsNow(texts, limit);
+  const job: CountJob = { body: null, fingerprintPath: null, prompt: null, decision: null, answer: { texts, limit } };
+  return countPool()
+    .run(job, { keyId, signal, logger })
+    .then(
+      (result) => result.tokens,
+      (error: unknown) => {
+        if (error instanceof GatewayError && (error.code === 'rate_limit_exceeded' || error.code === 'service_unavailable')) return countTextsNow(texts, limit);
+        throw error;
+      },
+    );
+}
+
+function countTextsNow(texts: string[], limit: number): number {
+  const steps = countTextsSteps(texts, limit);
+  for (let step = steps.next(); ; step = steps.next()) if (step.done) return step.value;
 }
 
 /**

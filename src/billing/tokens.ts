@@ -86,6 +86,16 @@ function* countTextSteps(text: string, limit: number): Generator<void, number> {
   return count;
 }
 
+/** Tokens of all `texts` together (no cache: answers do not repeat), in steps, stopping past `limit`. */
+export function* countTextsSteps(texts: readonly string[], limit: number): Generator<void, number> {
+  let count = 0;
+  for (const text of texts) {
+    if (count > limit) break;
+    count += yield* countTextSteps(text, limit - count);
+  }
+  return count;
+}
+
 /** countTextTokens for a prompt text, through the cache (a text longer than an entry may be is not looked up). */
 function countPromptText(text: string, limit = Number.POSITIVE_INFINITY): number {
   if (text.length > PROMPT_TEXT_CACHED_CHARS_MAX) return countTextTokens(text, limit);
