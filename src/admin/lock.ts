@@ -1,6 +1,6 @@
 // One process owns a data dir: a kernel lock (flock) on DATA_DIR/lock that dies with its holder; the CLI uses the admin API while it is held.
 import { dlopen, FFIType, read, type Pointer } from 'bun:ffi';
-import { closeSync, constants, fstatSync, ftruncateSync, mkdirSync, openSync, readFileSync, statSync, unlinkSync, writeSync } from 'node:fs';
+import { closeSync, constants, fstatSync, ftruncateSync, mkdirSync, openSync, readSync, statSync, unlinkSync, writeSync } from 'node:fs';
 import { join } from 'node:path';
 import { assert } from '../util/assert.ts';
 
@@ -9,7 +9,7 @@ const LOCK_EX = 2;
 const LOCK_NB = 4;
 /** A release unlinks the file; a racing opener may lock the unlinked inode and must start over, at most this often. */
 const ACQUIRE_ATTEMPTS_MAX = 8;
-/** The lock file holds a pid and a URL; anything longer was not written by tollgate. */
+/** The lock file holds a pid and a URL; a reader looks at this much of it, whatever else was put there. */
 const LOCK_FILE_BYTES_MAX = 4096;
 
 /** The data dir cannot be locked at all (no flock on this platform, or the kernel refused for a reason other than a holder). */
@@ -97,10 +97,6 @@ export class DataDirLock {
     this.path = join(dataDir, 'lock');
   }
 
-  get held(): boolean {
-    return this.fd >= 0;
-  }
-
   /** Takes the lock, or returns false at once (no waiting) when another live process holds it. */
   tryAcquire(): boolean {
     assert(this.fd < 0, 'the data dir lock is already held by this process');
@@ -134,7 +130,13 @@ export class DataDirLock {
   holder(): LockHolder {
     let text: string;
     try {
-      text = readFileSync(this.path, 'utf8').slice(0, LOCK_FILE_BYTES_MAX);
+      const fd = openSync(this.path, 'r');
+      try {
+        const head = Buffer.alloc(LOCK_FILE_BYTES_MAX);
+        text = head.toString('utf8', 0, readSync(fd, head, 0, head.length, 0));
+      } finally {
+        closeSync(fd);
+      }
     } catch {
       return { pid: null, url: null };
     }
