@@ -1,11 +1,10 @@
-// CLI entry: `serve` (default) runs the gateway; `keys …` and `credits …` manage keys and balances.
-import { runCli } from './admin/cli.ts';
-import { DataDirLock } from './admin/lock.ts';
+// CLI entry: `serve` (default) runs the gateway; `keys …` and `credits …` manage keys and balances; help and version.
+import { version } from '../package.json';
+import { parseInvocation, runAdmin, USAGE, UsageError, type Invocation } from './admin/cli.ts';
+import { DataDirLock, DataDirLockError } from './admin/lock.ts';
 import { resolveAdminToken } from './admin/token.ts';
 import { ConfigError, loadConfig } from './config/load.ts';
 import type { Config } from './config/model.ts';
-import { openGateway } from './gateway.ts';
-import { startServer } from './server.ts';
 import { createLogger } from './util/log.ts';
 import { WalCorruptionError } from './wal/log.ts';
 
@@ -16,9 +15,15 @@ async function serve(config: Config): Promise<number> {
   const logger = createLogger(config.log_level);
   const lock = new DataDirLock(config.data_dir);
   if (!lock.tryAcquire()) {
-    logger.fatal({ dataDir: config.data_dir, pid: lock.holder() }, 'another tollgate process owns this data dir');
+    const { pid } = lock.holder();
+    logger.fatal({ dataDir: config.data_dir, pid }, 'another tollgate process owns this data dir');
+    process.stderr.write(`tollgate: another tollgate process (pid ${pid ?? 'unknown'}) owns the data dir ${config.data_dir}\n`);
     return 1;
   }
+  // Loaded here, not at the top: they bring the tokenizer (~0.4 s), which help, version and a refused
+  // start do not need.
+  const { openGateway } = await import('./gateway.ts');
+  const { startServer } = await import('./server.ts');
   const admin = resolveAdminToken(config, true)!;
   if (admin.generated) logger.info({ path: admin.path }, 'admin token generated; read it from this file');
   else if (admin.path) logger.info({ path: admin.path }, 'admin token read from file');
@@ -80,6 +85,23 @@ async function serve(config: Config): Promise<number> {
 }
 
 async function main(argv: string[]): Promise<number> {
+  // The command line first: help, version and usage errors need no config (a broken one included).
+  let invocation: Invocation;
+  try {
+    invocation = parseInvocation(argv);
+  } catch (error) {
+    if (!(error instanceof UsageError)) throw error;
+    process.stderr.write(`tollgate: ${error.message}\n${USAGE}\n`);
+    return 64; // EX_USAGE
+  }
+  if (invocation.kind === 'help') {
+    process.stdout.write(`${USAGE}\n`);
+    return 0;
+  }
+  if (invocation.kind === 'version') {
+    process.stdout.write(`${version}\n`);
+    return 0;
+  }
   let config: Config;
   try {
     config = loadConfig();
@@ -90,14 +112,17 @@ async function main(argv: string[]): Promise<number> {
     }
     throw error;
   }
-  const command = argv[0] ?? 'serve';
   try {
-    if (command === 'serve') return await serve(config);
-    return await runCli(argv, config, createLogger(process.env.LOG_LEVEL ?? 'warn', 2));
+    if (invocation.kind === 'serve') return await serve(config);
+    return await runAdmin(invocation.call, config, createLogger(process.env.LOG_LEVEL ?? 'warn', 2));
   } catch (error) {
     if (error instanceof WalCorruptionError) {
       process.stderr.write(`tollgate: ${error.message}\n`);
       return 74;
+    }
+    if (error instanceof DataDirLockError) {
+      process.stderr.write(`tollgate: ${error.message}\n`);
+      return 71; // EX_OSERR
     }
     throw error;
   }

@@ -1,5 +1,5 @@
 // Token counting with a real BPE tokenizer (o200k_base via gpt-tokenizer), never characters / 4.
-import { countTokens as countBpe } from 'gpt-tokenizer/encoding/o200k_base';
+import { countTokens as countBpe, setMergeCacheSize } from 'gpt-tokenizer/encoding/o200k_base';
 import { LRUCache } from 'lru-cache';
 import type { ProviderMessage, ToolDefinition } from '../providers/provider.ts';
 
@@ -12,6 +12,16 @@ const TOKENS_REPLY_PRIMING = 3;
  * is: by default the tokenizer refuses it with an exception, which made such a prompt a 500.
  */
 const AS_TEXT = { disallowedSpecial: new Set<string>() };
+
+/**
+ * The tokenizer memoizes the merges of the pieces it has seen, in a Map it keeps in insertion order by
+ * deleting and re-adding. At its default of 100,000 entries novel text (random base64, identifiers)
+ * makes every insert pay for the entries deleted before it: 4 MB of base64 took 5.4–9.5 s, against
+ * 1.0 s at 2,000 entries, while prose (whose words repeat) counts as fast as with the default (measured
+ * on this project's 2-core runner; see the report of issue 12). Counts do not depend on it.
+ */
+const MERGE_CACHE_ENTRIES = 2_000;
+setMergeCacheSize(MERGE_CACHE_ENTRIES);
 
 /**
  * Counts of prompt texts seen recently. Prompts repeat: the same system prompt opens most requests of an
@@ -59,6 +69,33 @@ export function countTextTokens(text: string, limit = Number.POSITIVE_INFINITY):
   return count;
 }
 
+/**
+ * countTextTokens that pauses (yields) after each segment, so that a worker can count a long text in
+ * slices of time and serve other jobs between them. Gives exactly countTextTokens' result.
+ */
+function* countTextSteps(text: string, limit: number): Generator<void, number> {
+  if (text.length <= SEGMENT_CHARS) return countTextTokens(text, limit);
+  let count = 0;
+  for (let start = 0; start < text.length; ) {
+    const end = segmentEnd(text, start);
+    count += countSegment(text, start, end);
+    start = end;
+    if (count > limit) return count;
+    yield;
+  }
+  return count;
+}
+
+/** Tokens of all `texts` together (no cache: answers do not repeat), in steps, stopping past `limit`. */
+export function* countTextsSteps(texts: readonly string[], limit: number): Generator<void, number> {
+  let count = 0;
+  for (const text of texts) {
+    if (count > limit) break;
+    count += yield* countTextSteps(text, limit - count);
+  }
+  return count;
+}
+
 /** countTextTokens for a prompt text, through the cache (a text longer than an entry may be is not looked up). */
 function countPromptText(text: string, limit = Number.POSITIVE_INFINITY): number {
   if (text.length > PROMPT_TEXT_CACHED_CHARS_MAX) return countTextTokens(text, limit);
@@ -68,6 +105,21 @@ function countPromptText(text: string, limit = Number.POSITIVE_INFINITY): number
   // Past the limit the count may have stopped early, a lower bound only: not worth keeping.
   if (count <= limit) COUNTS.set(text, count);
   return count;
+}
+
+/** countPromptText in steps (countTextSteps), through the same cache with the same rules. */
+function* countPromptTextSteps(text: string, limit: number): Generator<void, number> {
+  if (text.length > PROMPT_TEXT_CACHED_CHARS_MAX) return yield* countTextSteps(text, limit);
+  const known = COUNTS.get(text);
+  if (known !== undefined) return known;
+  const count = yield* countTextSteps(text, limit);
+  if (count <= limit) COUNTS.set(text, count);
+  return count;
+}
+
+/** Keeps the count of a prompt text counted elsewhere (by the worker), so that its next request counts it here from the cache. */
+export function rememberPromptTextTokens(text: string, count: number): void {
+  if (text.length <= PROMPT_TEXT_CACHED_CHARS_MAX) COUNTS.set(text, count);
 }
 
 /** Where the segment from `start` ends: the end, or just before a single space between two words. */
@@ -124,6 +176,11 @@ export function countPromptTokens(
   tools: readonly ToolDefinition[] | null,
   limit = Number.POSITIVE_INFINITY,
 ): number {
+  return countPromptTokensOf(messages, tools && tools.length > 0 ? JSON.stringify(tools) : null, limit);
+}
+
+/** countPromptTokens with the tool definitions already serialized (null: none). */
+export function countPromptTokensOf(messages: readonly ProviderMessage[], toolsJson: string | null, limit = Number.POSITIVE_INFINITY): number {
   let tokens = TOKENS_REPLY_PRIMING;
   for (const message of messages) {
     if (tokens > limit) return tokens;
@@ -135,6 +192,74 @@ export function countPromptTokens(
       }
     }
   }
-  if (tools && tools.length > 0 && tokens <= limit) tokens += countPromptText(JSON.stringify(tools), limit - tokens);
+  if (toolsJson !== null && tokens <= limit) tokens += countPromptText(toolsJson, limit - tokens);
   return tokens;
+}
+
+/**
+ * countPromptTokensOf in steps, for the worker: the same walk, the same limit, the same count (a test
+ * holds the two to it). `contentCounts`, when given, receives each message content's own count, or -1
+ * where counting stopped early or never reached it, for the event loop's cache.
+ */
+export function* countPromptTokensSteps(
+  messages: readonly ProviderMessage[],
+  toolsJson: string | null,
+  limit: number,
+  contentCounts: number[] | null = null,
+): Generator<void, number> {
+  let tokens = TOKENS_REPLY_PRIMING;
+  for (const message of messages) {
+    if (tokens > limit) return tokens;
+    tokens += TOKENS_PER_MESSAGE;
+    if (message.content) {
+      const textLimit = limit - tokens;
+      const count = yield* countPromptTextSteps(message.content, textLimit);
+      contentCounts?.push(count <= textLimit ? count : -1);
+      tokens += count;
+    } else contentCounts?.push(-1);
+    if (message.role === 'assistant' && message.tool_calls) {
+      for (const call of message.tool_calls) {
+        // As countPromptTokensOf: the arguments' limit is taken before the name's tokens are added.
+        const argumentsLimit = limit - tokens;
+        const nameTokens = countPromptText(call.function.name);
+        tokens += nameTokens + (yield* countPromptTextSteps(call.function.arguments, argumentsLimit)) + TOKENS_PER_MESSAGE;
+      }
+    }
+  }
+  if (toolsJson !== null && tokens <= limit) tokens += yield* countPromptTextSteps(toolsJson, limit - tokens);
+  return tokens;
+}
+
+/**
+ * Characters of text the tokenizer may read on the event loop for one request. The worst text measured
+ * (random CJK, ~2.5 µs a character; base64, emoji and punctuation ~1 µs) takes ~10 ms at this size,
+ * prose far less; a request with more text not yet in the cache is counted off the loop.
+ */
+export const INLINE_TEXT_CHARS_MAX = 4_096;
+
+/**
+ * The prompt's tokens if counting them here is cheap, else null (count them off the event loop). Cheap
+ * means at most INLINE_TEXT_CHARS_MAX characters that the cache does not already know. The usual small
+ * request pays one pass over its message lengths and nothing else.
+ */
+export function countPromptTokensInline(messages: readonly ProviderMessage[], toolsJson: string | null, limit: number): number | null {
+  if (promptChars(messages, toolsJson, false) > INLINE_TEXT_CHARS_MAX && promptChars(messages, toolsJson, true) > INLINE_TEXT_CHARS_MAX) return null;
+  return countPromptTokensOf(messages, toolsJson, limit);
+}
+
+/** Characters of the prompt's texts (only those the cache does not know, with `uncachedOnly`), counted until past INLINE_TEXT_CHARS_MAX. */
+function promptChars(messages: readonly ProviderMessage[], toolsJson: string | null, uncachedOnly: boolean): number {
+  let chars = toolsJson === null ? 0 : textChars(toolsJson, uncachedOnly);
+  for (const message of messages) {
+    if (chars > INLINE_TEXT_CHARS_MAX) return chars;
+    if (message.content) chars += textChars(message.content, uncachedOnly);
+    if (message.role === 'assistant' && message.tool_calls) {
+      for (const call of message.tool_calls) chars += call.function.name.length + textChars(call.function.arguments, uncachedOnly);
+    }
+  }
+  return chars;
+}
+
+function textChars(text: string, uncachedOnly: boolean): number {
+  return uncachedOnly && text.length <= PROMPT_TEXT_CACHED_CHARS_MAX && COUNTS.has(text) ? 0 : text.length;
 }

@@ -1,13 +1,12 @@
 // The chat controller (/api/v1): completions (JSON and SSE), models, request status and cancel.
 import type { Server } from 'bun';
 import { Elysia } from 'elysia';
-import { countPromptTokens } from '../billing/tokens.ts';
+import { measureChat } from '../billing/offload.ts';
 import { statusUrl, type Gateway } from '../gateway.ts';
 import { parseJsonBody, readBodyText } from '../http/body.ts';
 import { asGatewayError, errorResponse, GatewayError } from '../http/errors.ts';
 import { liftIdle, nativePost, settleIdle, type NativeRoutes } from '../http/routes.ts';
 import { parseIdempotencyKey } from '../idempotency/store.ts';
-import { requestFingerprint } from '../idempotency/fingerprint.ts';
 import { authenticate, microToCredits } from '../keys/store.ts';
 import type { RequestRecord } from '../state/apply.ts';
 import { newChatRequestId } from '../util/ids.ts';
@@ -33,10 +32,11 @@ async function completions(gateway: Gateway, request: Request, server?: Server<u
     const json = parseJsonBody(text);
     const chat = validateChatRequest(json, gateway.config);
     const idempotencyKey = parseIdempotencyKey(request.headers.get('idempotency-key'));
-    const idempotency = idempotencyKey ? { key: idempotencyKey, fingerprint: requestFingerprint('POST', COMPLETIONS_PATH, json) } : null;
-    // Counted before admission so that admission itself stays synchronous (check and bind are atomic).
+    // Fingerprinted and counted before admission so that admission itself stays synchronous (check and
+    // bind are atomic): here for a small request, off the event loop for a large one (CONTRACT §8).
     // Past the model's window the count may stop early (the request is refused either way).
-    const promptTokens = countPromptTokens(chat.messages, chat.tools, chat.model.context_window);
+    const measuring = measureChat(gateway, account, chat, text, json, idempotencyKey, COMPLETIONS_PATH, request.signal);
+    const { idempotency, promptTokens } = measuring instanceof Promise ? await measuring : measuring;
     const admission = admitChat(gateway, account, requestId, chat, idempotency, promptTokens);
     const { actor } = admission;
     if (idempotency) {

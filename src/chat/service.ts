@@ -1,5 +1,6 @@
 // Chat requests: admission (idempotency, rate, context, quota), the hold, and the actor's run loop.
-import { countPromptTokens, countTextTokens } from '../billing/tokens.ts';
+import { countAnswerTokens } from '../billing/offload.ts';
+import { countPromptTokens } from '../billing/tokens.ts';
 import { chargeMicro, reservationMicro } from '../billing/pricing.ts';
 import { actorSettled, statusUrl, type Gateway } from '../gateway.ts';
 import { GatewayError, internalError } from '../http/errors.ts';
@@ -246,7 +247,13 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
     const promptTokens = finish.usage?.promptTokens ?? providerRequest.promptTokens;
     const completionTokens =
       finish.usage?.completionTokens ??
-      countTextTokens(text) + toolCalls.reduce((sum, call) => sum + countTextTokens(call.function.name + call.function.arguments), 0);
+      (await countAnswerTokens(
+        actor.init.keyId,
+        [text, ...toolCalls.map((call) => call.function.name + call.function.arguments)],
+        chat.maxOutputTokens ?? chat.model.max_output_tokens,
+        actor.signal,
+        gateway.logger,
+      ));
     const usage: Usage = { prompt_tokens: promptTokens, completion_tokens: completionTokens, total_tokens: promptTokens + completionTokens };
     outcome = {
       status: 'completed',

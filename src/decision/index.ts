@@ -1,16 +1,16 @@
 // The decision controller (/decision/v1): decide, and the lookup of any decision request by its dec_ id.
 import { Elysia } from 'elysia';
+import { measureDecision } from '../billing/offload.ts';
 import type { Gateway } from '../gateway.ts';
 import { parseJsonBody, readBodyText } from '../http/body.ts';
 import { asGatewayError, errorResponse, GatewayError } from '../http/errors.ts';
 import { nativePost, type NativeRoutes } from '../http/routes.ts';
-import { requestFingerprint } from '../idempotency/fingerprint.ts';
 import { parseIdempotencyKey } from '../idempotency/store.ts';
 import { authenticate, microToCredits } from '../keys/store.ts';
 import type { RequestRecord } from '../state/apply.ts';
 import { newDecisionRequestId } from '../util/ids.ts';
 import { validateDecisionRequest } from './model.ts';
-import { admitDecision, preparePrompt, runDecision } from './service.ts';
+import { admitDecision, runDecision } from './service.ts';
 
 const PREFIX = '/decision/v1';
 const DECIDE_ROUTE = '/decide';
@@ -30,9 +30,10 @@ async function decide(gateway: Gateway, request: Request): Promise<Response> {
     const json = parseJsonBody(text);
     const decision = validateDecisionRequest(json, gateway.config);
     const idempotencyKey = parseIdempotencyKey(request.headers.get('idempotency-key'));
-    const idempotency = idempotencyKey ? { key: idempotencyKey, fingerprint: requestFingerprint('POST', DECIDE_PATH, json) } : null;
-    const prepared = preparePrompt(decision, gateway.config.decision.context_tokens);
-    const admission = admitDecision(gateway, account, requestId, decision, idempotency, prepared);
+    // Fingerprint, prompt and its tokens: here for a small request, off the event loop for a large one (CONTRACT §8).
+    const measuring = measureDecision(gateway, account, decision, text, json, idempotencyKey, DECIDE_PATH, request.signal);
+    const prepared = measuring instanceof Promise ? await measuring : measuring;
+    const admission = admitDecision(gateway, account, requestId, decision, prepared.idempotency, prepared);
     admitted = true;
     const { actor } = admission;
     // The actor listens itself (handleEvent: the client went away); once it is over, that is a no-op.

@@ -1,5 +1,5 @@
 // Decisions: admission (idempotency, rate, input size, daily budget, quota), the hold, asking the model.
-import { countPromptTokens, countTextTokens } from '../billing/tokens.ts';
+import { countAnswerTokens } from '../billing/offload.ts';
 import { costMicro, ratesFor } from '../billing/pricing.ts';
 import { actorSettled, statusUrl, type Gateway } from '../gateway.ts';
 import { GatewayError, internalError } from '../http/errors.ts';
@@ -11,10 +11,12 @@ import type { Amount, Event, Usage } from '../state/events.ts';
 import { assert } from '../util/assert.ts';
 import { RESOLVED } from '../util/promise.ts';
 import type { Answer, DecisionRequest } from './model.ts';
-import { buildPrompt, DECISION_TOOL_NAME, extractJsonObject, readAnswers, type DecisionPrompt } from './prompt.ts';
+import { DECISION_TOOL_NAME, extractJsonObject, readAnswers, type DecisionPrompt } from './prompt.ts';
 
 /** A model answer that is not a valid label or level is asked again this many times, then 502. */
 const ANSWER_RETRIES = 1;
+/** The longest answer text (or tool arguments) read as an answer: 64 questions' labels fit many times over. */
+const ANSWER_CHARS_MAX = 256 * 1024;
 
 export interface DecisionAdmission {
   actor: RequestActor;
@@ -28,13 +30,6 @@ export interface DecisionSuccess {
   answers: Record<string, Answer>;
   usage: Usage;
   charged: Amount;
-}
-
-/** Prompt and its token count: what the 422 check and the reservation both use. */
-export function preparePrompt(decision: DecisionRequest, contextTokens: number): { prompt: DecisionPrompt; promptTokens: number } {
-  const prompt = buildPrompt(decision.body.state, decision.questions, decision.model.tools);
-  // Counting stops past the limit: an input over it is refused whatever its size (422).
-  return { prompt, promptTokens: countPromptTokens(prompt.messages, prompt.tools, contextTokens) };
 }
 
 function nextUtcMidnight(nowMs: number): string {
@@ -133,6 +128,7 @@ async function askOnce(
   decision: DecisionRequest,
   request: ProviderRequest,
   signal: AbortSignal,
+  keyId: string,
 ): Promise<{ raw: unknown; promptTokens: number; completionTokens: number }> {
   const provider = gateway.providers.get(decision.model.provider);
   assert(provider, `no provider ${decision.model.provider}`);
@@ -150,7 +146,10 @@ async function askOnce(
     } else usage = delta.usage;
   }
   let raw: unknown;
-  if (request.tools) {
+  // An answer is a few labels; one far longer than that is not parsed (a 16 MiB body would hold the
+  // event loop in JSON.parse) and counts as an invalid answer.
+  if (text.length > ANSWER_CHARS_MAX || args.length > ANSWER_CHARS_MAX) raw = undefined;
+  else if (request.tools) {
     if (name === DECISION_TOOL_NAME) {
       try {
         raw = JSON.parse(args);
@@ -162,7 +161,7 @@ async function askOnce(
   return {
     raw,
     promptTokens: usage?.promptTokens ?? request.promptTokens,
-    completionTokens: usage?.completionTokens ?? countTextTokens(text) + countTextTokens(args),
+    completionTokens: usage?.completionTokens ?? (await countAnswerTokens(keyId, [text, args], request.maxOutputTokens ?? Number.POSITIVE_INFINITY, signal, gateway.logger)),
   };
 }
 
@@ -201,7 +200,7 @@ export async function runDecision(
     let completionTokens = 0;
     let answers: Record<string, Answer> | null = null;
     for (let attempt = 0; attempt <= ANSWER_RETRIES && answers === null; attempt++) {
-      const reply = await askOnce(gateway, decision, request, actor.signal);
+      const reply = await askOnce(gateway, decision, request, actor.signal, actor.init.keyId);
       promptTokens += reply.promptTokens;
       completionTokens += reply.completionTokens;
       answers = readAnswers(reply.raw, decision.questions);

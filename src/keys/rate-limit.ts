@@ -32,10 +32,27 @@ export class RateLimiter {
       bucket.tokens -= 1;
       return;
     }
-    const waitMs = ((1 - bucket.tokens) * MINUTE_MS) / ratePerMinute;
-    const retryAfterS = Math.max(1, Math.ceil(waitMs / 1000));
-    throw new GatewayError('rate_limit_exceeded', `Rate limit of ${ratePerMinute} requests per minute reached; retry after ${retryAfterS} s.`, {
-      headers: { 'retry-after': String(retryAfterS) },
-    });
+    throw limited(bucket.tokens, ratePerMinute);
   }
+
+  /**
+   * Throws the 429 that `take` would throw now, but takes nothing and changes nothing: a request that
+   * must do expensive work before it reaches `take` (counting a large prompt) is refused before it.
+   */
+  peek(keyId: string, ratePerMinute: number, nowMs: number): void {
+    const bucket = this.buckets.peek(keyId);
+    if (!bucket) return;
+    const refill = ((nowMs - bucket.updatedAtMs) * ratePerMinute) / MINUTE_MS;
+    const tokens = Math.min(ratePerMinute, bucket.tokens + Math.max(0, refill));
+    if (tokens < 1) throw limited(tokens, ratePerMinute);
+  }
+}
+
+/** 429 with Retry-After: the whole seconds (≥ 1) until the bucket holds a token again. */
+function limited(tokens: number, ratePerMinute: number): GatewayError {
+  const waitMs = ((1 - tokens) * MINUTE_MS) / ratePerMinute;
+  const retryAfterS = Math.max(1, Math.ceil(waitMs / 1000));
+  return new GatewayError('rate_limit_exceeded', `Rate limit of ${ratePerMinute} requests per minute reached; retry after ${retryAfterS} s.`, {
+    headers: { 'retry-after': String(retryAfterS) },
+  });
 }

@@ -1,148 +1,16 @@
 // The CLI as a process: keys and credits on the log directly, through a running server's admin API, and the generated admin token.
 import { afterAll, describe, expect, test } from 'bun:test';
-import { existsSync, mkdtempSync, readFileSync, rmSync, statSync } from 'node:fs';
-import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
-import type { Subprocess } from 'bun';
+import { existsSync, readFileSync, statSync } from 'node:fs';
+import { join } from 'node:path';
+import { ADMIN, cleanUp, cli, dataDir, env, logLine, serve } from './process.ts';
 
-const REPO = resolve(import.meta.dir, '../..');
-const MAIN = join(REPO, 'src/main.ts');
-const BUN = process.execPath;
-const ADMIN = 'cli-test-admin-token-0123456789';
-
-const dirs: string[] = [];
-function dataDir(): string {
-  const dir = mkdtempSync(join(tmpdir(), 'tollgate-cli-'));
-  dirs.push(dir);
-  return dir;
-}
-
-const servers = new Set<Subprocess>();
-afterAll(async () => {
-  // Only if a test failed before stopping its own server.
-  for (const proc of servers) {
-    proc.kill('SIGKILL');
-    await proc.exited;
-  }
-  for (const dir of dirs) rmSync(dir, { recursive: true, force: true });
-});
-
-/** A clean environment: nothing of the caller's GATEWAY_CONFIG, PORT or ADMIN_TOKEN leaks in. */
-function env(extra: Record<string, string>): Record<string, string> {
-  return { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? tmpdir(), HOST: '127.0.0.1', ...extra };
-}
-
-interface CliResult {
-  code: number;
-  stdout: string;
-  stderr: string;
-}
-
-async function cli(args: string[], childEnv: Record<string, string>): Promise<CliResult> {
-  const proc = Bun.spawn([BUN, MAIN, ...args], { cwd: REPO, env: childEnv, stdout: 'pipe', stderr: 'pipe' });
-  const [stdout, stderr, code] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
-  return { code, stdout, stderr };
-}
+afterAll(cleanUp);
 
 /** Runs the CLI and expects success with one JSON document on stdout. */
 async function cliJson(args: string[], childEnv: Record<string, string>): Promise<any> {
   const result = await cli(args, childEnv);
   expect({ args, code: result.code, stderr: result.code === 0 ? '' : result.stderr }).toEqual({ args, code: 0, stderr: '' });
   return JSON.parse(result.stdout);
-}
-
-/** Collects a stream's lines and lets a test wait for the first line that matches. */
-class Lines {
-  readonly all: string[] = [];
-  private waiters: Array<{ match: (line: string) => boolean; resolve: (line: string) => void; reject: (error: Error) => void }> = [];
-  readonly ended: Promise<void>;
-
-  constructor(stream: ReadableStream<Uint8Array>) {
-    this.ended = this.pump(stream);
-  }
-
-  private async pump(stream: ReadableStream<Uint8Array>): Promise<void> {
-    const decoder = new TextDecoder();
-    let buffered = '';
-    for await (const chunk of stream) {
-      buffered += decoder.decode(chunk, { stream: true });
-      let newline: number;
-      while ((newline = buffered.indexOf('\n')) >= 0) {
-        this.push(buffered.slice(0, newline));
-        buffered = buffered.slice(newline + 1);
-      }
-    }
-    if (buffered) this.push(buffered);
-    for (const waiter of this.waiters) waiter.reject(new Error(`stream ended without the line; saw:\n${this.all.join('\n')}`));
-    this.waiters = [];
-  }
-
-  private push(line: string): void {
-    this.all.push(line);
-    this.waiters = this.waiters.filter((waiter) => {
-      if (!waiter.match(line)) return true;
-      waiter.resolve(line);
-      return false;
-    });
-  }
-
-  waitFor(match: (line: string) => boolean): Promise<string> {
-    const found = this.all.find(match);
-    if (found !== undefined) return Promise.resolve(found);
-    const { promise, resolve, reject } = Promise.withResolvers<string>();
-    this.waiters.push({ match, resolve, reject });
-    return promise;
-  }
-}
-
-function logLine(message: string) {
-  return (line: string) => {
-    try {
-      return JSON.parse(line).msg === message;
-    } catch {
-      return false;
-    }
-  };
-}
-
-interface Server {
-  proc: Subprocess<'ignore', 'pipe', 'pipe'>;
-  stdout: Lines;
-  stderr: Lines;
-  url: string;
-  port: number;
-  /** SIGTERM, then the exit code once the process is gone and its output read. */
-  stop(): Promise<number>;
-}
-
-/** `bun src/main.ts serve` on PORT=0; the port comes from the "tollgate listening" log line. */
-async function serve(childEnv: Record<string, string>): Promise<Server> {
-  const proc = Bun.spawn([BUN, MAIN, 'serve'], {
-    cwd: REPO,
-    env: { ...childEnv, PORT: '0', LOG_LEVEL: 'info' },
-    stdin: 'ignore',
-    stdout: 'pipe',
-    stderr: 'pipe',
-  });
-  servers.add(proc);
-  const stdout = new Lines(proc.stdout);
-  const stderr = new Lines(proc.stderr);
-  const listening = JSON.parse(await stdout.waitFor(logLine('tollgate listening')));
-  const url = listening.url as string;
-  return {
-    proc,
-    stdout,
-    stderr,
-    url,
-    port: Number(new URL(url).port),
-    async stop() {
-      proc.kill('SIGTERM');
-      const code = await proc.exited;
-      await Promise.all([stdout.ended, stderr.ended]);
-      servers.delete(proc);
-      return code;
-    },
-  };
 }
 
 /** The key view the CLI prints (CONTRACT §6 plus `created` and `limits.rate_limit_rpm_configured`). */
@@ -157,6 +25,40 @@ function view(id: string, name: string, credits: number, revoked = false) {
     balances: { credits, held: 0, charged: 0, credits_added: credits, token_wallet: 0 },
   };
 }
+
+describe('help, version and usage', () => {
+  const { version } = JSON.parse(readFileSync(join(import.meta.dir, '../../package.json'), 'utf8')) as { version: string };
+  // Neither needs the config: a broken one must not stop them.
+  const broken = () => env({ DATA_DIR: dataDir(), GATEWAY_CONFIG: join(dataDir(), 'missing.json'), PORT: 'not-a-port' });
+
+  for (const args of [['--help'], ['-h'], ['help'], ['keys', '--help'], ['credits', 'add', '-h']]) {
+    test(`${args.join(' ')} prints the usage on stdout and exits 0`, async () => {
+      const result = await cli(args, broken());
+      expect(result).toEqual({ code: 0, stdout: expect.stringContaining('usage:'), stderr: '' });
+      for (const command of ['tollgate keys create', 'tollgate credits add', '--version']) expect(result.stdout).toContain(command);
+    });
+  }
+
+  for (const args of [['--version'], ['-v'], ['version']]) {
+    test(`${args.join(' ')} prints the version of package.json and exits 0`, async () => {
+      expect(await cli(args, broken())).toEqual({ code: 0, stdout: `${version}\n`, stderr: '' });
+    });
+  }
+
+  for (const args of [['bogus'], ['--bogus'], ['serve', '--port', '1'], ['serve', 'now'], ['keys', 'list', 'extra']]) {
+    test(`${args.join(' ')} is a usage error: usage on stderr, exit 64, before the config is read`, async () => {
+      const result = await cli(args, broken());
+      expect(result).toEqual({ code: 64, stdout: '', stderr: expect.stringContaining('usage:') });
+      expect(result.stderr.split('\n')[0]).toMatch(/^tollgate: (unknown command|Unknown option|unexpected argument|serve takes no option)/);
+    });
+  }
+
+  test('a valid command with a broken config still stops on the config (exit 78)', async () => {
+    const result = await cli(['keys', 'list'], broken());
+    expect(result.code).toBe(78);
+    expect(result.stderr).toContain('GATEWAY_CONFIG');
+  });
+});
 
 describe('CLI on the log directly (no server running)', () => {
   test('keys create, list, show, credits add, revoke', async () => {
@@ -194,19 +96,22 @@ describe('CLI on the log directly (no server running)', () => {
     }
   });
 
-  test('an unknown key id exits 1 with the error; bad usage exits 2', async () => {
+  test('an unknown key id exits 1 with the error; bad usage exits 64 (EX_USAGE) with the usage on stderr', async () => {
     const childEnv = env({ DATA_DIR: dataDir() });
     const missing = await cli(['keys', 'show', 'key_nope'], childEnv);
     expect(missing.code).toBe(1);
     expect(JSON.parse(missing.stdout).error.code).toBe('not_found');
 
     const noName = await cli(['keys', 'create'], childEnv);
-    expect(noName.code).toBe(2);
-    expect(noName.stderr).toContain('--name');
+    expect(noName).toEqual({ code: 64, stdout: '', stderr: expect.stringContaining('keys create needs --name') });
+    expect(noName.stderr).toContain('usage:');
 
     const unknown = await cli(['keys', 'explode'], childEnv);
-    expect(unknown.code).toBe(2);
+    expect(unknown).toEqual({ code: 64, stdout: '', stderr: expect.stringContaining('unknown command "keys explode"') });
     expect(unknown.stderr).toContain('usage:');
+
+    const badNumber = await cli(['credits', 'add', 'key_x', '--credits', 'lots'], childEnv);
+    expect(badNumber).toEqual({ code: 64, stdout: '', stderr: expect.stringContaining('--credits: expected a non-negative number') });
   });
 
   test('stdout stays one JSON document even with LOG_LEVEL=info (logs go to stderr)', async () => {
@@ -230,7 +135,8 @@ describe('CLI against a running server', () => {
   test('goes through the admin API: the created key works at once on the running server', async () => {
     const dir = dataDir();
     const server = await serve(env({ DATA_DIR: dir, ADMIN_TOKEN: ADMIN }));
-    const childEnv = env({ DATA_DIR: dir, ADMIN_TOKEN: ADMIN, PORT: String(server.port) });
+    // No PORT: the server listens on a port it chose (PORT=0); the CLI learns it from the lock file.
+    const childEnv = env({ DATA_DIR: dir, ADMIN_TOKEN: ADMIN });
     let keyId = '';
     try {
       const key = await cliJson(['keys', 'create', '--name', 'live', '--credits', '1'], childEnv);
@@ -270,18 +176,6 @@ describe('CLI against a running server', () => {
       ...view(keyId, 'live', 3, true),
       balances: { credits: 3, held: 0, charged: 0, credits_added: 3, token_wallet: 3 },
     });
-  });
-
-  test('a second server on the same data dir refuses to start', async () => {
-    const dir = dataDir();
-    const server = await serve(env({ DATA_DIR: dir, ADMIN_TOKEN: ADMIN }));
-    try {
-      const second = await cli(['serve'], env({ DATA_DIR: dir, ADMIN_TOKEN: ADMIN, PORT: '0', LOG_LEVEL: 'info' }));
-      expect(second.code).toBe(1);
-      expect(second.stdout).toContain('another tollgate process owns this data dir');
-    } finally {
-      expect(await server.stop()).toBe(0);
-    }
   });
 });
 

@@ -2,7 +2,7 @@
 import { describe, expect, test } from 'bun:test';
 import { randomBytes } from 'node:crypto';
 import { encode } from 'gpt-tokenizer/encoding/o200k_base';
-import { countPromptTokens, countTextTokens } from '../../src/billing/tokens.ts';
+import { countPromptTokens, countPromptTokensInline, countTextTokens, INLINE_TEXT_CHARS_MAX, rememberPromptTextTokens } from '../../src/billing/tokens.ts';
 
 /** The reference: the tokenizer's tokens of the text, special-token spellings included as plain text. */
 const reference = (text: string) => encode(text, { disallowedSpecial: new Set() }).length;
@@ -80,5 +80,30 @@ describe('countPromptTokens', () => {
     const full = countPromptTokens(messages, null);
     expect(stopped).toBeGreaterThan(2_000);
     expect(stopped).toBeLessThan(full / 2);
+  });
+});
+
+describe('countPromptTokensInline', () => {
+  test('counts a small prompt here, and leaves a large one not in the cache to the worker (null)', () => {
+    const small = [{ role: 'user' as const, content: mixedText(INLINE_TEXT_CHARS_MAX - 100, 31) }];
+    expect(countPromptTokensInline(small, null, Number.POSITIVE_INFINITY)).toBe(countPromptTokens(small, null));
+    const large = [{ role: 'user' as const, content: mixedText(INLINE_TEXT_CHARS_MAX + 100, 32) }];
+    expect(countPromptTokensInline(large, null, Number.POSITIVE_INFINITY)).toBeNull();
+    // Tool definitions and tool-call arguments are text too.
+    const tools = JSON.stringify([{ type: 'function', function: { name: 'f', description: mixedText(INLINE_TEXT_CHARS_MAX, 33) } }]);
+    expect(countPromptTokensInline(small, tools, Number.POSITIVE_INFINITY)).toBeNull();
+    const call = { id: 'c1', type: 'function' as const, function: { name: 'f', arguments: mixedText(INLINE_TEXT_CHARS_MAX + 10, 34) } };
+    expect(countPromptTokensInline([{ role: 'assistant', content: null, tool_calls: [call] }], null, Number.POSITIVE_INFINITY)).toBeNull();
+  });
+
+  test('a large text the cache knows (counted here before, or by the worker) is counted here', () => {
+    const system = mixedText(50_000, 35);
+    const question = { role: 'user' as const, content: 'And then?' };
+    const messages = [{ role: 'system' as const, content: system }, question];
+    expect(countPromptTokensInline(messages, null, Number.POSITIVE_INFINITY)).toBeNull();
+    rememberPromptTextTokens(system, reference(system));
+    // Another string with the same text, as the next request's body gives.
+    const again = [{ role: 'system' as const, content: JSON.parse(JSON.stringify(system)) as string }, question];
+    expect(countPromptTokensInline(again, null, Number.POSITIVE_INFINITY)).toBe(3 + 3 + reference(system) + 3 + reference('And then?'));
   });
 });

@@ -1,6 +1,8 @@
-// Crash loop: load a real gateway process, SIGKILL it at a random moment, restart it on the same data dir, check recovery.
+// Crash loop: load a real gateway process, SIGKILL it on an event of the load (after N acknowledged finishes),
+// restart it at once on the same data dir, check recovery. Never a timer: a busy machine changes how long things
+// take, not what the kills hit, so the checks keep their meaning under any load.
 // Shared by tests/crash/crash-loop.test.ts (≥ 20 cycles in `bun test`) and bench/soak.ts (the long soak).
-import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
+import { closeSync, mkdtempSync, openSync, readdirSync, readSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 
@@ -17,21 +19,48 @@ const START_TIMEOUT_MS = 15_000;
 /** Log lines kept per server process for a violation's context. */
 const LOG_TAIL_LINES = 40;
 
+/** A model whose answer takes about 2 s (40 tokens at 20/s): no kill ever waits for it to end. */
+const SLOW_MODEL = 'model_03_slow';
+
 /**
  * The brief's config: a slightly slow simulator (about 25 ms per answer) so that requests are in flight
  * when the kill lands, and fsync on every commit so that every acknowledgement is a promise about disk.
+ * A second simulator streams for about 2 s behind SLOW_MODEL (model_03's rates, so charges check alike):
+ * each cycle's slow stream is still running when the kill lands, whatever the machine's load.
  */
 export const CRASH_CONFIG = {
-  providers: { simulator: { type: 'simulator', ttft_ms: 5, tokens_per_second: 2000, completion_tokens: 40 } },
+  providers: {
+    simulator: { type: 'simulator', ttft_ms: 5, tokens_per_second: 2000, completion_tokens: 40 },
+    slow_simulator: { type: 'simulator', ttft_ms: 5, tokens_per_second: 20, completion_tokens: 40 },
+  },
+  models: {
+    [SLOW_MODEL]: {
+      provider: 'slow_simulator',
+      tools: true,
+      top_k: false,
+      seed: true,
+      rates: MODEL_03_RATES,
+      context_window: 400_000,
+      max_output_tokens: 128_000,
+      long_context: null,
+      created: 0,
+    },
+  },
   wal: { fsync: 'always' },
 };
 
-/** Keys with modest credits: model_03 without an output cap reserves ≈ 1.79 credits, so some requests get 402. */
+/**
+ * Keys with modest credits: model_03 without an output cap reserves ≈ 1.79 credits, so some requests get 402.
+ * The slow key carries only the slow streams (a small hold each), so they are never refused for credit.
+ */
 const KEY_PLANS = [
-  { name: 'crash-roomy', creditsMicro: 8_000_000 },
-  { name: 'crash-tight', creditsMicro: 2_500_000 },
-  { name: 'crash-tiny', creditsMicro: 60_000 },
+  { name: 'crash-roomy', creditsMicro: 8_000_000, slow: false },
+  { name: 'crash-tight', creditsMicro: 2_500_000, slow: false },
+  { name: 'crash-tiny', creditsMicro: 60_000, slow: false },
+  { name: 'crash-slow', creditsMicro: 1_000_000, slow: true },
 ] as const;
+/** The slow streams' output cap: a hold of ≈ 0.03 credits. */
+const SLOW_STREAM_CAP = 2_000;
 
 /** Output caps a request may carry: none (the 128k model cap, ≈ 1.79 cr hold), a medium one, one below the answer length. */
 const OUTPUT_CAPS: readonly (number | null)[] = [null, null, 2_000, 30];
@@ -39,12 +68,16 @@ const WORDS = ['river', 'stone', 'light', 'quiet', 'garden', 'signal', 'answer',
 
 export interface CrashLoopOptions {
   cycles: number;
-  /** Seed of the PRNG that draws the load mix and the kill moments; the same seed replays the same plan. */
+  /** Seed of the PRNGs that draw the load mix and the kill schedule; the same seed replays the same plan. */
   seed: number;
-  /** Concurrent chat requests per cycle. */
+  /** Concurrent chat requests per cycle (besides the slow stream). */
   requestsPerCycle?: number;
-  /** The kill lands a uniformly drawn 0..killDelayMsMax ms after the load starts. */
-  killDelayMsMax?: number;
+  /**
+   * The kill lands when the load generator has seen N acknowledged finishes (a non-stream 200, a stream's
+   * [DONE]) and the cycle's slow stream has been acknowledged; or, for N = 0, as soon as the load is sent.
+   * N runs over 0..killAfterFinishesMax in a seeded order, each value once per round of cycles.
+   */
+  killAfterFinishesMax?: number;
   /** Deep-merged over CRASH_CONFIG (e.g. a small wal.snapshot_every_records). */
   configOverrides?: Record<string, unknown>;
   /** Old idempotency keys and records re-checked each cycle, besides this cycle's (all are checked at the end). */
@@ -72,6 +105,12 @@ export interface CrashLoopResult {
   idempotentRetriesChecked: number;
   recordsChecked: number;
   interruptedRecovered: number;
+  /** Each cycle's N (kill after N acknowledged finishes). */
+  killAfterFinishes: number[];
+  /** Distinct snapshots found in the data dir at the kills (the log's own, `snapshot_every_records`). */
+  snapshotsSeen: number;
+  /** Log segments seen at one kill and gone at a later one (removed after a snapshot). */
+  segmentsRemoved: number;
   statusCounts: Record<string, number>;
   violations: string[];
   dataDir: string;
@@ -243,6 +282,8 @@ interface ChatPlan {
   body: string;
   /** Sent twice at once: the twin must be refused while the original runs. */
   duplicate: boolean;
+  /** The cycle's slow stream (SLOW_MODEL): the kill waits for its acknowledgement, never for its end. */
+  slow: boolean;
 }
 
 interface Usage {
@@ -311,8 +352,18 @@ async function readBalances(baseUrl: string, keyId: string): Promise<Balances> {
   return { creditsMicro: toMicro(b.credits), heldMicro: toMicro(b.held), chargedMicro: toMicro(b.charged), addedMicro: toMicro(b.credits_added) };
 }
 
+/** What the load generator tells the kill trigger, the moment it sees it. */
+interface LoadObserver {
+  /** A 200: the server is committed to the request. */
+  acknowledged(outcome: ChatOutcome): void;
+  /** An acknowledged request's whole answer: a non-stream 200 (sent once the finish is durable), a stream's [DONE]. */
+  finished(outcome: ChatOutcome): void;
+}
+
+const UNOBSERVED: LoadObserver = { acknowledged() {}, finished() {} };
+
 /** Reads an SSE body to its end (or until the connection dies), noting the id, usage, [DONE] and error events. */
-async function readStream(response: Response, outcome: ChatOutcome): Promise<void> {
+async function readStream(response: Response, outcome: ChatOutcome, observer: LoadObserver): Promise<void> {
   const decoder = new TextDecoder();
   let buffered = '';
   const handle = (event: string) => {
@@ -321,6 +372,7 @@ async function readStream(response: Response, outcome: ChatOutcome): Promise<voi
       const data = line.slice(6);
       if (data === '[DONE]') {
         outcome.complete = true;
+        observer.finished(outcome);
         continue;
       }
       const chunk = JSON.parse(data);
@@ -344,7 +396,7 @@ async function readStream(response: Response, outcome: ChatOutcome): Promise<voi
   }
 }
 
-async function sendChat(baseUrl: string, plan: ChatPlan): Promise<ChatOutcome> {
+async function sendChat(baseUrl: string, plan: ChatPlan, observer: LoadObserver = UNOBSERVED): Promise<ChatOutcome> {
   const outcome: ChatOutcome = {
     plan,
     status: null,
@@ -365,11 +417,13 @@ async function sendChat(baseUrl: string, plan: ChatPlan): Promise<ChatOutcome> {
     if (response.status === 200) {
       // A 200 is sent only once the hold (and any Idempotency-Key binding) is durable: the server is committed.
       outcome.acknowledged = true;
+      observer.acknowledged(outcome);
       if (plan.stream) {
-        await readStream(response, outcome);
+        await readStream(response, outcome, observer);
       } else {
         // A non-stream 200 is sent only after the terminal state is durable, even if its body is then cut.
         outcome.complete = true;
+        observer.finished(outcome);
         try {
           const body = (await response.json()) as { id?: unknown; usage?: Usage };
           outcome.usage = body.usage ?? null;
@@ -419,7 +473,103 @@ function planChat(random: SeededRandom, keys: KeyHandle[], seed: number, cycle: 
     idempotencyKey: withKey ? `crash-${seed}-${cycle}-${index}` : null,
     body: JSON.stringify(body),
     duplicate: withKey && random.chance(0.25),
+    slow: false,
   };
+}
+
+/**
+ * The cycle's slow stream: acknowledged within milliseconds, answered in full only after about 2 s, so a kill
+ * after its acknowledgement always cuts it mid-stream (its record must read error/interrupted, charged 0). It
+ * carries no Idempotency-Key: a retry after restart would have to wait out the whole answer.
+ */
+function planSlowStream(key: KeyHandle, seed: number, cycle: number, index: number): ChatPlan {
+  const body = {
+    model: SLOW_MODEL,
+    messages: [{ role: 'user', content: `crash loop ${seed} cycle ${cycle}: the slow stream` }],
+    stream: true,
+    max_completion_tokens: SLOW_STREAM_CAP,
+  };
+  return { index, key, stream: true, idempotencyKey: null, body: JSON.stringify(body), duplicate: false, slow: true };
+}
+
+/**
+ * Resolves `moment` when the cycle's kill condition holds: N acknowledged finishes of the ordinary load seen
+ * (or all of it settled, when fewer could finish), and the slow stream acknowledged (or settled). Told by the
+ * load generator as it sees each event, so the kill lands between two events, never at a time.
+ */
+class KillTrigger {
+  readonly moment = Promise.withResolvers<void>();
+  private finishes = 0;
+  private openOrdinary = 0;
+  private waitingSlow = 0;
+  private readonly acknowledgedSlow = new Set<ChatOutcome>();
+  readonly observer: LoadObserver = {
+    acknowledged: (outcome) => {
+      if (outcome.plan.slow) this.slowAnswered(outcome);
+    },
+    finished: (outcome) => {
+      if (!outcome.plan.slow) this.finishes++;
+      this.check();
+    },
+  };
+
+  constructor(private readonly finishesWanted: number) {}
+
+  /** Registers one request of the load; its settling (answer, cut or timeout) is noted when `send` resolves. */
+  track(send: Promise<ChatOutcome>, slow: boolean): void {
+    if (slow) this.waitingSlow++;
+    else this.openOrdinary++;
+    void send.then((outcome) => {
+      if (slow) this.slowAnswered(outcome);
+      else this.openOrdinary--;
+      this.check();
+    });
+  }
+
+  private slowAnswered(outcome: ChatOutcome): void {
+    if (this.acknowledgedSlow.has(outcome)) return;
+    this.acknowledgedSlow.add(outcome);
+    this.waitingSlow--;
+    this.check();
+  }
+
+  private check(): void {
+    if ((this.finishes >= this.finishesWanted || this.openOrdinary === 0) && this.waitingSlow === 0) this.moment.resolve();
+  }
+}
+
+/** Each value of 0..max once per round, in an order drawn from `random`: every run covers every kind of kill. */
+function killSchedule(random: SeededRandom, max: number, cycles: number): number[] {
+  const schedule: number[] = [];
+  while (schedule.length < cycles) {
+    const round = Array.from({ length: max + 1 }, (_, n) => n);
+    for (let i = round.length - 1; i > 0; i--) {
+      const j = random.int(i + 1);
+      [round[i], round[j]] = [round[j]!, round[i]!];
+    }
+    schedule.push(...round);
+  }
+  return schedule.slice(0, cycles);
+}
+
+/** What the log directory holds between a kill and the restart: the snapshot's seq and the segment numbers. */
+function readWalDir(dataDir: string): { snapshotSeq: number | null; segments: number[] } {
+  const dir = join(dataDir, 'wal');
+  const segments: number[] = [];
+  let snapshotSeq: number | null = null;
+  for (const name of readdirSync(dir)) {
+    const segment = /^segment-(\d+)\.wal$/.exec(name);
+    if (segment) segments.push(Number(segment[1]));
+    if (name !== 'snapshot.json') continue;
+    // Format 2 starts with a one-line JSON header holding `seq`; the state after it may be large.
+    const fd = openSync(join(dir, name), 'r');
+    const head = Buffer.alloc(4096);
+    const bytes = readSync(fd, head, 0, head.length, 0);
+    closeSync(fd);
+    const line = head.subarray(0, bytes).toString('utf8').split('\n')[0]!;
+    snapshotSeq = (JSON.parse(line) as { seq: number }).seq;
+  }
+  return { snapshotSeq, segments };
 }
 
 function expectedChargeMicro(usage: Usage, holdMicro: number): number {
@@ -429,10 +579,12 @@ function expectedChargeMicro(usage: Usage, holdMicro: number): number {
 export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoopResult> {
   const startedMs = performance.now();
   const requestsPerCycle = options.requestsPerCycle ?? 16;
-  const killDelayMsMax = options.killDelayMsMax ?? 40;
+  const killAfterFinishesMax = options.killAfterFinishesMax ?? 8;
   const historySample = options.historySamplePerCycle ?? 6;
   const log = options.log ?? (() => {});
   const random = new SeededRandom(options.seed);
+  // Its own generator: how many draws the checks make depends on what the kills hit, the schedule must not.
+  const schedule = killSchedule(new SeededRandom(options.seed ^ 0x6b696c6c), killAfterFinishesMax, options.cycles);
   const dataRoot = mkdtempSync(join(tmpdir(), 'tollgate-crash-'));
   const dataDir = join(dataRoot, 'data');
   const configPath = join(dataRoot, 'config.json');
@@ -451,6 +603,9 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
     idempotentRetriesChecked: 0,
     recordsChecked: 0,
     interruptedRecovered: 0,
+    killAfterFinishes: schedule,
+    snapshotsSeen: 0,
+    segmentsRemoved: 0,
     statusCounts: {},
     violations: [],
     dataDir: dataRoot,
@@ -471,6 +626,10 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
     keys.push(key);
     last.set(key.id, await readBalances(server.url, key.id));
   }
+  const loadKeys = keys.filter((_, i) => !KEY_PLANS[i]!.slow);
+  const slowKey = keys[KEY_PLANS.findIndex((plan) => plan.slow)]!;
+  const snapshotSeqs = new Set<number>();
+  const segmentsSeen = new Set<number>();
   const rememberedIdempotent: Remembered[] = [];
   const rememberedRecords: Remembered[] = [];
 
@@ -527,7 +686,8 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
       const before = new Map(last);
 
       // The load: concurrent chat requests (some sent twice at once), and now and then a top-up.
-      const plans = Array.from({ length: requestsPerCycle }, (_, index) => planChat(random, keys, options.seed, cycle, index));
+      const plans = Array.from({ length: requestsPerCycle }, (_, index) => planChat(random, loadKeys, options.seed, cycle, index));
+      plans.push(planSlowStream(slowKey, options.seed, cycle, requestsPerCycle));
       const topUps: Array<{ keyId: string; creditsMicro: number; promise: Promise<boolean> }> = [];
       for (const key of keys) {
         const b = before.get(key.id)!;
@@ -539,11 +699,15 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
         else if (b.creditsMicro < plan.creditsMicro && random.chance(0.1)) creditsMicro = random.int(plan.creditsMicro - b.creditsMicro) + 1;
         if (creditsMicro > 0) topUps.push({ keyId: key.id, creditsMicro, promise: Promise.resolve(false) });
       }
-      const killDelayMs = random.int(killDelayMsMax + 1);
+      const killAfterFinishes = schedule[cycle - 1]!;
+      const trigger = new KillTrigger(killAfterFinishes);
       const sends: Promise<ChatOutcome>[] = [];
       for (const plan of plans) {
-        sends.push(sendChat(baseUrl, plan));
-        if (plan.duplicate) sends.push(sendChat(baseUrl, plan));
+        for (let copy = plan.duplicate ? 2 : 1; copy > 0; copy--) {
+          const send = sendChat(baseUrl, plan, trigger.observer);
+          trigger.track(send, plan.slow);
+          sends.push(send);
+        }
       }
       for (const topUp of topUps) {
         topUp.promise = fetchWithTimeout(`${baseUrl}/admin/v1/keys/${topUp.keyId}/credits`, {
@@ -558,8 +722,9 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
           () => false,
         );
       }
-      // Waiting for a random moment, not asserting timing: the kill must land before, during or after the work.
-      if (killDelayMs > 0) await Bun.sleep(killDelayMs);
+      // N = 0: the kill follows the sends within the same turn, before the server can answer anything.
+      // Otherwise the kill lands the moment the load generator sees the cycle's event.
+      if (killAfterFinishes > 0) await trigger.moment.promise;
       if (server!.exitedOnItsOwn) violation(`the server exited on its own during load:\n${server!.diagnostics()}`);
       await server!.kill();
       for (const line of server!.errorLines) violation(`the server logged an error: ${line}`);
@@ -569,7 +734,18 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
       const topUpResults = await Promise.all(topUps.map((t) => t.promise));
       result.requestsSent += sends.length;
 
-      // Restart on the same data dir: recovery must succeed, whatever moment the kill hit.
+      // What the log kept on disk: snapshots taken and segments they let go, whatever the kill hit.
+      const wal = readWalDir(dataDir);
+      if (wal.snapshotSeq !== null) snapshotSeqs.add(wal.snapshotSeq);
+      for (const index of [...segmentsSeen]) {
+        if (wal.segments.includes(index)) continue;
+        segmentsSeen.delete(index);
+        result.segmentsRemoved++;
+      }
+      for (const index of wal.segments) segmentsSeen.add(index);
+      result.snapshotsSeen = snapshotSeqs.size;
+
+      // Restart on the same data dir at once (no sleep, no retry): the kernel lock died with the process.
       try {
         server = await ServerProcess.start(dataDir, configPath);
       } catch (error) {
@@ -577,7 +753,7 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
         break;
       }
       const url = server.url;
-      const when = `after kill at ${killDelayMs} ms`;
+      const when = `after kill at finish ${killAfterFinishes}`;
 
       // 1. The ledger of every key, and the bounds the acknowledged work sets on it.
       const after = await checkLedgers(url, when);

@@ -103,3 +103,33 @@ describe('RateLimiter', () => {
     expect(attempt(limiter, 'key_a', 60, T0_MS - 120_000)).not.toBeNull();
   });
 });
+
+describe('RateLimiter.peek', () => {
+  /** The 429 `peek` throws, as `attempt` reports it; null when `take` would admit the request. */
+  function peeked(limiter: RateLimiter, keyId: string, rpm: number, nowMs: number): { status: number; code: string; retryAfter: string | undefined } | null {
+    try {
+      limiter.peek(keyId, rpm, nowMs);
+      return null;
+    } catch (error) {
+      expect(error).toBeInstanceOf(GatewayError);
+      const gatewayError = error as GatewayError;
+      return { status: gatewayError.status, code: gatewayError.code, retryAfter: gatewayError.headers?.['retry-after'] };
+    }
+  }
+
+  test('answers what take would, and takes nothing', () => {
+    const limiter = new RateLimiter(100);
+    // An unknown key has a full bucket; peeking many times spends none of it.
+    for (let i = 0; i < 10; i++) expect(peeked(limiter, 'key_a', 2, T0_MS)).toBeNull();
+    burst(limiter, 'key_a', 2, T0_MS);
+    expect(peeked(limiter, 'key_a', 2, T0_MS)).toEqual(limited(30));
+    expect(peeked(limiter, 'key_a', 2, T0_MS + 15_000)).toEqual(limited(15));
+    expect(attempt(limiter, 'key_a', 2, T0_MS + 15_000)).toEqual(limited(15));
+    // Once a token has refilled, peek admits, and so does the take after it (peek left the token there).
+    expect(peeked(limiter, 'key_a', 2, T0_MS + 30_000)).toBeNull();
+    expect(attempt(limiter, 'key_a', 2, T0_MS + 30_000)).toBeNull();
+    expect(peeked(limiter, 'key_a', 2, T0_MS + 30_000)).toEqual(limited(30));
+    // Other keys are their own.
+    expect(peeked(limiter, 'key_b', 2, T0_MS + 30_000)).toBeNull();
+  });
+});

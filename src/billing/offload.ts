@@ -1,0 +1,221 @@
+// Admission's inputs (fingerprint, prompt tokens): measured on the event loop when cheap, else by the count worker after the cheap refusals.
+import type { ChatRequest } from '../chat/model.ts';
+import type { DecisionRequest } from '../decision/model.ts';
+import { buildPrompt, type DecisionPrompt } from '../decision/prompt.ts';
+import { statusUrl, type Gateway } from '../gateway.ts';
+import { GatewayError } from '../http/errors.ts';
+import { requestFingerprint } from '../idempotency/fingerprint.ts';
+import { checkIdempotency } from '../idempotency/store.ts';
+import type { KeyAccount } from '../state/apply.ts';
+import type { CountJob, CountResult } from './count-jobs.ts';
+import { CountPool } from './count-pool.ts';
+import { countPromptTokensInline, countTextsSteps, INLINE_TEXT_CHARS_MAX, rememberPromptTextTokens } from './tokens.ts';
+
+/**
+ * Bodies longer than this are fingerprinted (and their tools serialized, a decision's state made
+ * canonical) by the worker. Canonical JSON and SHA-256 of a 4 MB body took 80–250 ms on the event loop
+ * depending on its shape; of 128 KiB they take at most ~8 ms.
+ */
+export const OFFLOAD_BODY_CHARS = 128 * 1024;
+/** One worker: this host has 2 cores, one for the event loop and one for counting. */
+const COUNT_JOBS_MAX = 128;
+/** A key's large requests waiting or being counted; the next is refused (429) until one is done. */
+const COUNT_KEY_JOBS_MAX = 8;
+/** No slice runs this long (a step is ≤ ~250 ms): a worker that has not answered is stuck. */
+const COUNT_SLICE_DEADLINE_MS = 10_000;
+
+/**
+ * The worker's entry. The compiled binary carries it as a second entrypoint of `bun run build`, under its
+ * path relative to src/ (the entrypoints' common root), where the module URL of this file does not point.
+ */
+export const COUNT_WORKER_URL: string | URL = Bun.isStandaloneExecutable ? './billing/count-worker.ts' : new URL('./count-worker.ts', import.meta.url);
+
+let pool: CountPool<CountJob, CountResult> | null = null;
+
+/** The process's one count pool, started on first use. */
+export function countPool(): CountPool<CountJob, CountResult> {
+  pool ??= new CountPool({
+    workerUrl: COUNT_WORKER_URL,
+    jobsMax: COUNT_JOBS_MAX,
+    keyJobsMax: COUNT_KEY_JOBS_MAX,
+    sliceDeadlineMs: COUNT_SLICE_DEADLINE_MS,
+  });
+  return pool;
+}
+
+export interface Idempotency {
+  key: string;
+  fingerprint: string;
+}
+
+export interface ChatMeasure {
+  idempotency: Idempotency | null;
+  /** Past the model's window possibly a partial count (the request is refused either way). */
+  promptTokens: number;
+}
+
+/**
+ * A chat request's Idempotency-Key fingerprint and prompt tokens. The usual request (a small body, a
+ * prompt the cache mostly knows) is measured here and now, without a promise; a large one off the event
+ * loop (CONTRACT §8), so that no key's 4 MB prompt stalls any other key's request.
+ */
+export function measureChat(
+  gateway: Gateway,
+  account: KeyAccount,
+  chat: ChatRequest,
+  body: string,
+  json: unknown,
+  idempotencyKey: string | null,
+  path: string,
+  signal: AbortSignal | null,
+): ChatMeasure | Promise<ChatMeasure> {
+  const limit = chat.model.context_window;
+  const small = body.length <= OFFLOAD_BODY_CHARS;
+  const fingerprint = small && idempotencyKey ? requestFingerprint('POST', path, json) : null;
+  const toolsJson = small && chat.tools ? JSON.stringify(chat.tools) : null;
+  const promptTokens = small ? countPromptTokensInline(chat.messages, toolsJson, limit) : null;
+  if (promptTokens !== null) return { idempotency: idempotencyKey ? { key: idempotencyKey, fingerprint: fingerprint! } : null, promptTokens };
+  return measureChatOffLoop(gateway, account, chat, body, idempotencyKey, fingerprint, toolsJson, path, signal);
+}
+
+async function measureChatOffLoop(
+  gateway: Gateway,
+  account: KeyAccount,
+  chat: ChatRequest,
+  body: string,
+  idempotencyKey: string | null,
+  fingerprint: string | null,
+  toolsJson: string | null,
+  path: string,
+  signal: AbortSignal | null,
+): Promise<ChatMeasure> {
+  const toolsInBody = chat.tools !== null && toolsJson === null;
+  const job: CountJob = {
+    body: (idempotencyKey && fingerprint === null) || toolsInBody ? body : null,
+    fingerprintPath: idempotencyKey && fingerprint === null ? path : null,
+    prompt: { messages: chat.messages, toolsJson, toolsInBody, limit: chat.model.context_window },
+    decision: null,
+  };
+  const result = await countOffLoop(gateway, 'chat', account, job, idempotencyKey, fingerprint, signal);
+  // The worker's counts of whole texts go to this thread's cache: the next turn of the conversation,
+  // or the next request with the same system prompt, is counted here.
+  const counts = result.contentCounts!;
+  for (let i = 0; i < counts.length; i++) {
+    const content = chat.messages[i]!.content;
+    if (counts[i]! >= 0 && content) rememberPromptTextTokens(content, counts[i]!);
+  }
+  return { idempotency: idempotencyKey ? { key: idempotencyKey, fingerprint: result.fingerprint! } : null, promptTokens: result.tokens };
+}
+
+export interface DecisionMeasure {
+  idempotency: Idempotency | null;
+  prompt: DecisionPrompt;
+  /** Past the limit possibly a partial count (the request is refused either way, 422). */
+  promptTokens: number;
+}
+
+/** measureChat for a decision: the Idempotency-Key fingerprint, the prompt built from the state, and its tokens. */
+export function measureDecision(
+  gateway: Gateway,
+  account: KeyAccount,
+  decision: DecisionRequest,
+  body: string,
+  json: unknown,
+  idempotencyKey: string | null,
+  path: string,
+  signal: AbortSignal | null,
+): DecisionMeasure | Promise<DecisionMeasure> {
+  const limit = gateway.config.decision.context_tokens;
+  if (body.length > OFFLOAD_BODY_CHARS) {
+    const job: CountJob = {
+      body,
+      fingerprintPath: idempotencyKey ? path : null,
+      prompt: null,
+      decision: { questions: decision.questions, useTools: decision.model.tools, limit },
+    };
+    return decisionOffLoop(gateway, account, job, idempotencyKey, null, null, signal);
+  }
+  const fingerprint = idempotencyKey ? requestFingerprint('POST', path, json) : null;
+  const prompt = buildPrompt(decision.body.state, decision.questions, decision.model.tools);
+  const toolsJson = prompt.tools && prompt.tools.length > 0 ? JSON.stringify(prompt.tools) : null;
+  const promptTokens = countPromptTokensInline(prompt.messages, toolsJson, limit);
+  const idempotency = idempotencyKey ? { key: idempotencyKey, fingerprint: fingerprint! } : null;
+  if (promptTokens !== null) return { idempotency, prompt, promptTokens };
+  const job: CountJob = { body: null, fingerprintPath: null, prompt: { messages: prompt.messages, toolsJson, toolsInBody: false, limit }, decision: null };
+  return decisionOffLoop(gateway, account, job, idempotencyKey, fingerprint, prompt, signal);
+}
+
+async function decisionOffLoop(
+  gateway: Gateway,
+  account: KeyAccount,
+  job: CountJob,
+  idempotencyKey: string | null,
+  fingerprint: string | null,
+  prompt: DecisionPrompt | null,
+  signal: AbortSignal | null,
+): Promise<DecisionMeasure> {
+  const result = await countOffLoop(gateway, 'decision', account, job, idempotencyKey, fingerprint, signal);
+  return {
+    idempotency: idempotencyKey ? { key: idempotencyKey, fingerprint: result.fingerprint! } : null,
+    prompt: prompt ?? result.prompt!,
+    promptTokens: result.tokens,
+  };
+}
+
+/**
+ * Tokens of the texts an upstream answered without reporting usage (the answer's text, each tool call's
+ * name and arguments), counted up to `limit` (the output cap: a charge never exceeds the hold, so more
+ * precision buys nothing). A short answer is counted here; a long one (an upstream may send up to
+ * limits.max_upstream_body_bytes) by the count worker in the key's turn. Should the key's queue be full
+ * of its own large prompts, it is counted here anyway: the request has been served and must be billed.
+ */
+export function countAnswerTokens(keyId: string, texts: string[], limit: number, signal: AbortSignal | null, logger: Gateway['logger']): number | Promise<number> {
+  let chars = 0;
+  for (const text of texts) chars += text.length;
+  if (chars <= INLINE_TEXT_CHARS_MAX) return countTextsNow(texts, limit);
+  const job: CountJob = { body: null, fingerprintPath: null, prompt: null, decision: null, answer: { texts, limit } };
+  return countPool()
+    .run(job, { keyId, signal, logger })
+    .then(
+      (result) => result.tokens,
+      (error: unknown) => {
+        if (error instanceof GatewayError && (error.code === 'rate_limit_exceeded' || error.code === 'service_unavailable')) return countTextsNow(texts, limit);
+        throw error;
+      },
+    );
+}
+
+function countTextsNow(texts: string[], limit: number): number {
+  const steps = countTextsSteps(texts, limit);
+  for (let step = steps.next(); ; step = steps.next()) if (step.done) return step.value;
+}
+
+/**
+ * Runs `job` on the count worker, after the checks the contract puts before context (a bound
+ * Idempotency-Key: 409; the key's rate limit: 429) have had their chance to answer without counting.
+ * Those are looked at only (no rate token taken, nothing bound): admission checks them again, for
+ * real, in one synchronous step with the count in hand.
+ */
+async function countOffLoop(
+  gateway: Gateway,
+  service: 'chat' | 'decision',
+  account: KeyAccount,
+  job: CountJob,
+  idempotencyKey: string | null,
+  fingerprint: string | null,
+  signal: AbortSignal | null,
+): Promise<CountResult> {
+  const owner = { keyId: account.id, signal, logger: gateway.logger };
+  const { config, store, registry } = gateway;
+  if (idempotencyKey && store.state.binding(account.id, idempotencyKey, Date.now())) {
+    // The answer is a 409 of some kind; which one depends on the fingerprint alone.
+    fingerprint ??= (await countPool().run({ body: job.body, fingerprintPath: job.fingerprintPath, prompt: null, decision: null }, owner)).fingerprint!;
+    job = { ...job, body: job.decision !== null || job.prompt?.toolsInBody ? job.body : null, fingerprintPath: null };
+    checkIdempotency(store.state, registry, account.id, idempotencyKey, fingerprint, Date.now(), (id) => statusUrl(config, service, id));
+  }
+  gateway.rateLimiter.peek(account.id, account.rateLimitRpm ?? config.limits.default_rate_limit_rpm, Date.now());
+  const result = await countPool().run(job, owner);
+  if (gateway.draining) throw new GatewayError('service_unavailable', 'The gateway is shutting down; retry shortly.');
+  result.fingerprint ??= fingerprint;
+  return result;
+}
