@@ -99,8 +99,9 @@ export interface SseSinkOptions {
  * event-loop turn, so the deltas of one upstream read become one socket write. While the socket is
  * backpressured the frames wait here instead, and once `bufferBytesMax` of them wait the run loop waits
  * too, which pauses the upstream: what a slow reader costs is bounded. A stopped run (cancel, a time
- * limit, shutdown) wakes that wait at once; if its client is still behind then, the connection is
- * dropped rather than left holding its descriptor and buffers for a reader that may never come back.
+ * limit, shutdown) wakes that wait at once and ends with its error event; a client still behind
+ * STOPPED_DRAIN_MS_MAX later is dropped rather than left holding its descriptor and buffers for a
+ * reader that may never come back.
  */
 export class SseSink implements ChatSink {
   readonly opened = Promise.withResolvers<GatewayError | null>();
