@@ -9,7 +9,7 @@ import { checkIdempotency } from '../idempotency/store.ts';
 import type { KeyAccount } from '../state/apply.ts';
 import type { CountJob, CountResult } from './count-jobs.ts';
 import { CountPool } from './count-pool.ts';
-import { countPromptTokensInline, countTextsSteps, INLINE_TEXT_CHARS_MAX, rememberPromptTextTokens } from './tokens.ts';
+import { countPromptTokensInline, countTextsSteps, INLINE_TEXT_CHARS_MAX, rememberPromptTextTokens, runSteps } from './tokens.ts';
 
 /**
  * Bodies longer than this are fingerprinted (and their tools serialized, a decision's state made
@@ -186,8 +186,7 @@ export function countAnswerTokens(keyId: string, texts: string[], limit: number,
 }
 
 function countTextsNow(texts: string[], limit: number): number {
-  const steps = countTextsSteps(texts, limit);
-  for (let step = steps.next(); ; step = steps.next()) if (step.done) return step.value;
+  return runSteps(countTextsSteps(texts, limit));
 }
 
 /**

@@ -59,14 +59,16 @@ const SEGMENT_CHARS = 16 * 1024;
 export function countTextTokens(text: string, limit = Number.POSITIVE_INFINITY): number {
   if (text.length === 0) return 0;
   if (text.length <= RUN_CHARS_MAX) return countBpe(text, AS_TEXT);
-  let count = 0;
-  for (let start = 0; start < text.length; ) {
-    const end = segmentEnd(text, start);
-    count += countSegment(text, start, end);
-    start = end;
-    if (count > limit) return count;
+  if (text.length <= SEGMENT_CHARS) return countSegment(text, 0, text.length);
+  return runSteps(countTextSteps(text, limit));
+}
+
+/** Runs a counting walk to its end without pausing. */
+export function runSteps<T>(steps: Generator<void, T>): T {
+  for (;;) {
+    const step = steps.next();
+    if (step.done) return step.value;
   }
-  return count;
 }
 
 /**
