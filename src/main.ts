@@ -10,6 +10,8 @@ import { WalCorruptionError } from './wal/log.ts';
 
 /** EX_TEMPFAIL: the log could not be written; restart (CONTRACT §8, README "Operating"). */
 const EXIT_LOG_FAILED = 75;
+/** Errors of a full or failing disk (not of a wrong path or permission, which a restart does not fix). */
+const STORAGE_FAILURES = new Set(['ENOSPC', 'EDQUOT', 'EIO', 'EMFILE', 'ENFILE']);
 
 async function serve(config: Config): Promise<number> {
   const logger = createLogger(config.log_level);
@@ -28,7 +30,19 @@ async function serve(config: Config): Promise<number> {
   if (admin.generated) logger.info({ path: admin.path }, 'admin token generated; read it from this file');
   else if (admin.path) logger.info({ path: admin.path }, 'admin token read from file');
 
-  const gateway = openGateway(config, logger, admin.token);
+  let gateway: ReturnType<typeof openGateway>;
+  try {
+    gateway = openGateway(config, logger, admin.token);
+  } catch (error) {
+    // The log could not be opened for writing (a full or failing disk): as a failure while running, a
+    // temporary one for the supervisor to retry. A damaged log (74) and bugs go on to main's handler.
+    const code = (error as NodeJS.ErrnoException)?.code;
+    if (code !== undefined && STORAGE_FAILURES.has(code)) {
+      logger.fatal({ err: (error as Error).message }, 'cannot open the log for writing; exiting 75 to be restarted');
+      return EXIT_LOG_FAILED;
+    }
+    throw error;
+  }
   gateway.onFatal = (error) => {
     logger.fatal({ err: error.stack }, 'broken invariant; stopping');
     process.exit(70);
@@ -76,7 +90,8 @@ async function serve(config: Config): Promise<number> {
     void running.shutdown().then(() => {
       lock.release();
       logger.info('stopped');
-      process.exit(0);
+      // A stop asked for while the log had failed is still that failure's exit: the next start recovers.
+      process.exit(gateway.store.unavailableReason ? EXIT_LOG_FAILED : 0);
     });
   };
   process.once('SIGTERM', () => stop('SIGTERM'));

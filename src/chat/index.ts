@@ -9,6 +9,7 @@ import { liftIdle, nativePost, settleIdle, type NativeRoutes } from '../http/rou
 import { parseIdempotencyKey } from '../idempotency/store.ts';
 import { authenticate, microToCredits } from '../keys/store.ts';
 import type { RequestRecord } from '../state/apply.ts';
+import { unavailableError } from '../state/store.ts';
 import { newChatRequestId } from '../util/ids.ts';
 import { validateChatRequest } from './model.ts';
 import { admitChat, runChat } from './service.ts';
@@ -79,8 +80,12 @@ async function completions(gateway: Gateway, request: Request, server?: Server<u
     const body = completionBody(requestId, admission.createdS, chat.modelId, result.content, result.toolCalls, result.finishReason, result.usage);
     return new Response(JSON.stringify(body), { status: 200, headers: { 'content-type': 'application/json', 'x-request-id': requestId } });
   } catch (thrown) {
-    const error = asGatewayError(gateway, thrown, requestId);
-    if (error.settleFirst) await error.settleFirst;
+    let error = asGatewayError(gateway, thrown, requestId);
+    if (error.settleFirst) {
+      await error.settleFirst;
+      // What the 409 reports may be what the log just failed to record.
+      if (gateway.store.unavailableReason) error = unavailableError();
+    }
     // Only a body read ends here with a 499 (the client left mid-body): one line, no stack; it is no bug.
     if (error.status === 499) gateway.logger.info({ requestId, status: 499, code: error.code }, 'chat: the client went away before its body arrived');
     gateway.metrics.requestRefused('chat', error.code);
@@ -140,6 +145,7 @@ export function chatController(gateway: Gateway) {
     .post(COMPLETIONS_ROUTE, ({ request }) => completions(gateway, request), { parse: 'none' })
     .get('/models', ({ request }) => {
       authenticate(gateway.store, request.headers.get('authorization'), 'chat');
+      gateway.store.checkAvailable();
       const data = Object.entries(config.models).map(([id, model]) => ({ id, object: 'model', created: model.created, owned_by: model.provider }));
       return Response.json({ object: 'list', data });
     })
@@ -147,8 +153,10 @@ export function chatController(gateway: Gateway) {
       const account = authenticate(gateway.store, request.headers.get('authorization'), 'chat');
       gateway.store.checkAvailable();
       ownRecord(gateway, account.id, params.id);
-      // Memory may be ahead of the disk by one commit; report only what a crash cannot take back.
+      // Memory may be ahead of the disk by one commit; report only what a crash cannot take back (and
+      // nothing, should that commit fail).
       await gateway.registry.get(params.id)?.durable;
+      gateway.store.checkAvailable();
       return Response.json(statusView(gateway, ownRecord(gateway, account.id, params.id)));
     })
     .post(
@@ -160,6 +168,9 @@ export function chatController(gateway: Gateway) {
         const url = statusUrl(config, 'chat', record.id);
         const actor = gateway.registry.get(record.id);
         if (record.status !== 'in_progress' || !actor || !actor.abort('cancelled')) {
+          // Finished, or finishing: report the end once it is durable.
+          if (actor) await actor.settled;
+          gateway.store.checkAvailable();
           const current = gateway.store.state.request(record.id)?.status ?? record.status;
           if (current !== 'in_progress' || !actor) {
             throw new GatewayError('request_already_completed', `The request ${record.id} has already finished (${current}).`, {
@@ -173,6 +184,7 @@ export function chatController(gateway: Gateway) {
         let timer: ReturnType<typeof setTimeout> | undefined;
         await Promise.race([actor!.settled, new Promise<void>((resolve) => (timer = setTimeout(resolve, CANCEL_SETTLE_MS_MAX)))]);
         clearTimeout(timer);
+        gateway.store.checkAvailable();
         const status = gateway.store.state.request(record.id)?.status ?? 'cancelled';
         return new Response(JSON.stringify({ request_id: record.id, cancel_requested: true, request_status: status, status_url: url }), {
           status: 202,

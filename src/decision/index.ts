@@ -8,6 +8,7 @@ import { nativePost, type NativeRoutes } from '../http/routes.ts';
 import { parseIdempotencyKey } from '../idempotency/store.ts';
 import { authenticate, microToCredits } from '../keys/store.ts';
 import type { RequestRecord } from '../state/apply.ts';
+import { unavailableError } from '../state/store.ts';
 import { newDecisionRequestId } from '../util/ids.ts';
 import { validateDecisionRequest } from './model.ts';
 import { admitDecision, runDecision } from './service.ts';
@@ -54,8 +55,12 @@ async function decide(gateway: Gateway, request: Request): Promise<Response> {
     };
     return new Response(JSON.stringify(body), { status: 200, headers: { ...JSON_HEADERS, ...idHeader } });
   } catch (thrown) {
-    const error = asGatewayError(gateway, thrown, requestId);
-    if (error.settleFirst) await error.settleFirst;
+    let error = asGatewayError(gateway, thrown, requestId);
+    if (error.settleFirst) {
+      await error.settleFirst;
+      // What the 409 reports may be what the log just failed to record.
+      if (gateway.store.unavailableReason) error = unavailableError();
+    }
     // A refusal leaves no trace but a counter (§8: refusals are cheap): nothing logged, nothing kept.
     if (!admitted) gateway.metrics.requestRefused('decision', error.code);
     return errorResponse(error, idHeader);
@@ -93,6 +98,7 @@ export function decisionController(gateway: Gateway) {
         gateway.store.checkAvailable();
         // Memory may be ahead of the disk by one commit; report only what a crash cannot take back.
         await gateway.registry.get(params.id)?.durable;
+        gateway.store.checkAvailable();
         const record = gateway.store.state.request(params.id);
         if (!record || record.keyId !== account.id || record.service !== 'decision') {
           throw new GatewayError('request_not_found', `No decision request ${params.id} for this API key.`, { param: null });

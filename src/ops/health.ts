@@ -15,7 +15,7 @@ export function healthController(gateway: Gateway) {
       return new Response(text, { headers: { 'content-type': gateway.metrics.registry.contentType } });
     })
     .get('/readyz', () => {
-      const reason = gateway.draining ? 'draining' : gateway.store.unavailableReason;
+      const reason = gateway.store.unavailableReason ?? (gateway.draining ? 'draining' : null);
       return reason
         ? Response.json({ status: 'unavailable', reason }, { status: 503 })
         : Response.json({ status: 'ready', in_flight: gateway.registry.size });

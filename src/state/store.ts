@@ -22,7 +22,7 @@ export interface StoreOptions {
   onFailure?: (error: Error) => void;
 }
 
-function unavailableError(): GatewayError {
+export function unavailableError(): GatewayError {
   return new GatewayError('service_unavailable', 'The gateway cannot record state right now (its write-ahead log failed); retry later.');
 }
 

@@ -183,7 +183,13 @@ export class WriteAheadLog {
   static open(options: WalOptions, handlers: ReplayHandlers): WriteAheadLog {
     mkdirSync(options.dir, { recursive: true, mode: 0o700 });
     const log = new WriteAheadLog(options);
-    log.replay(handlers);
+    try {
+      log.replay(handlers);
+    } catch (error) {
+      // A damaged log stops the start; an embedding process (the CLI, tests) must not keep our descriptors.
+      log.releaseDescriptors();
+      throw error;
+    }
     if (options.fsync === 'interval') {
       log.intervalTimer = setInterval(() => void log.syncInterval(), options.fsyncIntervalMs);
       log.intervalTimer.unref?.();
@@ -583,6 +589,13 @@ export class WriteAheadLog {
     await fsyncAsync(this.dirFd);
   }
 
+  private releaseDescriptors(): void {
+    if (this.fd >= 0) closeSync(this.fd);
+    this.fd = -1;
+    closeSync(this.dirFd);
+    this.reserve.close();
+  }
+
   private assertWritable(): void {
     if (this.failureError) throw this.unavailableError(this.failureError);
   }
@@ -597,10 +610,7 @@ export class WriteAheadLog {
     try {
       if (this.fd >= 0 && !this.failureError && this.options.fsync !== 'off') fsyncSync(this.fd);
     } finally {
-      if (this.fd >= 0) closeSync(this.fd);
-      this.fd = -1;
-      closeSync(this.dirFd);
-      this.reserve.close();
+      this.releaseDescriptors();
     }
   }
 }

@@ -167,6 +167,65 @@ describe('disk full', () => {
       else expect(record).toMatchObject({ request_status: 'error', error_code: 'interrupted', charged_credits: 0 });
     }
     expect(Math.round(after.charged * 1e6)).toBe(chargedMicro);
-    expect(await second.kill('SIGTERM')).toBe(0);
+
+    // The disk fills again, and the orchestrator, seeing the probes fail, sends SIGTERM within the grace:
+    // still the log failure's exit (75), not a clean stop.
+    fillDisk(join(mountPoint, 'filler'));
+    const refused = await Promise.all(Array.from({ length: IN_FLIGHT }, (_, i) => chat(second, key, body(400 + i))));
+    expect(refused.some((response) => response.status === 503)).toBe(true);
+    expect((await fetch(`${second.url}/healthz`)).status).toBe(503);
+    expect(await second.kill('SIGTERM')).toBe(75);
+    unlinkSync(join(mountPoint, 'filler'));
+  });
+});
+
+describe('reads racing a finish the log fails to write', () => {
+  test('no status read, cancel or 409 reports the end that was never recorded', async () => {
+    const { openTestGateway, bearer, chatBody } = await import('../support/gateway.ts');
+    const { readdirSync, symlinkSync } = await import('node:fs');
+    const { SseReader: Reader } = await import('../support/sse.ts');
+    // Every record rolls the segment; the one after the stream's start is a link to /dev/full, where the
+    // kernel answers ENOSPC: the start is durable, the finish cannot be.
+    const gateway = openTestGateway({ wal: { fsync: 'always', segment_bytes: 1 }, providers: { simulator: { type: 'simulator', ttft_ms: 50, tokens_per_second: 2_000, completion_tokens: 60 } } });
+    try {
+      const { key } = await gateway.createKey({ credits: 100 });
+      const walDir = join(gateway.config.data_dir, 'wal');
+      const current = Math.max(...readdirSync(walDir).filter((name) => name.endsWith('.wal')).map((name) => Number(name.slice(8, 20))));
+      symlinkSync('/dev/full', join(walDir, `segment-${String(current + 1).padStart(12, '0')}.wal`));
+      const body = chatBody({ stream: true });
+      const headers = bearer(key, { 'idempotency-key': 'race-the-failed-finish' });
+      const response = await gateway.request('/api/v1/chat/completions', { method: 'POST', headers, body: JSON.stringify(body) });
+      expect(response.status).toBe(200);
+      const id = response.headers.get('x-request-id')!;
+      const reader = new Reader(response);
+      // Read its status, cancel it and repeat it, every turn, until the stream has ended.
+      let ended = false;
+      const seen: string[] = [];
+      const racing = (async () => {
+        while (!ended) {
+          const [status, cancel, repeat] = await Promise.all([
+            gateway.request(`/api/v1/requests/${id}`, { headers: bearer(key) }),
+            gateway.request(`/api/v1/requests/${id}/cancel`, { method: 'POST', headers: bearer(key) }),
+            gateway.request('/api/v1/chat/completions', { method: 'POST', headers, body: JSON.stringify(body) }),
+          ]);
+          for (const answer of [status, cancel, repeat]) {
+            const json = (await answer.json()) as { request_status?: string; error?: { code: string } };
+            seen.push(`${answer.status} ${json.request_status ?? json.error?.code}`);
+          }
+          await new Promise((resolve) => setImmediate(resolve));
+        }
+      })();
+      const events = await reader.rest();
+      ended = true;
+      await racing;
+      expect(JSON.parse(events.at(-1)!)).toMatchObject({ error: { code: expect.stringMatching(/^(service_unavailable|request_cancelled)$/) } });
+      // Before the failure: in progress (or the cancel's 202, or the repeat's 409 in progress). After
+      // it: 503. Never an end the log does not hold.
+      for (const answer of seen) expect(answer).toMatch(/^(200 in_progress|202 \w+|409 in_progress|409 request_in_progress|503 service_unavailable)$/);
+      expect(seen.some((answer) => answer.startsWith('503'))).toBe(true);
+      for (const answer of seen) expect(answer).not.toMatch(/completed|cancelled$/);
+    } finally {
+      await gateway.close();
+    }
   });
 });
