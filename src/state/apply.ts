@@ -163,14 +163,14 @@ export class GatewayState {
       idempotencyKey: event.idempotency?.key ?? null,
     });
     if (event.idempotency) {
-      // A binding already expired (seen on replay) is not worth a slot.
-      if (event.idempotency.expires_at_ms > Date.now()) {
-        this.idempotency.set(event.key_id, event.idempotency.key, {
-          requestId: event.request_id,
-          fingerprint: event.idempotency.fingerprint,
-          expiresAtMs: event.idempotency.expires_at_ms,
-        });
-      }
+      // Bound even when replayed after its TTL: what the table holds must not depend on when the log
+      // is read. An expired binding is never found, and it is the first to make room.
+      this.idempotency.set(
+        event.key_id,
+        event.idempotency.key,
+        { requestId: event.request_id, fingerprint: event.idempotency.fingerprint, expiresAtMs: event.idempotency.expires_at_ms },
+        event.at_ms,
+      );
     }
   }
 

@@ -24,8 +24,9 @@ export class BindingTable {
   private bindings: IdempotencyBinding[] = [];
   /** API key ids as small integers, the owners of FairSlots; bounded by the keys the gateway holds. */
   private readonly owners = new Map<string, number>();
+  private readonly ownerKeyIds: string[] = [];
   private readonly slots: FairSlots;
-  private readonly expiredNow = (slot: number): boolean => this.bindings[slot]!.expiresAtMs <= Date.now();
+  private readonly expiredAt = (slot: number, nowMs: number): boolean => this.bindings[slot]!.expiresAtMs <= nowMs;
 
   constructor(capacity: number, perKeyMax: number) {
     this.slots = new FairSlots(capacity, perKeyMax, (slot) => this.slotOf.delete(this.scopes[slot]!));
@@ -49,8 +50,12 @@ export class BindingTable {
     return binding.expiresAtMs > nowMs ? binding : undefined;
   }
 
-  /** Binds the pair (a binding it had, live or expired, is replaced and counts as new). */
-  set(keyId: string, idempotencyKey: string, binding: IdempotencyBinding): void {
+  /**
+   * Binds the pair (a binding it had, live or expired, is replaced and counts as new). `nowMs` is the
+   * binding event's own time: whether the oldest binding has expired is judged by it, so a replay of
+   * the log makes the same choices as the live gateway did.
+   */
+  set(keyId: string, idempotencyKey: string, binding: IdempotencyBinding, nowMs: number): void {
     const scope = idempotencyScope(keyId, idempotencyKey);
     const previous = this.slotOf.get(scope);
     if (previous !== undefined) {
@@ -61,8 +66,9 @@ export class BindingTable {
     if (owner === undefined) {
       owner = this.owners.size;
       this.owners.set(keyId, owner);
+      this.ownerKeyIds.push(keyId);
     }
-    const slot = this.slots.take(owner, this.expiredNow);
+    const slot = this.slots.take(owner, this.expiredAt, nowMs);
     this.slotOf.set(scope, slot);
     this.scopes[slot] = scope;
     this.bindings[slot] = binding;
@@ -85,9 +91,24 @@ export class BindingTable {
     }
   }
 
-  /** Restores an entry of `entries` (scope as written there). */
+  /** Every binding, expired ones too, oldest first: a snapshot keeps the table as it is. */
+  *allEntries(): Generator<[string, IdempotencyBinding]> {
+    for (const slot of this.slots.inOrder()) yield [this.scopes[slot]!, this.bindings[slot]!];
+  }
+
+  /** Restores an entry of `allEntries` (scope as written there), in their order. */
   restore(scope: string, binding: IdempotencyBinding): void {
     const split = scope.indexOf('\u0000');
-    this.set(scope.slice(0, split), scope.slice(split + 1), binding);
+    // Nothing counts as expired while a snapshot is put back: it evicts only if the bounds shrank.
+    this.set(scope.slice(0, split), scope.slice(split + 1), binding, Number.NEGATIVE_INFINITY);
+  }
+
+  /** The API keys holding bindings, in FairSlots' bucket order (see FairSlots.ownerOrder). */
+  ownerOrder(): string[] {
+    return this.slots.ownerOrder().map((owner) => this.ownerKeyIds[owner]!);
+  }
+
+  restoreOwnerOrder(keyIds: readonly string[]): void {
+    this.slots.restoreOwnerOrder(keyIds.map((keyId) => this.owners.get(keyId) ?? -1));
   }
 }

@@ -9,6 +9,10 @@
 // Everything is integers in typed arrays, found in O(1): each slot is linked into the list of all
 // slots (oldest first) and into its owner's list; owners are linked into buckets by how many slots
 // they hold, and the highest non-empty bucket is tracked (the counts move by one at a time).
+//
+// Every decision is a function of the calls made and of the `nowMs` they pass (a log event's own
+// time, never the wall clock), so replaying the same events rebuilds the same table. The one thing
+// that history alone sets, the order of owners tied in a bucket, travels with a snapshot (ownerOrder).
 import { assert } from '../util/assert.ts';
 
 const NONE = -1;
@@ -83,16 +87,16 @@ export class FairSlots {
 
   /**
    * A slot for a new entry of `owner` (a small non-negative integer), the newest of both lists. Room is
-   * made by the rules above; `expired(slot)` says whether the oldest entry of all may go first.
+   * made by the rules above; `expired(slot, nowMs)` says whether the oldest entry of all may go first.
    */
-  take(owner: number, expired: (slot: number) => boolean): number {
+  take(owner: number, expired: (slot: number, nowMs: number) => boolean, nowMs: number): number {
     assert(Number.isSafeInteger(owner) && owner >= 0, 'an owner is a non-negative integer');
     this.ensureOwner(owner);
     let slot: number;
     if (this.ownCount[owner]! >= this.perOwnerMax) {
       slot = this.ownHead[owner]!;
     } else if (this.count >= this.capacity) {
-      if (expired(this.allHead)) slot = this.allHead;
+      if (expired(this.allHead, nowMs)) slot = this.allHead;
       else {
         // A tie with the owner asking for room is settled against that owner: it is the one growing.
         const heaviest = this.ownCount[owner] === this.heaviestCount ? owner : this.bucketHead[this.heaviestCount]!;
@@ -128,6 +132,41 @@ export class FairSlots {
   /** Every slot in use, oldest first. */
   *inOrder(): Generator<number> {
     for (let slot = this.allHead; slot !== NONE; slot = this.allNext[slot]!) yield slot;
+  }
+
+  /** Every owner holding slots, in bucket order (count, then place in the bucket): a snapshot keeps it. */
+  ownerOrder(): number[] {
+    const owners: number[] = [];
+    for (let count = 1; count <= this.heaviestCount; count++) {
+      for (let owner = this.bucketHead[count]!; owner !== NONE; owner = this.bucketNext[owner]!) owners.push(owner);
+    }
+    return owners;
+  }
+
+  /**
+   * Puts the owners of each bucket back in the order of `ownerOrder` (after a restore re-took every
+   * entry, which orders them by the restore's own history). Ignored unless it names every owner holding
+   * slots exactly once (a snapshot from before the order was kept).
+   */
+  restoreOwnerOrder(owners: readonly number[]): void {
+    let holders = 0;
+    for (let owner = 0; owner < this.ownCount.length; owner++) if (this.ownCount[owner]! > 0) holders++;
+    const seen = new Set<number>();
+    for (const owner of owners) {
+      if (seen.has(owner) || !(owner >= 0 && owner < this.ownCount.length && this.ownCount[owner]! > 0)) return;
+      seen.add(owner);
+    }
+    if (seen.size !== holders) return;
+    this.bucketHead.fill(NONE);
+    for (let i = owners.length - 1; i >= 0; i--) {
+      const owner = owners[i]!;
+      const count = this.ownCount[owner]!;
+      const head = this.bucketHead[count]!;
+      this.bucketPrev[owner] = NONE;
+      this.bucketNext[owner] = head;
+      if (head !== NONE) this.bucketPrev[head] = owner;
+      this.bucketHead[count] = owner;
+    }
   }
 
   private maxCount(): number {

@@ -58,6 +58,8 @@ export interface ColumnsMeta {
   strings: string[];
   otherIds: Record<number, string>;
   answers: Record<number, Record<string, unknown>>;
+  /** The key ids holding records, in FairSlots' bucket order (absent in snapshots made before it). */
+  owners?: string[];
 }
 
 export class RecordTable {
@@ -79,7 +81,7 @@ export class RecordTable {
   private readonly stringAt = new Map<string, number>();
   /** Which slots hold records, in age order, per key (by the key id's position in `strings`). */
   private readonly slots: FairSlots;
-  private readonly expiredAt = (slot: number): boolean => this.expired(slot, Date.now());
+  private readonly expiredAt = (slot: number, nowMs: number): boolean => this.expired(slot, nowMs);
 
   constructor(
     readonly capacity: number,
@@ -124,7 +126,9 @@ export class RecordTable {
     assert(record.status !== 'in_progress', `record ${record.id} is not finished`);
     assert(this.find(record.id) === -1, `record ${record.id} exists`);
     if (this.slots.nextTakeIsFresh && this.slots.slotsUsed === this.allocated) this.grow();
-    const slot = this.slots.take(this.intern(record.keyId), this.expiredAt);
+    // The record's own finish is "now" for the eviction (never the wall clock): replaying the log makes
+    // the same choices the live gateway made.
+    const slot = this.slots.take(this.intern(record.keyId), this.expiredAt, record.finishedAtMs ?? record.createdAtMs);
     this.writeId(slot, record.id);
     this.indexSlot(slot, record.id);
     if (record.answers !== null) this.answers.set(slot, record.answers);
@@ -180,27 +184,39 @@ export class RecordTable {
     const otherIds: Record<number, string> = {};
     const answers: Record<number, Record<string, unknown>> = {};
     let at = 0;
-    // Slot by slot in age order (records of different keys interleave in the slots): 100,000 rows of
-    // ~150 bytes are copied in a few milliseconds.
-    for (let slot = this.slots.oldest; slot !== -1; slot = this.slots.newerThan(slot), at++) {
-      numbers.set(this.numbers.subarray(slot * NUMBERS, (slot + 1) * NUMBERS), at * NUMBERS);
-      small.set(this.small.subarray(slot * SMALL, (slot + 1) * SMALL), at * SMALL);
-      idBytes.set(this.idBytes.subarray(slot * ID_BYTES, (slot + 1) * ID_BYTES), at * ID_BYTES);
-      idLengths[at] = this.idLengths[slot]!;
-      const other = this.otherIds.get(slot);
-      if (other !== undefined) otherIds[at] = other;
-      const answer = this.answers.get(slot);
-      if (answer !== undefined) answers[at] = answer;
+    // In age order, which follows the slots in runs (records go to the next slot until one is freed or
+    // taken back): each run is copied in one go per column, as the ring's two runs were.
+    for (let first = this.slots.oldest; first !== -1; ) {
+      let last = first;
+      let next = this.slots.newerThan(last);
+      while (next === last + 1) next = this.slots.newerThan(++last);
+      const rows = last - first + 1;
+      numbers.set(this.numbers.subarray(first * NUMBERS, (last + 1) * NUMBERS), at * NUMBERS);
+      small.set(this.small.subarray(first * SMALL, (last + 1) * SMALL), at * SMALL);
+      idBytes.set(this.idBytes.subarray(first * ID_BYTES, (last + 1) * ID_BYTES), at * ID_BYTES);
+      idLengths.set(this.idLengths.subarray(first, last + 1), at);
+      if (this.otherIds.size > 0 || this.answers.size > 0) {
+        for (let slot = first; slot <= last; slot++) {
+          const other = this.otherIds.get(slot);
+          if (other !== undefined) otherIds[at + slot - first] = other;
+          const answer = this.answers.get(slot);
+          if (answer !== undefined) answers[at + slot - first] = answer;
+        }
+      }
+      at += rows;
+      first = next;
     }
     const bytes = (array: Float64Array | Int32Array | Uint8Array) => new Uint8Array(array.buffer, array.byteOffset, array.byteLength);
-    return { meta: { count, strings: [...this.strings], otherIds, answers }, blobs: COLUMNS.map((name) => bytes({ numbers, small, idBytes, idLengths }[name])) };
+    const owners = this.slots.ownerOrder().map((owner) => this.strings[owner]!);
+    return { meta: { count, strings: [...this.strings], otherIds, answers, owners }, blobs: COLUMNS.map((name) => bytes({ numbers, small, idBytes, idLengths }[name])) };
   }
 
   /**
    * Adds the records of `serializeColumns` (its meta parsed back, its blobs in order), oldest first,
-   * dropping those past the TTL.
+   * expired ones too (reads skip them; keeping them keeps the table the log's own, see FairSlots), and
+   * puts the keys' order back.
    */
-  restoreColumns(raw: unknown, blobs: readonly Uint8Array[], nowMs = Date.now()): void {
+  restoreColumns(raw: unknown, blobs: readonly Uint8Array[]): void {
     const snapshot = raw as Record<string, unknown>;
     const count = snapshot.count;
     assert(typeof count === 'number' && Number.isSafeInteger(count) && count >= 0, 'snapshot records: bad count');
@@ -226,7 +242,6 @@ export class RecordTable {
     for (let row = 0; row < count; row++) {
       const n = row * NUMBERS;
       const f = row * SMALL;
-      if (numbers[n + FINISHED_MS]! + this.ttlMs <= nowMs) continue;
       const length = idLengths[row]!;
       let id: string;
       if (length === ID_ELSEWHERE) {
@@ -241,6 +256,8 @@ export class RecordTable {
       assert(answer === null || (typeof answer === 'object' && !Array.isArray(answer)), 'snapshot records: bad answers');
       this.add(recordOf(numbers, n, small, f, id, text, answer as Record<string, unknown> | null));
     }
+    const owners = snapshot.owners;
+    if (Array.isArray(owners)) this.slots.restoreOwnerOrder(owners.map((keyId) => (typeof keyId === 'string' ? (this.stringAt.get(keyId) ?? -1) : -1)));
   }
 
   private grow(): void {

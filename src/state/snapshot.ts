@@ -15,6 +15,8 @@ interface SnapshotV2 {
   keys: KeyAccount[];
   inFlight: RequestRecord[];
   idempotency: Array<[string, IdempotencyBinding]>;
+  /** The API keys holding bindings in FairSlots' bucket order (absent before it was kept). */
+  idempotencyOwners?: string[];
   /** Oldest first, so restoring in order rebuilds the same eviction order. */
   finished: unknown;
 }
@@ -32,7 +34,9 @@ export function serializeState(state: GatewayState): SnapshotContent {
     version: 2,
     keys: [...state.keys.values()],
     inFlight: [...state.inFlight.values()],
-    idempotency: [...state.idempotency.entries(Date.now())],
+    // All of it, expired entries too, with the keys' order: restored, it is the table the log made.
+    idempotency: [...state.idempotency.allEntries()],
+    idempotencyOwners: state.idempotency.ownerOrder(),
     finished: meta,
   };
   return { json: JSON.stringify(snapshot), blobs };
@@ -48,11 +52,10 @@ export function restoreState(state: GatewayState, raw: unknown, nowMs: number, b
   for (const record of snapshot.inFlight) state.inFlight.set(record.id, record);
   if ('version' in snapshot) {
     assert(blobs !== null, 'snapshot version 2 without its record columns');
-    state.finished.restoreColumns(snapshot.finished, blobs, nowMs);
+    state.finished.restoreColumns(snapshot.finished, blobs);
   }
   else for (const record of snapshot.finished) state.finished.add(record);
   // Oldest first (as written), so the per-key order of eviction survives the restart.
-  for (const [scope, binding] of snapshot.idempotency) {
-    if (binding.expiresAtMs > nowMs) state.idempotency.restore(scope, binding);
-  }
+  for (const [scope, binding] of snapshot.idempotency) state.idempotency.restore(scope, binding);
+  if ('idempotencyOwners' in snapshot && Array.isArray(snapshot.idempotencyOwners)) state.idempotency.restoreOwnerOrder(snapshot.idempotencyOwners);
 }

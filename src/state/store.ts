@@ -141,7 +141,10 @@ export class StateStore {
     try {
       await this.wal.snapshot(content, seq);
     } catch (error) {
-      this.options.logger.error({ err: (error as Error).message }, 'state: snapshot failed');
+      // Tried again after as many records as the policy leaves between snapshots, not at every commit:
+      // each attempt serializes the whole state on the event loop and rolls a segment.
+      this.wal.deferSnapshot();
+      this.options.logger.error({ err: (error as Error).message }, 'state: snapshot failed; the next one after snapshot_every_records more records');
     }
   }
 

@@ -179,6 +179,11 @@ export class WriteAheadLog {
     return this.recordsSinceSnapshot;
   }
 
+  /** A snapshot failed: count the records for the next one from here. */
+  deferSnapshot(): void {
+    this.recordsSinceSnapshot = 0;
+  }
+
   /** Opens the log, replaying the snapshot and every valid record through `handlers`. */
   static open(options: WalOptions, handlers: ReplayHandlers): WriteAheadLog {
     mkdirSync(options.dir, { recursive: true, mode: 0o700 });

@@ -32,8 +32,8 @@ describe('FairSlots', () => {
   test('a key past its own bound loses its own oldest entry, and only that', () => {
     const evicted: number[] = [];
     const slots = new FairSlots(100, 3, (slot) => evicted.push(slot));
-    const victim = slots.take(0, () => false);
-    const mine = [1, 2, 3, 4, 5].map(() => slots.take(1, () => false));
+    const victim = slots.take(0, () => false, 0);
+    const mine = [1, 2, 3, 4, 5].map(() => slots.take(1, () => false, 0));
     expect(slots.held(0)).toBe(1);
     expect(slots.held(1)).toBe(3);
     // Key 1's first two slots went, to key 1 itself (slots are reused in place).
@@ -43,7 +43,7 @@ describe('FairSlots', () => {
 
   test('at the total bound the heaviest holder pays, never a key under its share', () => {
     const slots = new FairSlots(10, 1_000, () => {});
-    const take = (owner: number) => slots.take(owner, () => false);
+    const take = (owner: number) => slots.take(owner, () => false, 0);
     for (let i = 0; i < 3; i++) take(0); // the victim: 3 of 10
     for (let i = 0; i < 10_000; i++) take(1); // the attacker fills everything else, over and over
     expect(slots.held(0)).toBe(3);
@@ -53,19 +53,19 @@ describe('FairSlots', () => {
 
   test('a tie with the key asking for room is settled against that key', () => {
     const slots = new FairSlots(4, 1_000, () => {});
-    for (const owner of [0, 1, 0, 1]) slots.take(owner, () => false);
-    slots.take(0, () => false);
+    for (const owner of [0, 1, 0, 1]) slots.take(owner, () => false, 0);
+    slots.take(0, () => false, 0);
     expect([slots.held(0), slots.held(1)]).toEqual([2, 2]);
-    slots.take(1, () => false);
+    slots.take(1, () => false, 0);
     expect([slots.held(0), slots.held(1)]).toEqual([2, 2]);
   });
 
   test('an expired oldest entry makes room before anyone pays', () => {
     const slots = new FairSlots(3, 1_000, () => {});
-    const old = slots.take(0, () => false);
-    slots.take(1, () => false);
-    slots.take(1, () => false);
-    slots.take(2, (slot) => slot === old);
+    const old = slots.take(0, () => false, 0);
+    slots.take(1, () => false, 0);
+    slots.take(1, () => false, 0);
+    slots.take(2, (slot) => slot === old, 0);
     expect([slots.held(0), slots.held(1), slots.held(2)]).toEqual([0, 2, 1]);
   });
 
@@ -93,7 +93,7 @@ describe('FairSlots', () => {
         const owner = random.next() < 0.6 ? 0 : random.integer(1, 6);
         const allowed = naive.allowedVictims(owner, (i) => expiredIds.has(i));
         evicted.length = 0;
-        const slot = slots.take(owner, (s) => expiredIds.has(idOfSlot.get(s)!));
+        const slot = slots.take(owner, (s) => expiredIds.has(idOfSlot.get(s)!), 0);
         if (allowed.length === 0) expect(evicted).toEqual([]);
         else {
           expect(evicted.length).toBe(1);
@@ -116,8 +116,8 @@ describe('BindingTable', () => {
   test('one key flooding the table never evicts another key within its share', () => {
     const table = new BindingTable(100, 100_000);
     const far = Date.now() + 86_400_000;
-    table.set('key_victim', 'retry-me-0001', { requestId: 'chatcmpl-victim', fingerprint: 'f', expiresAtMs: far });
-    for (let i = 0; i < 100_001; i++) table.set('key_attacker', `flood-${i}`, { requestId: `r${i}`, fingerprint: 'f', expiresAtMs: far });
+    table.set('key_victim', 'retry-me-0001', { requestId: 'chatcmpl-victim', fingerprint: 'f', expiresAtMs: far }, Date.now());
+    for (let i = 0; i < 100_001; i++) table.set('key_attacker', `flood-${i}`, { requestId: `r${i}`, fingerprint: 'f', expiresAtMs: far }, Date.now());
     expect(table.get('key_victim', 'retry-me-0001', Date.now())?.requestId).toBe('chatcmpl-victim');
     expect(table.size).toBe(100);
     expect(table.heldBy('key_attacker')).toBe(99);
@@ -129,22 +129,22 @@ describe('BindingTable', () => {
   test('the per-key bound evicts the key’s own oldest binding', () => {
     const table = new BindingTable(1_000, 3);
     const far = Date.now() + 60_000;
-    for (let i = 0; i < 5; i++) table.set('k', `idem-000${i}`, { requestId: `r${i}`, fingerprint: 'f', expiresAtMs: far });
+    for (let i = 0; i < 5; i++) table.set('k', `idem-000${i}`, { requestId: `r${i}`, fingerprint: 'f', expiresAtMs: far }, Date.now());
     expect([...table.entries(Date.now())].map(([, b]) => b.requestId)).toEqual(['r2', 'r3', 'r4']);
   });
 
   test('rebinding a pair replaces its binding; a freed pair is gone; expired bindings read as absent', () => {
     const table = new BindingTable(10, 10);
     const now = Date.now();
-    table.set('k', 'idem-0001', { requestId: 'a', fingerprint: 'f', expiresAtMs: now + 1000 });
-    table.set('k', 'idem-0001', { requestId: 'b', fingerprint: 'g', expiresAtMs: now + 1000 });
+    table.set('k', 'idem-0001', { requestId: 'a', fingerprint: 'f', expiresAtMs: now + 1000 }, Date.now());
+    table.set('k', 'idem-0001', { requestId: 'b', fingerprint: 'g', expiresAtMs: now + 1000 }, Date.now());
     expect(table.size).toBe(1);
     expect(table.get('k', 'idem-0001', now)?.requestId).toBe('b');
     table.deleteIfBoundTo('k', 'idem-0001', 'a');
     expect(table.get('k', 'idem-0001', now)?.requestId).toBe('b');
     table.deleteIfBoundTo('k', 'idem-0001', 'b');
     expect(table.get('k', 'idem-0001', now)).toBeUndefined();
-    table.set('k', 'idem-0002', { requestId: 'c', fingerprint: 'f', expiresAtMs: now + 10 });
+    table.set('k', 'idem-0002', { requestId: 'c', fingerprint: 'f', expiresAtMs: now + 10 }, Date.now());
     expect(table.get('k', 'idem-0002', now + 10)).toBeUndefined();
     expect([...table.entries(now + 10)]).toEqual([]);
   });

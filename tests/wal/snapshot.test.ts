@@ -288,3 +288,30 @@ describe('snapshot', () => {
     expect(readdirSync(walDir)).toContain('snapshot.json');
   });
 });
+
+describe('a snapshot that cannot be written', () => {
+  test('is tried again after snapshot_every_records more records, not at every commit', async () => {
+    const dataDir = dirs.make();
+    const failures: string[] = [];
+    const pino = (await import('pino')).default;
+    const logger = pino({ level: 'error' }, { write: (line: string) => failures.push(line) });
+    const store = StateStore.open(storeOptions(dataDir, { snapshotEveryRecords: 5, logger }));
+    // The snapshot's temporary file cannot be created (a directory stands in its place).
+    const { mkdirSync } = await import('node:fs');
+    mkdirSync(join(dataDir, 'wal', 'snapshot.json.tmp'));
+    await store.commit([keyCreated('k1', 1_000_000)]);
+    for (let i = 0; i < 24; i++) {
+      await store.commit([keyCredited('k1', 1)]);
+      // Two turns of the event loop: an attempt this commit started has failed before the next commit.
+      for (let turn = 0; turn < 2; turn++) await new Promise((resolve) => setImmediate(resolve));
+    }
+    await store.close();
+    const attempts = failures.filter((line) => line.includes('snapshot failed')).length;
+    expect(attempts).toBeGreaterThanOrEqual(3);
+    expect(attempts).toBeLessThanOrEqual(5);
+    // Every record is still in the log.
+    const reopened = StateStore.open(storeOptions(dataDir));
+    expect(reopened.state.account('k1').creditsAddedMicro).toBe(1_000_024);
+    await reopened.close();
+  });
+});
