@@ -6,7 +6,7 @@ import { GatewayError } from '../http/errors.ts';
 import { assert } from '../util/assert.ts';
 import { fieldPath, firstProblem, mustBe } from '../util/validation.ts';
 import type { ProviderMessage, ToolCall, ToolChoice, ToolDefinition } from '../providers/provider.ts';
-import { smallestInstance } from '../providers/simulator/schema-value.ts';
+import { SearchBudget, smallestInstance } from '../providers/simulator/schema-value.ts';
 
 const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
 
@@ -134,10 +134,12 @@ function servedBySimulator(config: Config, model: ModelConfig): boolean {
  * $ref) is refused here, before any hold, in bounded work, whichever tool tool_choice would pick.
  */
 function checkSimulatorTools(tools: Static<typeof ToolSchema>[], bytesMax: number): void {
+  // One budget for all the tools of the request: the check costs at most a few ms, whatever they hold.
+  const budget = new SearchBudget();
   for (let i = 0; i < tools.length; i++) {
     const parameters = tools[i]!.function.parameters;
     if (parameters === undefined) continue;
-    const smallest = smallestInstance(parameters, bytesMax);
+    const smallest = smallestInstance(parameters, bytesMax, budget);
     if (smallest.fits) continue;
     const param = `tools[${i}].function.parameters`;
     throw invalid(

@@ -58,6 +58,14 @@ export function valueForSchema(schema: unknown, random: SeededRandom, bytesMax: 
 
 export type SmallestInstance = { fits: true; value: unknown; bytes: number } | { fits: false; reason: 'too_large' | 'too_complex' };
 
+/**
+ * Steps the searches of one request may take together (a request may carry 128 tools: each with a
+ * budget of its own, they took half a second of the event loop). Made by the caller, passed to each.
+ */
+export class SearchBudget {
+  constructor(public stepsLeft = SMALLEST_STEPS_MAX) {}
+}
+
 /** Per schema object: the search runs at validation and again if the generator falls back to it. */
 const smallestCache = new WeakMap<object, { bytesMax: number; result: SmallestInstance }>();
 
@@ -66,13 +74,13 @@ const smallestCache = new WeakMap<object, { bytesMax: number; result: SmallestIn
  * bytes. Bounded work: sizes add up arithmetically (1e8 items are never built), a size past
  * `bytesMax` stops the search, and it visits at most SMALLEST_STEPS_MAX nodes (else `too_complex`).
  */
-export function smallestInstance(schema: unknown, bytesMax: number): SmallestInstance {
+export function smallestInstance(schema: unknown, bytesMax: number, budget = new SearchBudget()): SmallestInstance {
   const key = typeof schema === 'object' && schema !== null ? schema : null;
   const cached = key === null ? undefined : smallestCache.get(key);
   if (cached !== undefined && cached.bytesMax === bytesMax) return cached.result;
   let result: SmallestInstance;
   try {
-    const found = new SmallestSearch(isSchema(schema) ? schema : {}, bytesMax).visit(schema).found;
+    const found = new SmallestSearch(isSchema(schema) ? schema : {}, bytesMax, budget).visit(schema).found;
     result = found.bytes <= bytesMax ? { fits: true, value: found.value, bytes: found.bytes } : { fits: false, reason: 'too_large' };
   } catch (thrown) {
     if (thrown !== SPENT) throw thrown;
@@ -154,12 +162,15 @@ function readType(schema: Schema): string {
   return 'string';
 }
 
-function objectPlan(schema: Schema): ObjectPlan {
+/** What a node's object keywords say; `charge` is told the size of its lists before they are read. */
+function objectPlan(schema: Schema, charge: (count: number) => void): ObjectPlan {
   let plan = objectPlanCache.get(schema);
   if (plan === undefined) {
     const properties = own(schema, 'properties');
     const declared = isSchema(properties) ? properties : {};
     const required = own(schema, 'required');
+    // A `required` of 300,000 names is read in full below: it is charged like as many nodes.
+    charge((Array.isArray(required) ? required.length : 0) + (isSchema(properties) ? Object.keys(properties).length : 0));
     const requiredSet = new Set(Array.isArray(required) ? required.filter((key): key is string => typeof key === 'string') : []);
     const extra = own(schema, 'additionalProperties');
     const propertiesMin = own(schema, 'minProperties');
@@ -480,7 +491,7 @@ class Generator {
   }
 
   private object(schema: Schema, depth: number): Record<string, unknown> {
-    const plan = objectPlan(schema);
+    const plan = objectPlan(schema, this.charge);
     this.spend(2);
     const result: Record<string, unknown> = {};
     const add = (key: string, propertySchema: unknown) => {
@@ -592,20 +603,21 @@ const NO_CYCLE = Number.POSITIVE_INFINITY;
  * between, which are therefore searched again when met from elsewhere.
  */
 class SmallestSearch {
-  private stepsLeft = SMALLEST_STEPS_MAX;
   private readonly cache = new Map<object, Found>();
   private readonly open = new Map<object, number>();
   private readonly root: Schema;
   private readonly bytesMax: number;
+  private readonly budget: SearchBudget;
 
-  constructor(root: Schema, bytesMax: number) {
+  constructor(root: Schema, bytesMax: number, budget: SearchBudget) {
     this.root = root;
     this.bytesMax = bytesMax;
+    this.budget = budget;
   }
 
   private step(count = 1): void {
-    this.stepsLeft -= count;
-    if (this.stepsLeft < 0) throw SPENT;
+    this.budget.stepsLeft -= count;
+    if (this.budget.stepsLeft < 0) throw SPENT;
   }
 
   private readonly charge = (count: number): void => this.step(count);
@@ -688,7 +700,7 @@ class SmallestSearch {
   }
 
   private object(schema: Schema): Visit {
-    const plan = objectPlan(schema);
+    const plan = objectPlan(schema, this.charge);
     const value: Record<string, unknown> = {};
     let bytes = 2;
     let count = 0;
