@@ -19,6 +19,8 @@ export interface Gateway {
   adminToken: string;
   /** Set by SIGTERM: new work is refused with 503 while in-flight requests finish. */
   draining: boolean;
+  /** Streams whose run is over but whose client is still taking the last of it (chat/sse.ts); shutdown drops them. */
+  endingStreams: Set<{ drop(): void }>;
   metrics: Metrics;
   /** Called on a broken invariant: the process must not keep serving (main exits; tests may observe). */
   onFatal?: (error: Error) => void;
@@ -60,6 +62,7 @@ export function openGateway(config: Config, logger: Logger, adminToken: string):
     logger,
     adminToken,
     draining: false,
+    endingStreams: new Set(),
   };
   return gateway;
 }

@@ -74,6 +74,8 @@ export async function startServer(gateway: Gateway, options: { hostname?: string
       // is still behind after STOPPED_DRAIN_MS_MAX (chat/sse.ts). server.stop leaves such a connection
       // open and detaches the response, after which the drop does nothing: it must come first.
       if (rest.some((actor) => actor.init.stream)) await new Promise((resolve) => setTimeout(resolve, STOPPED_DRAIN_MS_MAX));
+      // Completed streams whose clients are still behind: dropped, or server.stop would leave them open.
+      for (const stream of [...gateway.endingStreams]) stream.drop();
       server.stop(true);
     })();
     return stopping;

@@ -63,6 +63,8 @@ async function completions(gateway: Gateway, request: Request, server?: Server<u
         signal: actor.signal,
         onCancel: () => actor.abort('disconnected'),
         onEnd: server ? (stopped) => settleIdle(request, server, stopped ? 1 : limits.request_read_timeout_ms) : undefined,
+        deadlineMs: admission.createdMs + limits.stream_timeout_ms,
+        ending: gateway.endingStreams,
       });
       void runChat(gateway, admission, chat, sink);
       const early = await sink.opened.promise;

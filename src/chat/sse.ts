@@ -89,6 +89,15 @@ export interface SseSinkOptions {
    * socket filled up cannot be told from one that keeps up, so that timer is what closes it).
    */
   onEnd?: (stopped: boolean) => void;
+  /**
+   * When the stream's time is up (Date.now() ms, stream_timeout_ms after its start): a client still
+   * taking the last frames of a completed run by then is dropped, so the stream's time limit holds for
+   * its delivery too, whatever the connection's idle timer does (measured: Bun's closes a connection
+   * whose client stopped reading once its read deadline passes, but that is Bun's, not ours to rely on).
+   */
+  deadlineMs: number;
+  /** Streams whose run has ended but whose client has not taken all of it yet: shutdown drops them. */
+  ending: Set<{ drop(): void }>;
 }
 
 /**
@@ -111,6 +120,8 @@ export class SseSink implements ChatSink {
   private readonly signal: AbortSignal;
   private readonly onCancel: () => void;
   private readonly onEnd: ((stopped: boolean) => void) | undefined;
+  private readonly deadlineMs: number;
+  private readonly ending: Set<{ drop(): void }>;
   /** Set when Bun starts sending the body (its first pull). */
   private controller: DirectController | null = null;
   /** Frames not handed to the response yet: before its first pull, and while the client is behind. */
@@ -144,6 +155,8 @@ export class SseSink implements ChatSink {
     this.signal = options.signal;
     this.onCancel = options.onCancel;
     this.onEnd = options.onEnd;
+    this.deadlineMs = options.deadlineMs;
+    this.ending = options.ending;
     this.signal.addEventListener('abort', this);
     this.body = new ReadableStream<Uint8Array>({
       type: 'direct',
@@ -194,12 +207,24 @@ export class SseSink implements ChatSink {
       return;
     }
     if (this.ended) {
-      this.closed = true;
-      clearTimeout(this.dropTimer);
-      controller.close();
+      // Closed only once Bun has sent all of it: after close() the connection can no longer be dropped,
+      // and a client that stops reading would keep it open.
+      // (A JS reader's controller, app.handle in tests, answers flush with nothing: nothing to wait for.)
+      const flushed: unknown = controller.flush(true);
+      if (flushed instanceof Promise) flushed.then(() => this.finish(controller), () => this.finish(controller));
+      else this.finish(controller);
       return;
     }
     this.resume();
+  }
+
+  /** Everything was sent: the response ends normally. */
+  private finish(controller: DirectController): void {
+    if (this.closed) return;
+    this.closed = true;
+    clearTimeout(this.dropTimer);
+    this.ending.delete(this);
+    controller.close();
   }
 
   private hand(controller: DirectController, text: string): void {
@@ -247,28 +272,24 @@ export class SseSink implements ChatSink {
     if (this.closed) return;
     this.ended = true;
     this.onEnd?.(!result.ok);
-    if (result.ok) {
-      // Completed: the last frames follow whatever waits, however slowly the client reads; the
-      // connection's idle timer bounds a client that never does.
-      this.pending += this.encoder.finish(result.finishReason) + this.encoder.usage(result.usage) + DONE_FRAME;
-      if (this.controller !== null && !this.draining) this.handPending(this.controller);
-      return;
-    }
-    this.pending += errorFrame(result.error);
+    // Completed: the last frames follow whatever waits, for a client that reads slowly, until the
+    // stream's time is up. Stopped: its error event, for STOPPED_DRAIN_MS_MAX (the stop must free
+    // everything within the contract's 1 s). Either way a client that has stopped reading is dropped.
+    this.pending += result.ok ? this.encoder.finish(result.finishReason) + this.encoder.usage(result.usage) + DONE_FRAME : errorFrame(result.error);
     const controller = this.controller;
-    if (controller !== null && !this.draining) {
-      // What Bun holds goes to the socket now, so the write of the error event tells whether the
-      // client is behind (Bun answers a write with a promise only after a send met backpressure).
-      controller.flush();
-      this.handPending(controller);
-    }
-    if (!this.closed) this.dropTimer = setTimeout(dropBehind, STOPPED_DRAIN_MS_MAX, this);
+    if (controller !== null && !this.draining) this.handPending(controller);
+    if (this.closed) return;
+    this.ending.add(this);
+    const drainMs = result.ok ? Math.max(STOPPED_DRAIN_MS_MAX, this.deadlineMs - Date.now()) : STOPPED_DRAIN_MS_MAX;
+    this.dropTimer = setTimeout(dropBehind, drainMs, this);
   }
 
   /** Aborts the response: Bun resets the connection, whatever waits in its buffers. */
   drop(): void {
     if (this.closed) return;
     this.closed = true;
+    clearTimeout(this.dropTimer);
+    this.ending.delete(this);
     this.pending = '';
     this.controller?.close(DROPPED);
   }

@@ -37,13 +37,21 @@ class FakeResponse implements DirectController {
     this.closed.resolve();
   }
 
-  /** Bun sends what it holds; nothing to model here (the next write's answer says whether it is stuck). */
-  flush(): number {
-    return 0;
+  /**
+   * Bun sends what it holds. With `wait`, while the socket is stuck (or still `holding` bytes it took
+   * without complaint), the answer is a promise that resolves when the test drains it.
+   */
+  holding = false;
+  flush(wait?: boolean): number | Promise<number> {
+    if (!wait || !(this.stuck || this.holding)) return 0;
+    const drain = Promise.withResolvers<number>();
+    this.drains.push(drain);
+    return drain.promise;
   }
 
   /** The socket drains what it holds (and stays stuck for what comes next unless `stuck` is cleared). */
   async drainAll(): Promise<void> {
+    this.holding = false;
     for (const drain of this.drains.splice(0)) drain.resolve(0);
     // The sink's drain callbacks run on the promise jobs that follow.
     await Promise.resolve();
@@ -51,13 +59,17 @@ class FakeResponse implements DirectController {
   }
 }
 
-function openSink(bufferBytesMax: number, controller = new AbortController()) {
+function openSink(bufferBytesMax: number, controller = new AbortController(), deadlineMs = Date.now() + 60_000) {
   const response = new FakeResponse();
   const cancelled = { count: 0 };
-  const sink = new SseSink({ encoder, bufferBytesMax, signal: controller.signal, onCancel: () => cancelled.count++ });
+  const ending = new Set<{ drop(): void }>();
+  const sink = new SseSink({ encoder, bufferBytesMax, signal: controller.signal, onCancel: () => cancelled.count++, deadlineMs, ending });
   sink.attach(response);
-  return { sink, response, controller, cancelled };
+  return { sink, response, controller, cancelled, ending };
 }
+
+/** Options a sink needs besides the ones a test is about. */
+const rest = () => ({ deadlineMs: Date.now() + 60_000, ending: new Set<{ drop(): void }>() });
 
 /** Writes text deltas until the sink makes the run loop wait; returns the characters written before that and the wait. */
 function writeUntilWait(sink: SseSink, limit = 10_000): { chars: number; wait: Promise<void> } {
@@ -130,15 +142,54 @@ describe('SseSink with a client that stops reading', () => {
   });
 
   test('a completed run whose client is behind is not dropped: its last frames follow once the socket drains', async () => {
-    const { sink, response } = openSink(2048);
+    const { sink, response, ending } = openSink(2048);
     sink.begin();
     sink.text(TEXT);
     sink.end(OK);
     expect(response.closedWith).toBeUndefined();
+    expect(ending.size).toBe(1);
     response.stuck = false;
     await response.drainAll();
+    await response.drainAll();
     expect(response.closedWith).toBeNull();
+    expect(ending.size).toBe(0);
     expect(response.written.endsWith('data: [DONE]\n\n')).toBe(true);
+  });
+
+  test('a completed run whose client never takes the rest is dropped when the stream’s time is up', async () => {
+    const { sink, response, ending } = openSink(2048, new AbortController(), Date.now() + STOPPED_DRAIN_MS_MAX + 200);
+    sink.begin();
+    sink.text(TEXT);
+    sink.end(OK);
+    expect(ending.size).toBe(1);
+    await response.closed.promise;
+    expect(response.closedWith).toBeInstanceOf(Error);
+    expect(ending.size).toBe(0);
+  });
+
+  test('bytes Bun took without complaint but has not sent keep the response open until they are (then a graceful end)', async () => {
+    const { sink, response, ending } = openSink(2048);
+    response.stuck = false;
+    response.holding = true;
+    sink.begin();
+    sink.text(TEXT);
+    sink.end(OK);
+    // Not closed yet: close() now would leave nothing that could drop this connection later.
+    expect(response.closedWith).toBeUndefined();
+    expect(ending.size).toBe(1);
+    await response.drainAll();
+    expect(response.closedWith).toBeNull();
+    expect(ending.size).toBe(0);
+  });
+
+  test('shutdown drops every stream still ending (server.stop would leave them open)', async () => {
+    const { sink, response, ending } = openSink(2048);
+    sink.begin();
+    sink.text(TEXT);
+    sink.end(OK);
+    for (const stream of [...ending]) stream.drop();
+    expect(response.closedWith).toBeInstanceOf(Error);
+    expect(ending.size).toBe(0);
   });
 
   test('a stopped run whose client keeps up ends with the error event, gracefully', async () => {
@@ -153,7 +204,7 @@ describe('SseSink with a client that stops reading', () => {
   });
 
   test('frames made before the response pulls wait in the sink, bounded, and go out in one write', async () => {
-    const sink = new SseSink({ encoder, bufferBytesMax: 2048, signal: new AbortController().signal, onCancel: () => {} });
+    const sink = new SseSink({ encoder, bufferBytesMax: 2048, signal: new AbortController().signal, onCancel: () => {}, ...rest() });
     sink.begin();
     const { chars, wait } = writeUntilWait(sink);
     expect(chars).toBeLessThan(2048 + FRAME_CHARS);
@@ -167,7 +218,7 @@ describe('SseSink with a client that stops reading', () => {
 
 describe('SseSink read from JS (app.handle)', () => {
   test('a reader gets every frame, then the end', async () => {
-    const sink = new SseSink({ encoder, bufferBytesMax: 1024 * 1024, signal: new AbortController().signal, onCancel: () => {} });
+    const sink = new SseSink({ encoder, bufferBytesMax: 1024 * 1024, signal: new AbortController().signal, onCancel: () => {}, ...rest() });
     const text = new Response(sink.body).text();
     sink.begin();
     sink.text('Hello');
@@ -182,7 +233,7 @@ describe('SseSink read from JS (app.handle)', () => {
   test('a reader that cancels is the client going away', async () => {
     const controller = new AbortController();
     let cancelled = 0;
-    const sink = new SseSink({ encoder, bufferBytesMax: 1024, signal: controller.signal, onCancel: () => cancelled++ });
+    const sink = new SseSink({ encoder, bufferBytesMax: 1024, signal: controller.signal, onCancel: () => cancelled++, ...rest() });
     const reader = sink.body.getReader();
     sink.begin();
     await reader.read();
