@@ -71,6 +71,8 @@ interface Entry<Job, Result> {
   owner: JobOwner;
   /** The worker holds this job's paused state (it has run at least one slice in the current worker). */
   started: boolean;
+  /** A request already admitted (its answer's tokens): never refused or given up for room. */
+  admitted: boolean;
   settled: boolean;
   resolve(result: Result): void;
   reject(error: GatewayError): void;
@@ -109,22 +111,23 @@ export class CountPool<Job, Result> {
     return this.jobsAcceptedTotal;
   }
 
-  /** Queues `job` for `owner`; refuses at once (429, 503, 499) when it cannot be queued. */
-  run(job: Job, owner: JobOwner): Promise<Result> {
+  /**
+   * Queues `job` for `owner`; refuses at once (429, 503, 499) when it cannot be queued. At the overall
+   * bound the key holding the most jobs gives up its newest (429 for it) rather than a key under its
+   * share being refused: one key cannot take the counter from another. An `admitted` job (the tokens of
+   * an answer already served; bounded by the requests in flight) is never refused for room.
+   */
+  run(job: Job, owner: JobOwner, admitted = false): Promise<Result> {
     if (owner.signal?.aborted) return Promise.reject(cancelled());
     let queue = this.queues.get(owner.keyId);
-    if (queue && queue.length >= this.options.keyJobsMax) {
-      return Promise.reject(
-        new GatewayError('rate_limit_exceeded', `This API key already has ${queue.length} large requests waiting to be counted; retry after 1 s.`, {
-          headers: { 'retry-after': '1' },
-        }),
-      );
-    }
-    if (this.jobs >= this.options.jobsMax) {
-      return Promise.reject(new GatewayError('service_unavailable', 'The gateway is counting as many large requests as it can; retry shortly.'));
+    if (!admitted) {
+      if (queue && queue.length >= this.options.keyJobsMax) return Promise.reject(keyBusy(queue.length));
+      if (this.jobs >= this.options.jobsMax && !this.giveUpHeaviest(queue?.length ?? 0)) {
+        return Promise.reject(new GatewayError('service_unavailable', 'The gateway is counting as many large requests as it can; retry shortly.'));
+      }
     }
     const { promise, resolve, reject } = Promise.withResolvers<Result>();
-    const entry: Entry<Job, Result> = { id: this.nextId++, job, owner, started: false, settled: false, resolve, reject, onAbort: null };
+    const entry: Entry<Job, Result> = { id: this.nextId++, job, owner, started: false, admitted, settled: false, resolve, reject, onAbort: null };
     if (!queue) {
       queue = [];
       this.queues.set(owner.keyId, queue);
@@ -140,6 +143,36 @@ export class CountPool<Job, Result> {
     }
     this.pump();
     return promise;
+  }
+
+  /**
+   * Makes room for a key holding `ownJobs` jobs: the key holding the most gives up its newest job not
+   * admitted nor running (429: that key's own load), if it holds more than the asking key would. False
+   * when no key holds more (then the asker is refused).
+   */
+  private giveUpHeaviest(ownJobs: number): boolean {
+    let victim: Entry<Job, Result> | null = null;
+    let heaviest = ownJobs + 1;
+    for (const queue of this.queues.values()) {
+      if (queue.length <= heaviest) continue;
+      for (let i = queue.length - 1; i >= 0; i--) {
+        const entry = queue[i]!;
+        if (entry.admitted || entry === this.running || entry.settled) continue;
+        victim = entry;
+        heaviest = queue.length;
+        break;
+      }
+    }
+    if (victim === null) return false;
+    victim.owner.logger.warn({ keyId: victim.owner.keyId }, 'count pool: full; the key holding the most jobs gives up its newest');
+    this.settle(victim, keyBusy(heaviest), null);
+    this.remove(victim);
+    if (!this.queues.has(victim.owner.keyId)) {
+      const turn = this.turns.indexOf(victim.owner.keyId);
+      if (turn >= 0) this.turns.splice(turn, 1);
+    }
+    if (victim.started) this.worker?.postMessage({ id: victim.id, drop: true } satisfies ToWorker<Job>);
+    return true;
   }
 
   /** Ends the worker (tests; a process exits without it, the worker is unref'd). */
@@ -258,6 +291,12 @@ export class CountPool<Job, Result> {
     if (error) entry.reject(error);
     else entry.resolve(result as Result);
   }
+}
+
+function keyBusy(jobs: number): GatewayError {
+  return new GatewayError('rate_limit_exceeded', `This API key already has ${jobs} large requests waiting to be counted; retry after 1 s.`, {
+    headers: { 'retry-after': '1' },
+  });
 }
 
 function cancelled(): GatewayError {

@@ -166,23 +166,28 @@ async function decisionOffLoop(
  * Tokens of the texts an upstream answered without reporting usage (the answer's text, each tool call's
  * name and arguments), counted up to `limit` (the output cap: a charge never exceeds the hold, so more
  * precision buys nothing). A short answer is counted here; a long one (an upstream may send up to
- * limits.max_upstream_body_bytes) by the count worker in the key's turn. Should the key's queue be full
- * of its own large prompts, it is counted here anyway: the request has been served and must be billed.
+ * limits.max_upstream_body_bytes) by the count worker in the key's turn, as admitted work the pool
+ * never refuses (a full queue of the key's own large prompts does not put it back on the event loop).
  */
 export function countAnswerTokens(keyId: string, texts: string[], limit: number, signal: AbortSignal | null, logger: Gateway['logger']): number | Promise<number> {
   let chars = 0;
   for (const text of texts) chars += text.length;
   if (chars <= INLINE_TEXT_CHARS_MAX) return countTextsNow(texts, limit);
   const job: CountJob = { body: null, fingerprintPath: null, prompt: null, decision: null, answer: { texts, limit } };
-  return countPool()
-    .run(job, { keyId, signal, logger })
-    .then(
-      (result) => result.tokens,
-      (error: unknown) => {
-        if (error instanceof GatewayError && (error.code === 'rate_limit_exceeded' || error.code === 'service_unavailable')) return countTextsNow(texts, limit);
-        throw error;
-      },
-    );
+  const owner = { keyId, signal, logger };
+  // Admitted work: never refused for room. A worker lost while counting it (503) gets one more try in
+  // the next worker, then the count is made here: the answer was served and must be billed.
+  const counted = (retry: boolean): Promise<number> =>
+    countPool()
+      .run(job, owner, true)
+      .then(
+        (result) => result.tokens,
+        (error: unknown) => {
+          if (!(error instanceof GatewayError && error.code === 'service_unavailable')) throw error;
+          return retry ? counted(false) : countTextsNow(texts, limit);
+        },
+      );
+  return counted(true);
 }
 
 function countTextsNow(texts: string[], limit: number): number {

@@ -163,15 +163,23 @@ describe('CountPool', () => {
     expect(done.slice(4)).toEqual(['a2', 'a3', 'a4']);
   }, 30_000);
 
-  test('a key past its bound is refused at once (429, Retry-After), and so is anyone past the overall bound (503)', async () => {
+  test('a key past its bound is refused (429); at the overall bound the key holding the most gives up its newest job, and only then is anyone refused (503)', async () => {
     const pool = testPool({ keyJobsMax: 2, jobsMax: 3 });
     const long = { steps: 20, stepMs: 2 };
-    const first = [pool.run({ tag: 'a1', ...long }, owner('key_a')), pool.run({ tag: 'a2', ...long }, owner('key_a'))];
+    const a1 = pool.run({ tag: 'a1', ...long }, owner('key_a'));
+    const a2 = pool.run({ tag: 'a2', ...long }, owner('key_a'));
     expect(await refusal(pool.run({ tag: 'a3', ...long }, owner('key_a')))).toEqual({ status: 429, code: 'rate_limit_exceeded', retryAfter: '1' });
-    const other = pool.run({ tag: 'b1', ...long }, owner('key_b'));
-    expect(await refusal(pool.run({ tag: 'c1', ...long }, owner('key_c')))).toEqual({ status: 503, code: 'service_unavailable' });
+    const b1 = pool.run({ tag: 'b1', ...long }, owner('key_b'));
+    // Full (a1, a2, b1): key_c holds nothing, key_a the most; key_a's newest waiting job makes room.
+    const c1 = pool.run({ tag: 'c1', ...long }, owner('key_c'));
+    expect(await refusal(a2)).toEqual({ status: 429, code: 'rate_limit_exceeded', retryAfter: '1' });
     expect(pool.size).toBe(3);
-    await Promise.all([...first, other]);
+    // Now every key holds one: nobody holds more than key_d would, so key_d is refused.
+    expect(await refusal(pool.run({ tag: 'd1', ...long }, owner('key_d')))).toEqual({ status: 503, code: 'service_unavailable' });
+    // Admitted work (an answer already served) is never refused for room, and never given up.
+    const admitted = pool.run({ tag: 'd2', ...long }, owner('key_d'), true);
+    expect(pool.size).toBe(4);
+    expect((await Promise.all([a1, b1, c1, admitted])).map((result) => result.tag)).toEqual(['a1', 'b1', 'c1', 'd2']);
     expect(pool.size).toBe(0);
     expect((await pool.run({ tag: 'a4', steps: 1, stepMs: 0 }, owner('key_a'))).tag).toBe('a4');
   }, 30_000);

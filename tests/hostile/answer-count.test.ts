@@ -74,3 +74,27 @@ describe('an answer without usage', () => {
     expect(((await response.json()) as { error: { code: string } }).error.code).toBe('upstream_invalid_response');
   });
 });
+
+describe('counting an answer for a key whose own queue is full', () => {
+  test('still goes to the worker (admitted work is never refused), never back onto the event loop', async () => {
+    const { countAnswerTokens } = await import('../../src/billing/offload.ts');
+    const { createLogger } = await import('../../src/util/log.ts');
+    const logger = createLogger('silent');
+    const abort = new AbortController();
+    // Eight large prompts of the key fill its queue (the per-key bound).
+    const filler = 'zq'.repeat(200_000);
+    const queued = Array.from({ length: 8 }, (_, i) =>
+      countPool()
+        .run({ body: null, fingerprintPath: null, prompt: { messages: [{ role: 'user', content: `${i} ${filler}` }], toolsJson: null, toolsInBody: false, limit: 1e9 }, decision: null }, { keyId: 'key_full', signal: abort.signal, logger })
+        .catch(() => null),
+    );
+    const accepted = countPool().jobsAccepted;
+    const answer = longText(2_000);
+    const counting = countAnswerTokens('key_full', [answer], 1e9, null, logger);
+    expect(counting).toBeInstanceOf(Promise);
+    expect(countPool().jobsAccepted).toBe(accepted + 1);
+    abort.abort();
+    await Promise.all(queued);
+    expect(await counting).toBe(countTextTokens(answer));
+  });
+});
