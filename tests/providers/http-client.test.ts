@@ -144,6 +144,22 @@ describe('keep-alive', () => {
     client.close();
   });
 
+  test('a kept connection that dies long after the request (the upstream was working on it) is an error, never a second send', async () => {
+    let requests = 0;
+    const upstream = rawServer((socket) => {
+      requests++;
+      if (requests === 1) socket.write('HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok');
+      else setTimeout(() => socket.terminate(), 150);
+    });
+    // A window shorter than the upstream's work: the close is no keep-alive race.
+    const client = new HttpClient(new URL(upstream.origin), { resendWindowMs: 50 });
+    expect((await send(client, '/one').answer).body).toBe('ok');
+    const error = await failure(send(client, '/two').answer);
+    expect(error.kind).toBe('closed');
+    expect({ requests, connections: upstream.connections() }).toEqual({ requests: 2, connections: 1 });
+    client.close();
+  });
+
   test('the resend happens once: a new connection that closes with no answer too is an error', async () => {
     let requests = 0;
     const upstream = rawServer((socket) => {

@@ -37,7 +37,17 @@ export interface HttpClientOptions {
   ca?: string;
   /** Idle connections kept; more are closed when their exchange ends. */
   idleMax?: number;
+  /** A kept connection closed unanswered this soon after the request is resent once (see `lost`). */
+  resendWindowMs?: number;
 }
+
+/**
+ * The race a resend is for: the upstream closes an idle kept connection (its keep-alive timeout) just as
+ * our request goes out on it, so the close crosses the request on the wire and comes back within a
+ * round trip. A connection that dies later was reading our request and working on it: resending would
+ * make the upstream do (and bill) the work twice.
+ */
+const RESEND_WINDOW_MS = 1_000;
 
 /** Idle keep-alive connections close after this; below the usual 5 s of upstream servers. */
 const IDLE_TIMEOUT_S = 4;
@@ -92,6 +102,8 @@ class Connection implements ResponseSink {
   closed = false;
   /** Bytes of the request the socket has not taken yet. */
   pendingWrite: Uint8Array | null = null;
+  /** When this connection's current request was written (performance.now()). */
+  startedAtMs = 0;
   lastError: Error | null = null;
 
   constructor(readonly client: HttpClient) {}
@@ -101,6 +113,7 @@ class Connection implements ResponseSink {
     this.exchange = exchange;
     exchange.connection = this;
     this.parser = new ResponseParser(this);
+    this.startedAtMs = performance.now();
     const socket = this.socket!;
     const written = socket.write(exchange.requestText);
     if (written < 0) {
@@ -193,11 +206,12 @@ class Connection implements ResponseSink {
       this.complete();
       return;
     }
-    if (this.reused && !exchange.retried && (parser === null || !parser.started)) {
+    if (this.reused && !exchange.retried && (parser === null || !parser.started) && performance.now() - this.startedAtMs <= this.client.resendWindowMs) {
       // A kept connection the upstream closed before a byte of the answer (its keep-alive timeout met
       // our request): CONTRACT §7 asks for one more try on a new connection before this is a failure.
       // The upstream may have read the request, so this is the only resend there is: never on a new
-      // connection, never twice, never once any byte of an answer came (that answer was begun).
+      // connection, never twice, never once any byte of an answer came (that answer was begun), never
+      // for a close long after the request (RESEND_WINDOW_MS: the upstream was working on it).
       this.retryElsewhere(exchange);
       return;
     }
@@ -304,6 +318,7 @@ export class HttpClient {
   private readonly handlers: SocketHandler<Connection>;
   private readonly idle: Connection[] = [];
   private readonly idleMax: number;
+  readonly resendWindowMs: number;
   private closed = false;
 
   constructor(origin: URL, options: HttpClientOptions = {}) {
@@ -315,6 +330,7 @@ export class HttpClient {
     this.tls = https ? { serverName: this.hostname, ...(options.ca !== undefined ? { ca: options.ca } : {}) } : null;
     this.handlers = socketHandlers(https);
     this.idleMax = options.idleMax ?? IDLE_MAX_DEFAULT;
+    this.resendWindowMs = options.resendWindowMs ?? RESEND_WINDOW_MS;
   }
 
   /** Idle keep-alive connections right now. */
