@@ -1,5 +1,5 @@
 // The embedded simulator provider: deterministic answers, paced like a real model, honouring limits.
-import { countTextTokens } from '../../billing/tokens.ts';
+import { countTextTokensYielding } from '../../billing/tokens.ts';
 import { JSON_DEPTH_MAX, nestsDeeperThan } from '../../http/body.ts';
 import { defaultConfig } from '../../config/defaults.ts';
 import type { SimulatorProviderConfig } from '../../config/model.ts';
@@ -55,7 +55,8 @@ export class SimulatorProvider implements Provider {
 
   async *stream(request: ProviderRequest, signal: AbortSignal): AsyncIterable<Delta> {
     signal.throwIfAborted();
-    const answer = this.answer(request);
+    const answer = await this.answer(request);
+    signal.throwIfAborted();
     const startMs = performance.now() + this.config.ttft_ms;
     if (this.config.ttft_ms > 0) await delay(this.config.ttft_ms, signal);
 
@@ -91,7 +92,7 @@ export class SimulatorProvider implements Provider {
   }
 
   /** Decides the whole answer from the request alone, so the same request always streams the same. */
-  private answer(request: ProviderRequest): Answer {
+  private answer(request: ProviderRequest): Answer | Promise<Answer> {
     // Stop and the output limit are left out of the hash on purpose: they cut the same answer short,
     // which is what lets a caller (and a test) predict where a stop sequence lands.
     const random = SeededRandom.fromText(JSON.stringify([request.model, request.messages, request.tools, request.seed]));
@@ -141,11 +142,12 @@ function requestedJsonSchema(request: ProviderRequest): unknown {
 }
 
 /** A text answer that is one JSON object valid against `schema`, as a model asked for JSON gives. */
-function jsonAnswer(schema: unknown, random: SeededRandom, bytesMax: number): Answer {
+async function jsonAnswer(schema: unknown, random: SeededRandom, bytesMax: number): Promise<Answer> {
   const text = JSON.stringify(valueForSchema(schema, random, bytesMax));
   const pieces: string[] = [];
   for (let at = 0; at < text.length; at += ARGUMENT_FRAGMENT_CHARS) pieces.push(text.slice(at, at + ARGUMENT_FRAGMENT_CHARS));
-  return { pieces, toolCall: null, reason: 'stop', completionTokens: countTextTokens(text) };
+  // Up to 64 KiB: counted in steps that let the event loop run (random text costs ~1 µs a character).
+  return { pieces, toolCall: null, reason: 'stop', completionTokens: await countTextTokensYielding(text) };
 }
 
 function textAnswer(completionTokens: number, request: ProviderRequest, random: SeededRandom): Answer {
@@ -180,19 +182,20 @@ function textAnswer(completionTokens: number, request: ProviderRequest, random: 
   return { pieces, toolCall: null, reason, completionTokens: pieces.length };
 }
 
-function toolAnswer(tool: ToolDefinition, maxOutputTokens: number | null, random: SeededRandom, bytesMax: number): Answer {
+async function toolAnswer(tool: ToolDefinition, maxOutputTokens: number | null, random: SeededRandom, bytesMax: number): Promise<Answer> {
   const name = tool.function.name;
   const parameters = tool.function.parameters;
   let args = JSON.stringify(parameters === undefined ? {} : valueForSchema(parameters, random, bytesMax));
   let id = 'call_';
   for (let i = 0; i < TOOL_CALL_ID_CHARS; i++) id += ID_ALPHABET[Math.floor(random.next() * ID_ALPHABET.length)];
 
-  let completionTokens = countTextTokens(name + args);
+  // Up to 64 KiB of arguments: counted in steps that let the event loop run.
+  let completionTokens = await countTextTokensYielding(name + args);
   let reason: FinishReason = 'tool_calls';
   if (maxOutputTokens !== null && completionTokens > maxOutputTokens) {
     // A real model runs out of budget mid-arguments; do the same: the longest prefix that fits.
-    args = args.slice(0, fittingPrefixLength(name, args, maxOutputTokens, completionTokens));
-    completionTokens = Math.min(maxOutputTokens, countTextTokens(name + args));
+    args = args.slice(0, await fittingPrefixLength(name, args, maxOutputTokens, completionTokens));
+    completionTokens = Math.min(maxOutputTokens, await countTextTokensYielding(name + args));
     reason = 'length';
   }
   const pieces: string[] = [];
@@ -206,7 +209,7 @@ function toolAnswer(tool: ToolDefinition, maxOutputTokens: number | null, random
  * so every other probe interpolates on the token density, which lands next to the answer, and each
  * count stops once it passes the limit.
  */
-function fittingPrefixLength(name: string, args: string, maxTokens: number, totalTokens: number): number {
+async function fittingPrefixLength(name: string, args: string, maxTokens: number, totalTokens: number): Promise<number> {
   let low = 0; // fits (or nothing does)
   let lowTokens = 0;
   let high = args.length; // does not fit
@@ -214,7 +217,7 @@ function fittingPrefixLength(name: string, args: string, maxTokens: number, tota
   for (let probe = 0; high - low > 1; probe++) {
     const guess = probe % 2 === 0 ? low + Math.floor(((high - low) * (maxTokens - lowTokens)) / (highTokens - lowTokens)) : (low + high) >> 1;
     const middle = Math.min(high - 1, Math.max(low + 1, guess));
-    const tokens = countTextTokens(name + args.slice(0, middle), maxTokens);
+    const tokens = await countTextTokensYielding(name + args.slice(0, middle), maxTokens);
     if (tokens <= maxTokens) {
       low = middle;
       lowTokens = tokens;
