@@ -88,8 +88,9 @@ async function completions(gateway: Gateway, request: Request, server?: Server<u
       // What the 409 reports may be what the log just failed to record.
       if (gateway.store.unavailableReason) error = unavailableError();
     }
-    // Only a body read ends here with a 499 (the client left mid-body): one line, no stack; it is no bug.
-    if (error.status === 499) gateway.logger.info({ requestId, status: 499, code: error.code }, 'chat: the client went away before its body arrived');
+    // A 499 here: the client left before its request was admitted (mid-body, or while its prompt was
+    // counted): one line, no stack; it is no bug.
+    if (error.status === 499) gateway.logger.info({ requestId, status: 499, code: error.code }, 'chat: the client went away before its request was admitted');
     gateway.metrics.requestRefused('chat', error.code);
     return errorResponse(error, idHeader);
   }

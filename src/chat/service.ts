@@ -1,6 +1,5 @@
 // Chat requests: admission (idempotency, rate, context, quota), the hold, and the actor's run loop.
 import { countAnswerTokens } from '../billing/offload.ts';
-import { countPromptTokens } from '../billing/tokens.ts';
 import { chargeMicro, reservationMicro } from '../billing/pricing.ts';
 import { actorSettled, statusUrl, type Gateway } from '../gateway.ts';
 import { GatewayError, internalError } from '../http/errors.ts';
