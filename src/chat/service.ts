@@ -121,6 +121,11 @@ export function admitChat(
   return { actor, providerRequest, durable, createdS: Math.floor(nowMs / 1000), createdMs: nowMs };
 }
 
+/** Whether a failed chat call is the provider's failure (its hold may be kept), not the gateway's own. */
+function chargedOnError(error: GatewayError): boolean {
+  return error.status === 502 || error.status === 504 || error.code === 'context_length_exceeded';
+}
+
 /** Where the run loop sends what it produces: an SSE stream or a collected completion. */
 export interface ChatSink {
   /** The first output is ready (the hold is durable): the sink may commit to a 200. */
@@ -277,7 +282,10 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
       error = internalError();
     }
     const status = kind !== null ? statusForAbort(kind) : 'error';
-    const keep = status === 'error' && config.billing.on_error === 'keep' && kind !== 'interrupted';
+    // The hold is kept (billing.on_error "keep") for the provider's failures as the spec lists them:
+    // its errors, its validation, its timeouts, the stream's time limit. The gateway's own failures
+    // (503: draining, out of resources, its log; 500: a bug; an interrupt) charge nothing.
+    const keep = status === 'error' && config.billing.on_error === 'keep' && kind !== 'interrupted' && chargedOnError(error);
     outcome = {
       status,
       error,

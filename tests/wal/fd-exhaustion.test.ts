@@ -1,5 +1,6 @@
 // Out of file descriptors (CONTRACT §8): idle connections use up the process's table; the log still
-// rolls segments and writes snapshots from the descriptors it reserved at start, and never fails.
+// rolls segments and writes snapshots from the descriptors it reserved at start, and never fails; a call
+// that cannot open its upstream connection is the gateway's failure (503), never a provider error billed.
 import { afterAll, describe, expect, test } from 'bun:test';
 import { mkdtempSync, readdirSync, rmSync, writeFileSync } from 'node:fs';
 import { connect, type Socket } from 'node:net';
@@ -117,6 +118,59 @@ describe('descriptor exhaustion', () => {
     for (const id of ids) {
       const status = await fetch(`${second.url}/api/v1/requests/${id}`, { headers: { authorization: `Bearer ${key}` } });
       expect(((await status.json()) as { request_status: string }).request_status).toBe('completed');
+    }
+  });
+
+  test('a call that cannot open a connection to its upstream for want of descriptors is a 503 that charges nothing', async () => {
+    // An upstream that closes every connection after its answer: each call needs a new descriptor.
+    const upstream = Bun.serve({
+      port: 0,
+      hostname: '127.0.0.1',
+      async fetch(request) {
+        await request.json();
+        const completion = { id: 'x', object: 'chat.completion', created: 0, model: 'u', choices: [{ index: 0, message: { role: 'assistant', content: 'ok' }, finish_reason: 'stop' }], usage: { prompt_tokens: 1, completion_tokens: 1, total_tokens: 2 } };
+        return new Response(JSON.stringify(completion), { headers: { 'content-type': 'application/json', connection: 'close' } });
+      },
+    });
+    try {
+      const dataDir = join(root, 'data-upstream');
+      const configPath = join(root, 'config-upstream.json');
+      writeFileSync(
+        configPath,
+        JSON.stringify({
+          providers: { up: { type: 'openai', base_url: `http://127.0.0.1:${upstream.port}/v1` } },
+          models: { model_03: { provider: 'up', upstream_model: 'u' } },
+          limits: { default_rate_limit_rpm: 100_000, request_read_timeout_ms: 600_000 },
+        }),
+      );
+      const gateway = await startGatewayProcess({ DATA_DIR: dataDir, ADMIN_TOKEN, GATEWAY_CONFIG: configPath }, ['sh', '-c', `ulimit -n ${FD_LIMIT}; exec "$0" "$@"`]);
+      running.push(gateway);
+      const connection = await Connection.open(gateway.url);
+      const created = await connection.request('POST', '/admin/v1/keys', { authorization: `Bearer ${ADMIN_TOKEN}`, 'content-type': 'application/json' }, JSON.stringify({ name: 'fds', credits: 100 }));
+      const { key, id } = JSON.parse(created.body) as { key: string; id: string };
+      const chat = () => connection.request('POST', '/api/v1/chat/completions', { authorization: `Bearer ${key}`, 'content-type': 'application/json' }, JSON.stringify({ model: 'model_03', messages: [{ role: 'user', content: 'hi' }] }));
+      expect((await chat()).status).toBe(200);
+      const pid = gateway.proc.pid;
+      for (let opened = 0; openDescriptors(pid) < FD_LIMIT && opened < FD_LIMIT * 3; opened++) {
+        const socket = connect({ host: '127.0.0.1', port: Number(new URL(gateway.url).port) });
+        socket.on('error', () => {});
+        socket.write('GET /healthz HTTP/1.1\r\nhost: gateway\r\n');
+        sockets.push(socket);
+        await new Promise<void>((resolve) => socket.once('connect', () => resolve()));
+        for (let turn = 0; turn < 20 && openDescriptors(pid) < FD_LIMIT; turn++) await new Promise((resolve) => setImmediate(resolve));
+      }
+      expect(openDescriptors(pid)).toBe(FD_LIMIT);
+      const refused = await chat();
+      expect(refused.status).toBe(503);
+      expect(JSON.parse(refused.body)).toMatchObject({ error: { code: 'service_unavailable' } });
+      const view = JSON.parse((await connection.request('GET', `/admin/v1/keys/${id}`, { authorization: `Bearer ${ADMIN_TOKEN}` })).body) as { balances: { held: number; charged: number } };
+      expect(view.balances.held).toBe(0);
+      // Only the first call (2 tokens at model_03's rates) was charged.
+      expect(view.balances.charged).toBeLessThan(0.001);
+      await gateway.kill();
+      for (const socket of sockets.splice(0)) socket.destroy();
+    } finally {
+      upstream.stop(true);
     }
   });
 });

@@ -6,6 +6,7 @@
 // fetch-based proxy when it uses fetch and 0.75 × when it uses this client, and its open streams cost a
 // fraction of the memory. What it does not do: proxies (HTTP(S)_PROXY are not read), HTTP/2,
 // redirects, compressed bodies (it asks for identity and refuses anything else).
+import { closeSync, openSync } from 'node:fs';
 import type { Socket, SocketHandler } from 'bun';
 import { HttpProtocolError, ResponseParser, type ResponseHead, type ResponseSink } from './response-parser.ts';
 
@@ -239,6 +240,17 @@ class Connection implements ResponseSink {
   }
 }
 
+/** EMFILE or ENFILE when this process cannot open a descriptor right now, else null (one open and close). */
+function descriptorShortage(): string | null {
+  try {
+    closeSync(openSync('/dev/null', 'r'));
+    return null;
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException).code;
+    return code === 'EMFILE' || code === 'ENFILE' ? code : null;
+  }
+}
+
 function errorCode(error: unknown): string | null {
   const code = (error as { code?: unknown } | null)?.code;
   return typeof code === 'string' && /^[A-Z0-9_]{1,40}$/.test(code) ? code : null;
@@ -300,7 +312,9 @@ function socketHandlers(tls: boolean): SocketHandler<Connection> {
     connectError(socket, error) {
       const connection = socket.data;
       connection.closed = true;
-      const code = errorCode(error);
+      // Bun reports a socket it could not even create (out of descriptors) as ECONNREFUSED; tell the two
+      // apart, since one is the upstream's doing and the other this process's.
+      const code = descriptorShortage() ?? errorCode(error);
       connection.fail(new HttpClientError('connect', code ?? error.message, code));
     },
     timeout(socket) {

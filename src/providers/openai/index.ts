@@ -456,6 +456,11 @@ class UpstreamCall implements ExchangeHandler {
     if (failure === null) return;
     if (failure instanceof GatewayError) throw failure;
     const code = failure.code === null ? '' : ` (${failure.code})`;
+    // Out of descriptors or buffers here, not at the provider: the gateway's own failure (503, nothing
+    // charged), never a provider error billed to whoever's call met it (CONTRACT §8).
+    if (failure.code !== null && LOCAL_RESOURCE_ERRORS.has(failure.code)) {
+      throw new GatewayError('service_unavailable', `The gateway is out of resources to reach upstream ${this.providerName}${code}; retry shortly.`);
+    }
     if (failure.kind === 'protocol') throw invalid(this.providerName, `sent ${failure.message}`);
     if (failure.kind === 'connect' || this.phase === 'headers') {
       throw new GatewayError('upstream_unreachable', `Could not reach upstream ${this.providerName}${code}.`);
@@ -481,6 +486,9 @@ class UpstreamCall implements ExchangeHandler {
 }
 
 const DECODER = new TextDecoder();
+/** Socket errors that are this process's own shortage, not the upstream's doing. */
+const LOCAL_RESOURCE_ERRORS = new Set(['EMFILE', 'ENFILE', 'ENOBUFS', 'ENOMEM']);
+
 /** Body bytes a consumer may take from the queue before it lets the event loop run once. */
 const READ_BYTES_PER_TURN_MAX = 64 * 1024;
 /** Deltas relayed before the event loop runs once (a few ms of work at most). */
