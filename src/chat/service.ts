@@ -71,7 +71,7 @@ export function admitChat(
       `The balance of ${account.balanceMicro / 1e6} credits cannot cover this request's reservation of ${holdMicro / 1e6} credits.`,
     );
   }
-  if (registry.full) throw new GatewayError('service_unavailable', 'The gateway is at its limit of requests in flight; retry shortly.');
+  if (!registry.admits(account.id)) throw new GatewayError('service_unavailable', 'The gateway is at its limit of requests in flight for this key\'s share; retry shortly.');
 
   const started: Event[] = [
     {

@@ -88,7 +88,7 @@ export function admitDecision(
       `Neither the token wallet (${account.tokenWallet} tokens) nor the credits (${account.balanceMicro / 1e6}) cover this decision's estimate of ${estimateTokens} tokens.`,
     );
   }
-  if (registry.full) throw new GatewayError('service_unavailable', 'The gateway is at its limit of requests in flight; retry shortly.');
+  if (!registry.admits(account.id)) throw new GatewayError('service_unavailable', 'The gateway is at its limit of requests in flight for this key\'s share; retry shortly.');
 
   const started: Event[] = [
     {

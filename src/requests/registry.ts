@@ -3,6 +3,8 @@ import type { RequestActor } from './actor.ts';
 
 export class ActorRegistry {
   private readonly actors = new Map<string, RequestActor>();
+  /** Requests running per API key: the shares `admits` weighs. */
+  private readonly byKey = new Map<string, number>();
 
   constructor(readonly inFlightMax: number) {}
 
@@ -10,16 +12,32 @@ export class ActorRegistry {
     return this.actors.size;
   }
 
-  get full(): boolean {
-    return this.actors.size >= this.inFlightMax;
+  /**
+   * Whether `keyId` may start one more request (CONTRACT §8: one key cannot take every slot). Below
+   * `inFlightMax` anyone may; at it, only a key running fewer than its fair share (the bound divided
+   * among the keys running requests, this one included). Keys within their share can only add up to
+   * the bound again, so at most twice the bound ever run at once.
+   */
+  admits(keyId: string): boolean {
+    if (this.actors.size < this.inFlightMax) return true;
+    const own = this.byKey.get(keyId) ?? 0;
+    const keys = this.byKey.size + (own === 0 ? 1 : 0);
+    return own < Math.floor(this.inFlightMax / keys);
   }
 
   add(actor: RequestActor): void {
     this.actors.set(actor.id, actor);
+    const keyId = actor.init.keyId;
+    this.byKey.set(keyId, (this.byKey.get(keyId) ?? 0) + 1);
   }
 
   remove(actor: RequestActor): void {
-    if (this.actors.get(actor.id) === actor) this.actors.delete(actor.id);
+    if (this.actors.get(actor.id) !== actor) return;
+    this.actors.delete(actor.id);
+    const keyId = actor.init.keyId;
+    const left = (this.byKey.get(keyId) ?? 1) - 1;
+    if (left === 0) this.byKey.delete(keyId);
+    else this.byKey.set(keyId, left);
   }
 
   get(id: string): RequestActor | undefined {
