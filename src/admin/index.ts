@@ -26,7 +26,8 @@ function checkAdmin(gateway: Gateway, authorization: string | null): void {
 }
 
 async function readJson<T>(gateway: Gateway, request: Request, check: { Check(v: unknown): v is T; Errors(v: unknown): ValueErrorIterator }): Promise<T> {
-  const json = parseJsonBody(await readBodyText(request, gateway.config.limits.max_body_bytes, gateway.config.limits.request_read_timeout_ms));
+  const { limits } = gateway.config;
+  const json = parseJsonBody(await readBodyText(request, limits.max_body_bytes, limits.request_read_timeout_ms), limits.max_body_json_values);
   if (!check.Check(json)) {
     // Named field and bound ("rate_limit_rpm must be ≤ 10000000"), never TypeBox's "Expected union value".
     const problem = firstProblem(check.Errors(json));

@@ -1,6 +1,9 @@
 // The count worker's jobs: a large request's fingerprint and prompt tokens, computed in steps it can pause between.
-import type { Question } from '../decision/model.ts';
+import type { Config } from '../config/model.ts';
+import { validateDecisionRequest, type DecisionModelName, type DecisionRequest, type Question } from '../decision/model.ts';
 import { buildPrompt, type DecisionPrompt } from '../decision/prompt.ts';
+import { parseJsonBody } from '../http/body.ts';
+import { GatewayError, type ErrorCode } from '../http/errors.ts';
 import { requestFingerprint } from '../idempotency/fingerprint.ts';
 import type { ProviderMessage } from '../providers/provider.ts';
 import { countPromptTokensSteps, countTextsSteps } from './tokens.ts';
@@ -13,10 +16,28 @@ export interface CountJob {
   fingerprintPath: string | null;
   /** A prompt to count: its messages, and its tools serialized already or to take from the body. */
   prompt: { messages: ProviderMessage[]; toolsJson: string | null; toolsInBody: boolean; limit: number } | null;
-  /** A decision prompt to build from the body's state and questions, then count. */
-  decision: { questions: Array<[string, Question]>; useTools: boolean; limit: number } | null;
   /** Texts an upstream answered without usage, counted together up to `limit` (then possibly partial). */
   answer?: { texts: string[]; limit: number } | null;
+  /**
+   * A large decision body, handled whole here: parsed, validated (the config's two decision models),
+   * fingerprinted when `fingerprintPath` is set, its prompt built and counted up to `limit`. The event
+   * loop never parses it: a 4 MB state of tiny values takes 150-200 ms of JSON.parse alone.
+   */
+  decisionBody?: { text: string; config: DecisionConfig; limit: number } | null;
+}
+
+/** What validating a decision needs of the config: its two models and whether each has tools. */
+export interface DecisionConfig {
+  models: Record<DecisionModelName, string>;
+  tools: Record<DecisionModelName, boolean>;
+}
+
+/** An operating error found in the worker, to be thrown again on the event loop. */
+export interface CountError {
+  code: ErrorCode;
+  message: string;
+  param: string | null;
+  detail?: string;
 }
 
 export interface CountResult {
@@ -27,6 +48,9 @@ export interface CountResult {
   contentCounts: number[] | null;
   /** A decision's prompt (the caller asks the model with it). */
   prompt: DecisionPrompt | null;
+  /** decisionBody: the request as validated (its state is in `prompt`), or the error that refused it. */
+  decision?: { modelName: DecisionModelName; questions: Array<[string, Question]> } | null;
+  error?: CountError | null;
 }
 
 /**
@@ -35,8 +59,9 @@ export interface CountResult {
  */
 export function runCountJob(job: CountJob): Generator<void, CountResult> {
   if (job.answer) return answerSteps(job.answer.texts, job.answer.limit);
+  if (job.decisionBody) return decisionBodySteps(job.decisionBody, job.fingerprintPath);
   // The job's fields as the steps' own variables, so that a paused job lets go of its body once parsed.
-  return countSteps(job.body, job.fingerprintPath, job.prompt, job.decision);
+  return countSteps(job.body, job.fingerprintPath, job.prompt);
 }
 
 function* answerSteps(texts: string[], limit: number): Generator<void, CountResult> {
@@ -44,11 +69,47 @@ function* answerSteps(texts: string[], limit: number): Generator<void, CountResu
   return { fingerprint: null, tokens, contentCounts: null, prompt: null };
 }
 
+function* decisionBodySteps(job: NonNullable<CountJob['decisionBody']>, fingerprintPath: string | null): Generator<void, CountResult> {
+  const refused = (error: CountError): CountResult => ({ fingerprint: null, tokens: -1, contentCounts: null, prompt: null, error });
+  let body: unknown;
+  try {
+    body = parseJsonBody(job.text, Number.POSITIVE_INFINITY);
+  } catch (error) {
+    return refused(countError(error));
+  }
+  yield;
+  // The same validation as on the event loop, against the part of the config it reads.
+  const { models, tools } = job.config;
+  const config = {
+    decision: { models },
+    models: Object.fromEntries(Object.values(models).map((modelId) => [modelId, {}])),
+  } as unknown as Config;
+  let decision: DecisionRequest;
+  try {
+    decision = validateDecisionRequest(body, config);
+  } catch (error) {
+    return refused(countError(error));
+  }
+  yield;
+  const fingerprint = fingerprintPath === null ? null : requestFingerprint('POST', fingerprintPath, body);
+  yield;
+  const built = buildPrompt((body as { state: unknown }).state, decision.questions, tools[decision.modelName]);
+  body = null;
+  yield;
+  const toolsJson = built.tools && built.tools.length > 0 ? JSON.stringify(built.tools) : null;
+  const tokens = yield* countPromptTokensSteps(built.messages, toolsJson, job.limit);
+  return { fingerprint, tokens, contentCounts: null, prompt: built, decision: { modelName: decision.modelName, questions: decision.questions } };
+}
+
+function countError(error: unknown): CountError {
+  if (!(error instanceof GatewayError)) throw error;
+  return { code: error.code, message: error.message, param: error.param, ...(error.detail === undefined ? {} : { detail: error.detail }) };
+}
+
 function* countSteps(
   bodyText: string | null,
   fingerprintPath: string | null,
   prompt: CountJob['prompt'],
-  decision: CountJob['decision'],
 ): Generator<void, CountResult> {
   // The body parsed here is the body parsed on the event loop (same text, same parser), so its canonical
   // JSON, its tools and its state are the same too.
@@ -70,14 +131,6 @@ function* countSteps(
     const contentCounts: number[] = [];
     const tokens = yield* countPromptTokensSteps(prompt.messages, toolsJson, prompt.limit, contentCounts);
     return { fingerprint, tokens, contentCounts, prompt: null };
-  }
-  if (decision !== null) {
-    const built = buildPrompt(body.state, decision.questions, decision.useTools);
-    body = null;
-    yield;
-    const toolsJson = built.tools && built.tools.length > 0 ? JSON.stringify(built.tools) : null;
-    const tokens = yield* countPromptTokensSteps(built.messages, toolsJson, decision.limit);
-    return { fingerprint, tokens, contentCounts: null, prompt: built };
   }
   return { fingerprint, tokens: -1, contentCounts: null, prompt: null };
 }

@@ -94,7 +94,6 @@ async function measureChatOffLoop(
     body: (idempotencyKey && fingerprint === null) || toolsInBody ? body : null,
     fingerprintPath: idempotencyKey && fingerprint === null ? path : null,
     prompt: { messages: chat.messages, toolsJson, toolsInBody, limit: chat.model.context_window },
-    decision: null,
   };
   const result = await countOffLoop(gateway, 'chat', account, job, idempotencyKey, fingerprint, signal);
   // The worker's counts of whole texts go to this thread's cache: the next turn of the conversation,
@@ -114,34 +113,60 @@ export interface DecisionMeasure {
   promptTokens: number;
 }
 
-/** measureChat for a decision: the Idempotency-Key fingerprint, the prompt built from the state, and its tokens. */
+/**
+ * A decision body over OFFLOAD_BODY_CHARS, handled whole by the count worker: parsed, validated, its
+ * fingerprint (`withFingerprint`: an Idempotency-Key came) and its prompt made and counted. The event
+ * loop never parses it (a 4 MB state of tiny values is 150-200 ms of JSON.parse); the checks the contract
+ * puts after validation (idempotency, rate, input size) follow on the event loop, in their order.
+ */
+export async function measureLargeDecision(
+  gateway: Gateway,
+  account: KeyAccount,
+  text: string,
+  path: string,
+  withFingerprint: boolean,
+  signal: AbortSignal | null,
+): Promise<{ decision: DecisionRequest; fingerprint: string | null; prompt: DecisionPrompt; promptTokens: number }> {
+  const { config } = gateway;
+  const models = config.decision.models;
+  const tools = { 'decision-fast': config.models[models['decision-fast']]!.tools, 'decision-accurate': config.models[models['decision-accurate']]!.tools };
+  const job: CountJob = {
+    body: null,
+    fingerprintPath: withFingerprint ? path : null,
+    prompt: null,
+    decisionBody: { text, config: { models, tools }, limit: config.decision.context_tokens },
+  };
+  const result = await countPool().run(job, { keyId: account.id, signal, logger: gateway.logger });
+  if (result.error) {
+    const { code, message, param, detail } = result.error;
+    throw new GatewayError(code, message, { param, ...(detail === undefined ? {} : { detail }) });
+  }
+  if (gateway.draining) throw new GatewayError('service_unavailable', 'The gateway is shutting down; retry shortly.');
+  const { modelName, questions } = result.decision!;
+  const modelId = models[modelName];
+  // The state lives on in the prompt only: nothing after validation reads the body.
+  const body = { model: modelName, state: null, questions: {} } as DecisionRequest['body'];
+  return { decision: { body, modelName, modelId, model: config.models[modelId]!, questions }, fingerprint: result.fingerprint, prompt: result.prompt!, promptTokens: result.tokens };
+}
+
+/** measureChat for a decision whose body is small (see measureLargeDecision): the fingerprint, the prompt built from the state, and its tokens. */
 export function measureDecision(
   gateway: Gateway,
   account: KeyAccount,
   decision: DecisionRequest,
-  body: string,
   json: unknown,
   idempotencyKey: string | null,
   path: string,
   signal: AbortSignal | null,
 ): DecisionMeasure | Promise<DecisionMeasure> {
   const limit = gateway.config.decision.context_tokens;
-  if (body.length > OFFLOAD_BODY_CHARS) {
-    const job: CountJob = {
-      body,
-      fingerprintPath: idempotencyKey ? path : null,
-      prompt: null,
-      decision: { questions: decision.questions, useTools: decision.model.tools, limit },
-    };
-    return decisionOffLoop(gateway, account, job, idempotencyKey, null, null, signal);
-  }
   const fingerprint = idempotencyKey ? requestFingerprint('POST', path, json) : null;
   const prompt = buildPrompt(decision.body.state, decision.questions, decision.model.tools);
   const toolsJson = prompt.tools && prompt.tools.length > 0 ? JSON.stringify(prompt.tools) : null;
   const promptTokens = countPromptTokensInline(prompt.messages, toolsJson, limit);
   const idempotency = idempotencyKey ? { key: idempotencyKey, fingerprint: fingerprint! } : null;
   if (promptTokens !== null) return { idempotency, prompt, promptTokens };
-  const job: CountJob = { body: null, fingerprintPath: null, prompt: { messages: prompt.messages, toolsJson, toolsInBody: false, limit }, decision: null };
+  const job: CountJob = { body: null, fingerprintPath: null, prompt: { messages: prompt.messages, toolsJson, toolsInBody: false, limit } };
   return decisionOffLoop(gateway, account, job, idempotencyKey, fingerprint, prompt, signal);
 }
 
@@ -173,7 +198,7 @@ export function countAnswerTokens(keyId: string, texts: string[], limit: number,
   let chars = 0;
   for (const text of texts) chars += text.length;
   if (chars <= INLINE_TEXT_CHARS_MAX) return countTextsNow(texts, limit);
-  const job: CountJob = { body: null, fingerprintPath: null, prompt: null, decision: null, answer: { texts, limit } };
+  const job: CountJob = { body: null, fingerprintPath: null, prompt: null, answer: { texts, limit } };
   const owner = { keyId, signal, logger };
   // Admitted work: never refused for room. A worker lost while counting it (503) gets one more try in
   // the next worker, then the count is made here: the answer was served and must be billed.
@@ -213,8 +238,8 @@ async function countOffLoop(
   const { config, store, registry } = gateway;
   if (idempotencyKey && store.state.binding(account.id, idempotencyKey, Date.now())) {
     // The answer is a 409 of some kind; which one depends on the fingerprint alone.
-    fingerprint ??= (await countPool().run({ body: job.body, fingerprintPath: job.fingerprintPath, prompt: null, decision: null }, owner)).fingerprint!;
-    job = { ...job, body: job.decision !== null || job.prompt?.toolsInBody ? job.body : null, fingerprintPath: null };
+    fingerprint ??= (await countPool().run({ body: job.body, fingerprintPath: job.fingerprintPath, prompt: null }, owner)).fingerprint!;
+    job = { ...job, body: job.prompt?.toolsInBody ? job.body : null, fingerprintPath: null };
     checkIdempotency(store.state, registry, account.id, idempotencyKey, fingerprint, Date.now(), (id) => statusUrl(config, service, id));
   }
   gateway.rateLimiter.peek(account.id, account.rateLimitRpm ?? config.limits.default_rate_limit_rpm, Date.now());

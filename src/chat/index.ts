@@ -30,7 +30,7 @@ async function completions(gateway: Gateway, request: Request, server?: Server<u
     if (unavailable) throw new GatewayError('service_unavailable', 'The gateway cannot record requests right now; retry later.');
     const text = await readBodyText(request, gateway.config.limits.max_body_bytes, gateway.config.limits.request_read_timeout_ms);
     const account = authenticate(gateway.store, request.headers.get('authorization'), 'chat');
-    const json = parseJsonBody(text);
+    const json = parseJsonBody(text, gateway.config.limits.max_body_json_values);
     const chat = validateChatRequest(json, gateway.config);
     const idempotencyKey = parseIdempotencyKey(request.headers.get('idempotency-key'));
     // Fingerprinted and counted before admission so that admission itself stays synchronous (check and

@@ -95,6 +95,7 @@ export const ConfigSchema = Type.Object(
         stream_timeout_ms: DurationMs('a stream ends with stream_timeout after this'),
         upstream_timeout_ms: DurationMs('a non-stream call ends with 504 after this'),
         max_body_bytes: PositiveInt('HTTP body limit (413 above)'),
+        max_body_json_values: PositiveInt('JSON values and members a request body may hold (400 above), checked before it is parsed'),
         default_rate_limit_rpm: PositiveInt('requests per minute per key when the key sets none'),
         max_messages: PositiveInt('messages per chat request'),
         max_tools: PositiveInt('tools per chat request'),

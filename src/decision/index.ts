@@ -1,6 +1,6 @@
 // The decision controller (/decision/v1): decide, and the lookup of any decision request by its dec_ id.
 import { Elysia } from 'elysia';
-import { measureDecision } from '../billing/offload.ts';
+import { measureDecision, measureLargeDecision, OFFLOAD_BODY_CHARS, type DecisionMeasure } from '../billing/offload.ts';
 import type { Gateway } from '../gateway.ts';
 import { parseJsonBody, readBodyText } from '../http/body.ts';
 import { asGatewayError, errorResponse, GatewayError } from '../http/errors.ts';
@@ -10,7 +10,7 @@ import { authenticate, microToCredits } from '../keys/store.ts';
 import type { RequestRecord } from '../state/apply.ts';
 import { unavailableError } from '../state/store.ts';
 import { newDecisionRequestId } from '../util/ids.ts';
-import { validateDecisionRequest } from './model.ts';
+import { validateDecisionRequest, type DecisionRequest } from './model.ts';
 import { admitDecision, runDecision } from './service.ts';
 
 const PREFIX = '/decision/v1';
@@ -28,12 +28,22 @@ async function decide(gateway: Gateway, request: Request): Promise<Response> {
     if (gateway.store.unavailableReason) throw new GatewayError('service_unavailable', 'The decision service cannot record requests right now; retry later.');
     const text = await readBodyText(request, gateway.config.limits.max_body_bytes, gateway.config.limits.request_read_timeout_ms);
     const account = authenticate(gateway.store, request.headers.get('authorization'), 'decision');
-    const json = parseJsonBody(text);
-    const decision = validateDecisionRequest(json, gateway.config);
-    const idempotencyKey = parseIdempotencyKey(request.headers.get('idempotency-key'));
-    // Fingerprint, prompt and its tokens: here for a small request, off the event loop for a large one (CONTRACT §8).
-    const measuring = measureDecision(gateway, account, decision, text, json, idempotencyKey, DECIDE_PATH, request.signal);
-    const prepared = measuring instanceof Promise ? await measuring : measuring;
+    let decision: DecisionRequest;
+    let prepared: DecisionMeasure;
+    if (text.length > OFFLOAD_BODY_CHARS) {
+      // Parsed, validated, fingerprinted and counted off the event loop, whatever its shape (CONTRACT §8).
+      const large = await measureLargeDecision(gateway, account, text, DECIDE_PATH, request.headers.has('idempotency-key'), request.signal);
+      decision = large.decision;
+      const idempotencyKey = parseIdempotencyKey(request.headers.get('idempotency-key'));
+      prepared = { idempotency: idempotencyKey ? { key: idempotencyKey, fingerprint: large.fingerprint! } : null, prompt: large.prompt, promptTokens: large.promptTokens };
+    } else {
+      const json = parseJsonBody(text, gateway.config.limits.max_body_json_values);
+      decision = validateDecisionRequest(json, gateway.config);
+      const idempotencyKey = parseIdempotencyKey(request.headers.get('idempotency-key'));
+      // Fingerprint, prompt and its tokens: here for the usual request, off the loop when its prompt is long.
+      const measuring = measureDecision(gateway, account, decision, json, idempotencyKey, DECIDE_PATH, request.signal);
+      prepared = measuring instanceof Promise ? await measuring : measuring;
+    }
     const admission = admitDecision(gateway, account, requestId, decision, prepared.idempotency, prepared);
     admitted = true;
     const { actor } = admission;

@@ -80,7 +80,7 @@ function freshPrompt(seed: number): { messages: ProviderMessage[]; toolsJson: st
 }
 
 function promptJob(messages: ProviderMessage[], toolsJson: string | null, limit: number): CountJob {
-  return { body: null, fingerprintPath: null, prompt: { messages, toolsJson, toolsInBody: false, limit }, decision: null };
+  return { body: null, fingerprintPath: null, prompt: { messages, toolsJson, toolsInBody: false, limit } };
 }
 
 describe('the count worker', () => {
@@ -130,18 +130,27 @@ describe('the count worker', () => {
     expect(stopped.contentCounts).toEqual([countPromptTokensOf([{ role: 'user', content: short }], null) - 6, -1]);
   }, 60_000);
 
-  test('fingerprints a body and builds a decision prompt as the event loop would', async () => {
+  test('a large decision body: parsed, validated, fingerprinted, its prompt built and counted as the event loop would', async () => {
     const { requestFingerprint } = await import('../../src/idempotency/fingerprint.ts');
     const { buildPrompt } = await import('../../src/decision/prompt.ts');
+    const { validateDecisionRequest } = await import('../../src/decision/model.ts');
+    const { defaultConfig } = await import('../../src/config/defaults.ts');
     const pool = countPool();
-    const body = JSON.stringify({ model: 'decision-fast', state: { b: [1, { z: 'x', a: mixedText(50_000, 5) }], a: null }, questions: { q: { type: 'choice', prompt: 'p?', criteria: { __proto__: 'one', b: 'two' } } } });
+    const body = JSON.stringify({ model: 'decision-fast', state: { b: [1, { z: 'x', a: mixedText(50_000, 5) }], a: null }, questions: { q: { type: 'choice', prompt: 'p?', criteria: { ['__proto__']: 'one', b: 'two' } } } });
     const json = JSON.parse(body);
-    const questions = [['q', { type: 'choice', prompt: 'p?', criteria: json.questions.q.criteria }]] as Array<[string, any]>;
-    const result = await pool.run({ body, fingerprintPath: '/decision/v1/decide/', prompt: null, decision: { questions, useTools: true, limit: 32_000 } }, owner('key_a'));
-    const prompt = buildPrompt(json.state, questions, true);
+    const config = defaultConfig();
+    const decisionConfig = { models: config.decision.models, tools: { 'decision-fast': true, 'decision-accurate': true } };
+    const job = { body: null, fingerprintPath: '/decision/v1/decide/', prompt: null, decisionBody: { text: body, config: decisionConfig, limit: 32_000 } };
+    const result = await pool.run(job, owner('key_a'));
+    const decision = validateDecisionRequest(json, config);
+    const prompt = buildPrompt(json.state, decision.questions, true);
+    expect(result.decision).toEqual({ modelName: 'decision-fast', questions: decision.questions });
     expect(result.fingerprint).toBe(requestFingerprint('POST', '/decision/v1/decide/', json));
     expect(JSON.stringify(result.prompt)).toBe(JSON.stringify(prompt));
     expect(result.tokens).toBe(countPromptTokensOf(prompt.messages, JSON.stringify(prompt.tools), 32_000));
+    // What validation refuses comes back as the error to answer with.
+    const refused = await pool.run({ ...job, decisionBody: { ...job.decisionBody, text: JSON.stringify({ ...json, model: 'decision-slow' }) } }, owner('key_a'));
+    expect(refused.error).toMatchObject({ code: 'model_not_found', param: 'model' });
   }, 30_000);
 });
 

@@ -85,7 +85,7 @@ describe('counting an answer for a key whose own queue is full', () => {
     const filler = 'zq'.repeat(200_000);
     const queued = Array.from({ length: 8 }, (_, i) =>
       countPool()
-        .run({ body: null, fingerprintPath: null, prompt: { messages: [{ role: 'user', content: `${i} ${filler}` }], toolsJson: null, toolsInBody: false, limit: 1e9 }, decision: null }, { keyId: 'key_full', signal: abort.signal, logger })
+        .run({ body: null, fingerprintPath: null, prompt: { messages: [{ role: 'user', content: `${i} ${filler}` }], toolsJson: null, toolsInBody: false, limit: 1e9 } }, { keyId: 'key_full', signal: abort.signal, logger })
         .catch(() => null),
     );
     const accepted = countPool().jobsAccepted;

@@ -691,6 +691,8 @@ class SmallestSearch {
 
   /** The shortest enum member. Enum nodes are leaves, so each is read once however often it is met. */
   private smallestChoice(choices: unknown[]): Found {
+    // Every member is measured: an enum of 600,000 members is charged like as many nodes.
+    this.step(choices.length);
     let best = NONE;
     for (const choice of choices) {
       const bytes = jsonBytesAtMost(choice, Math.min(best.bytes, this.bytesMax));
@@ -795,7 +797,11 @@ class SmallestSearch {
     if (typeof ref === 'string') target = resolveRef(this.root, ref);
     if (!isSchema(target) || Object.hasOwn(target, 'const')) return null;
     const choices = own(target, 'enum');
-    if (Array.isArray(choices) && choices.length > 0) return distinctChoices(choices).slice(0, count);
+    if (Array.isArray(choices) && choices.length > 0) {
+      // Serialized, deduplicated and sorted once (cached), charged each time like as many nodes.
+      this.step(choices.length);
+      return distinctChoices(choices).slice(0, count);
+    }
     if (anyOfBranches(target) !== null || own(target, 'allOf') !== undefined) return null;
     const type = typeOf(target);
     if (type === 'boolean') return [true, false].slice(0, count);
