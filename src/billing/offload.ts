@@ -9,7 +9,8 @@ import { checkIdempotency } from '../idempotency/store.ts';
 import type { KeyAccount } from '../state/apply.ts';
 import type { CountJob, CountResult } from './count-jobs.ts';
 import { CountPool } from './count-pool.ts';
-import { countPromptTokensInline, countTextsSteps, INLINE_TEXT_CHARS_MAX, rememberPromptTextTokens, runSteps } from './tokens.ts';
+import { ignore } from '../util/promise.ts';
+import { countPromptTokensInline, countTextsSteps, INLINE_TEXT_CHARS_MAX, rememberPromptTextTokens, runSteps, settledPrefixLength } from './tokens.ts';
 
 /**
  * Bodies longer than this are fingerprinted (and their tools serialized, a decision's state made
@@ -217,6 +218,64 @@ export function countAnswerTokens(keyId: string, texts: string[], limit: number,
 
 function countTextsNow(texts: string[], limit: number): number {
   return runSteps(countTextsSteps(texts, limit));
+}
+
+/** A streamed answer's text is counted in parts past this many characters instead of kept whole. */
+const STREAMED_TEXT_KEPT_CHARS = 256 * 1024;
+
+/**
+ * A streamed answer's text (or one tool call's name and arguments), kept only to be counted should the
+ * provider not report usage. Past STREAMED_TEXT_KEPT_CHARS its settled prefix is counted by the count
+ * worker and let go, so a stream whose client stopped reading, or an answer of 16 MiB, holds a few
+ * hundred KB here rather than all it relayed; the parts add up to exactly the whole text's count.
+ */
+export class StreamedText {
+  private pieces: string[] = [];
+  private chars = 0;
+  private readonly counted: Array<Promise<number>> = [];
+  /** Tokens of the parts counted so far; past `limit` the rest is not kept (the count is then partial, as countAnswerTokens'). */
+  private countedTokens = 0;
+  /** Cancels the counts of parts when they are not needed (the provider reported usage, or the run ended). */
+  private readonly abandon = new AbortController();
+
+  constructor(
+    private readonly keyId: string,
+    /** The output cap: a charge never passes the hold, so counting past it buys nothing. */
+    private readonly limit: number,
+    private readonly logger: Gateway['logger'],
+  ) {}
+
+  append(text: string): void {
+    if (text.length === 0 || this.countedTokens > this.limit) return;
+    this.pieces.push(text);
+    this.chars += text.length;
+    if (this.chars > STREAMED_TEXT_KEPT_CHARS) this.spill();
+  }
+
+  private spill(): void {
+    const text = this.pieces.join('');
+    const cut = settledPrefixLength(text);
+    this.pieces = [cut === 0 ? text : text.slice(cut)];
+    this.chars = this.pieces[0]!.length;
+    if (cut === 0) return;
+    const count = Promise.resolve(countAnswerTokens(this.keyId, [text.slice(0, cut)], Number.POSITIVE_INFINITY, this.abandon.signal, this.logger));
+    // Awaited only if needed; a part cancelled meanwhile must not be an unhandled rejection.
+    count.then((tokens) => (this.countedTokens += tokens), ignore);
+    this.counted.push(count);
+  }
+
+  /** Tokens of everything appended (past the limit: a count past it, possibly partial). */
+  async tokens(): Promise<number> {
+    let total = 0;
+    for (const part of this.counted) total += await part;
+    if (total > this.limit) return total;
+    return total + (await countAnswerTokens(this.keyId, [this.pieces.join('')], this.limit - total, this.abandon.signal, this.logger));
+  }
+
+  /** The count is not needed: parts still queued are dropped. */
+  discard(): void {
+    this.abandon.abort();
+  }
 }
 
 /**

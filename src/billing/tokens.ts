@@ -136,6 +136,18 @@ export function rememberPromptTextTokens(text: string, count: number): void {
   if (text.length <= PROMPT_TEXT_CACHED_CHARS_MAX) COUNTS.set(text, count);
 }
 
+/**
+ * The length of the prefix of `text` whose count can be made apart from whatever follows it, with no
+ * change to the total: its segments that text appended later cannot move (countTextTokens counts the
+ * same segments, so the prefix's count plus the rest's equals the whole's). 0 when none is settled.
+ */
+export function settledPrefixLength(text: string): number {
+  let start = 0;
+  // segmentEnd looks one character past its limit.
+  while (text.length - start > SEGMENT_CHARS + 1) start = segmentEnd(text, start);
+  return start;
+}
+
 /** Where the segment from `start` ends: the end, or just before a single space between two words. */
 function segmentEnd(text: string, start: number): number {
   if (text.length - start <= SEGMENT_CHARS) return text.length;

@@ -1,5 +1,5 @@
 // Chat requests: admission (idempotency, rate, context, quota), the hold, and the actor's run loop.
-import { countAnswerTokens } from '../billing/offload.ts';
+import { countAnswerTokens, StreamedText } from '../billing/offload.ts';
 import { chargeMicro, reservationMicro } from '../billing/pricing.ts';
 import { actorSettled, statusUrl, type Gateway } from '../gateway.ts';
 import { GatewayError, internalError } from '../http/errors.ts';
@@ -151,15 +151,45 @@ class Answer {
   private readonly calls: ToolCall[] = [];
   private readonly callArguments: TextBuilder[] = [];
   finish: Extract<Delta, { type: 'finish' }> | null = null;
+  /**
+   * A stream keeps its text (and each tool call's name and arguments) only to count it, should the
+   * provider report no usage; relayed already, it is counted in parts as it goes (StreamedText), so a
+   * client that stops reading, or an answer of 16 MiB, does not hold all of it here.
+   */
+  private readonly streamedText: StreamedText | null;
+  private readonly streamedCalls: StreamedText[] = [];
 
+  constructor(private readonly streamed: { keyId: string; limit: number; logger: Gateway['logger'] } | null) {
+    this.streamedText = streamed && new StreamedText(streamed.keyId, streamed.limit, streamed.logger);
+  }
+
+  /** The answer's text (a stream's was relayed and is not kept: empty). */
   get text(): string {
     return this.textParts.build();
   }
 
-  /** The tool calls with their arguments joined (call once, at the end). */
+  /** The tool calls with their arguments joined (call once, at the end; a stream's arguments were relayed, not kept). */
   toolCalls(): ToolCall[] {
-    for (let i = 0; i < this.calls.length; i++) this.calls[i]!.function.arguments = this.callArguments[i]!.build();
+    if (this.streamed === null) for (let i = 0; i < this.calls.length; i++) this.calls[i]!.function.arguments = this.callArguments[i]!.build();
     return this.calls;
+  }
+
+  /** Completion tokens counted from what the provider sent, up to `limit` (see countAnswerTokens). */
+  countTokens(keyId: string, limit: number, signal: AbortSignal, logger: Gateway['logger']): number | Promise<number> {
+    if (this.streamedText !== null) return this.countStreamed();
+    return countAnswerTokens(keyId, [this.text, ...this.toolCalls().map((call) => call.function.name + call.function.arguments)], limit, signal, logger);
+  }
+
+  private async countStreamed(): Promise<number> {
+    let total = await this.streamedText!.tokens();
+    for (const call of this.streamedCalls) total += await call.tokens();
+    return total;
+  }
+
+  /** The counts are not needed any more (usage came, or the run ended): queued parts are dropped. */
+  discard(): void {
+    this.streamedText?.discard();
+    for (const call of this.streamedCalls) call.discard();
   }
 
   /** Takes one delta and relays it to `sink` (when streaming); returns the sink's backpressure, if any. */
@@ -167,7 +197,8 @@ class Answer {
     switch (delta.type) {
       case 'text':
         if (delta.text.length === 0) return;
-        this.textParts.append(delta.text);
+        if (this.streamedText !== null) this.streamedText.append(delta.text);
+        else this.textParts.append(delta.text);
         this.sawText = true;
         return sink?.text(delta.text);
       case 'tool_call': {
@@ -179,8 +210,14 @@ class Answer {
           this.calls.push({ id: delta.id, type: 'function', function: { name: delta.name, arguments: '' } });
           args = new TextBuilder();
           this.callArguments.push(args);
+          if (this.streamed !== null) {
+            const counted = new StreamedText(this.streamed.keyId, this.streamed.limit, this.streamed.logger);
+            counted.append(delta.name);
+            this.streamedCalls.push(counted);
+          }
         }
-        args.append(delta.arguments);
+        if (this.streamed !== null) this.streamedCalls[delta.index]!.append(delta.arguments);
+        else args.append(delta.arguments);
         return sink?.toolCall(delta.index, delta.id, delta.name, delta.arguments);
       }
       case 'finish':
@@ -207,7 +244,8 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
     chat.stream ? 'stream_timeout' : 'upstream_timeout',
   );
 
-  const answer = new Answer();
+  const outputCapTokens = chat.maxOutputTokens ?? chat.model.max_output_tokens;
+  const answer = new Answer(sink !== null ? { keyId: actor.init.keyId, limit: outputCapTokens, logger: gateway.logger } : null);
   let outcome: Outcome | null = null;
   let result: ChatResult;
   const hold = actor.init.hold;
@@ -249,15 +287,7 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
     const toolCalls = answer.toolCalls();
     if (!finish) throw new GatewayError('upstream_invalid_response', 'The provider ended without finishing its answer.');
     const promptTokens = finish.usage?.promptTokens ?? providerRequest.promptTokens;
-    const completionTokens =
-      finish.usage?.completionTokens ??
-      (await countAnswerTokens(
-        actor.init.keyId,
-        [text, ...toolCalls.map((call) => call.function.name + call.function.arguments)],
-        chat.maxOutputTokens ?? chat.model.max_output_tokens,
-        actor.signal,
-        gateway.logger,
-      ));
+    const completionTokens = finish.usage?.completionTokens ?? (await answer.countTokens(actor.init.keyId, outputCapTokens, actor.signal, gateway.logger));
     const usage: Usage = { prompt_tokens: promptTokens, completion_tokens: completionTokens, total_tokens: promptTokens + completionTokens };
     outcome = {
       status: 'completed',
@@ -298,6 +328,7 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
     result = { ok: false, error: (await actor.finish(outcome)) ? error : notRecordedError() };
   } finally {
     clearTimeout(timer);
+    answer.discard();
     // Whatever happened above, the hold never outlives the run: an unexpected exit is an error.
     if (!outcome) {
       outcome = {

@@ -125,7 +125,9 @@ export class SseSink implements ChatSink {
   /** Set when Bun starts sending the body (its first pull). */
   private controller: DirectController | null = null;
   /** Frames not handed to the response yet: before its first pull, and while the client is behind. */
-  private pending = '';
+  private readonly pending: string[] = [];
+  /** Characters in `pending` (frames are mostly ASCII JSON, so this stands for their bytes). */
+  private pendingChars = 0;
   /**
    * Bytes of the last write Bun took while its socket was backpressured (0 once it drains): they may
    * still wait in its buffer, so they count against `bufferBytesMax` with `pending`.
@@ -163,7 +165,8 @@ export class SseSink implements ChatSink {
       pull: (controller) => this.attach(controller),
       cancel: () => {
         this.closed = true;
-        this.pending = '';
+        this.pending.length = 0;
+        this.pendingChars = 0;
         this.resume();
         this.onCancel();
       },
@@ -197,9 +200,12 @@ export class SseSink implements ChatSink {
 
   /** Hands what waits to the response, closes it after the last frames, and lets the run loop go on if there is room. */
   private handPending(controller: DirectController): void {
-    if (this.pending.length > 0) {
-      const text = this.pending;
-      this.pending = '';
+    if (this.pendingChars > 0) {
+      // One write of all that waits, joined once (appending frame by frame to one string makes a rope
+      // of thousands of nodes: measured 4 MB of heap for 1 MiB waiting).
+      const text = this.pending.length === 1 ? this.pending[0]! : this.pending.join('');
+      this.pending.length = 0;
+      this.pendingChars = 0;
       this.hand(controller, text);
     }
     if (this.draining) {
@@ -242,10 +248,11 @@ export class SseSink implements ChatSink {
       this.hand(controller, frame);
       return;
     }
-    this.pending += frame;
+    this.pending.push(frame);
+    this.pendingChars += frame.length;
     // Frames are mostly ASCII JSON, so their length stands for their bytes here. An aborted run stops
     // at its next check; it must not wait for a reader.
-    if (this.pending.length + this.unsentBytes < this.bufferBytesMax || this.signal.aborted) return;
+    if (this.pendingChars + this.unsentBytes < this.bufferBytesMax || this.signal.aborted) return;
     return new Promise<void>((resolve) => (this.wake = resolve));
   }
 
@@ -275,7 +282,9 @@ export class SseSink implements ChatSink {
     // Completed: the last frames follow whatever waits, for a client that reads slowly, until the
     // stream's time is up. Stopped: its error event, for STOPPED_DRAIN_MS_MAX (the stop must free
     // everything within the contract's 1 s). Either way a client that has stopped reading is dropped.
-    this.pending += result.ok ? this.encoder.finish(result.finishReason) + this.encoder.usage(result.usage) + DONE_FRAME : errorFrame(result.error);
+    const last = result.ok ? this.encoder.finish(result.finishReason) + this.encoder.usage(result.usage) + DONE_FRAME : errorFrame(result.error);
+    this.pending.push(last);
+    this.pendingChars += last.length;
     const controller = this.controller;
     if (controller !== null && !this.draining) this.handPending(controller);
     if (this.closed) return;
@@ -290,7 +299,8 @@ export class SseSink implements ChatSink {
     this.closed = true;
     clearTimeout(this.dropTimer);
     this.ending.delete(this);
-    this.pending = '';
+    this.pending.length = 0;
+    this.pendingChars = 0;
     this.controller?.close(DROPPED);
   }
 }

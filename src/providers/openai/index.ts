@@ -36,7 +36,7 @@ const ERROR_BODY_BYTES_MAX = 64 * 1024;
 /** Upstream error codes are echoed only when they look like identifiers, never free text. */
 const SAFE_CODE_CHARS_MAX = 64;
 /** Body bytes received but not yet consumed before the upstream socket is paused (a slow client). */
-const QUEUED_BYTES_MAX = 1024 * 1024;
+const QUEUED_BYTES_MAX = 256 * 1024;
 
 type Usage = { promptTokens: number; completionTokens: number };
 type ReadResult = { done: false; value: Uint8Array } | { done: true; value: undefined };
