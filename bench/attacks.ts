@@ -241,6 +241,8 @@ async function main(): Promise<void> {
   await bound.arrayBuffer();
 
   const rows: string[][] = [];
+  /** What the victim's failed calls were, all phases together. */
+  const victimErrors = new Set<string>();
   const rssStart = rssMiB(gateway.pid);
   let rssPeakAll = rssStart;
   for (const phase of PHASES.filter((p, i) => i === 0 || ONLY === null || p.name.includes(ONLY))) {
@@ -256,8 +258,12 @@ async function main(): Promise<void> {
       Array.from({ length: VICTIM_LOOPS }, async () => {
         while (performance.now() < endMs) {
           const startMs = performance.now();
-          const response = await post(`${gateway.url}/api/v1/chat/completions`, ctx.victimKey, victimBody).catch(() => null);
+          const response = await post(`${gateway.url}/api/v1/chat/completions`, ctx.victimKey, victimBody).catch((error: Error) => {
+            victimErrors.add(error.message);
+            return null;
+          });
           if (response === null || response.status !== 200) errors++;
+          if (response !== null && response.status !== 200) victimErrors.add(`HTTP ${response.status}`);
           await response?.arrayBuffer().catch(() => {});
           latenciesMs.push(performance.now() - startMs);
         }
@@ -289,6 +295,7 @@ async function main(): Promise<void> {
     `# Attacks (bench/attacks.ts, ${SECONDS} s per phase, ${new Date().toISOString().slice(0, 10)})`,
     '',
     `Victim: ${VICTIM_LOOPS} loops of non-stream model_03 calls on a fake upstream; fsync always; gateway on core ${CORE_GATEWAY}, the rest on core ${CORE_LOAD}.`,
+    `Victim errors were: ${[...victimErrors].join('; ') || 'none'}.`,
     `Target: the loop delay stays ≤ 50 ms in every phase. Victim's Idempotency-Key binding after every attack: ${bindingKept ? 'kept (409 naming the original)' : `LOST (${retry.status})`}. RSS at start ${fmt(rssStart, 0)} MiB, peak ${fmt(rssPeakAll, 0)} MiB, after ${fmt(rssMiB(gateway.pid), 0)} MiB.`,
     '',
     table(header, rows),
