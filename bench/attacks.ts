@@ -1,5 +1,6 @@
-// One key attacks, another key works: the victim's latency and the gateway's event-loop delay during each
-// attack of CONTRACT §8 (measured here, never asserted in tests; tests/hostile asserts the behaviour).
+// One key attacks, another key works: the victim's latency and the gateway's event-loop delay
+// during each attack of CONTRACT §8 (measured here, never asserted in tests; tests/hostile asserts
+// the behaviour).
 //
 // Usage: bun bench/attacks.ts [--seconds 6] [--only <phase name part>]      (npm run bench:attacks)
 // Starts a fake upstream, a hostile upstream and tollgate (pinned to core 0; this process and the
@@ -11,9 +12,9 @@ import { join } from 'node:path';
 import {
   ADMIN_TOKEN,
   BUN,
-  cleanup,
   CORE_GATEWAY,
   CORE_LOAD,
+  cleanup,
   fmt,
   installSignalCleanup,
   percentile,
@@ -28,7 +29,9 @@ import {
 
 const SECONDS = Number(process.argv[process.argv.indexOf('--seconds') + 1] || 6);
 /** `--only <text>`: the phases whose name contains it (and the baseline). */
-const ONLY = process.argv.includes('--only') ? process.argv[process.argv.indexOf('--only') + 1]! : null;
+const ONLY = process.argv.includes('--only')
+  ? process.argv[process.argv.indexOf('--only') + 1]!
+  : null;
 const VICTIM_LOOPS = 4;
 const MIB = 1024 * 1024;
 
@@ -48,8 +51,17 @@ interface Context {
   attackCodes: Map<string, number>;
 }
 
-async function post(url: string, key: string, body: unknown, headers: Record<string, string> = {}): Promise<Response> {
-  return fetch(url, { method: 'POST', headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json', ...headers }, body: typeof body === 'string' ? body : JSON.stringify(body) });
+async function post(
+  url: string,
+  key: string,
+  body: unknown,
+  headers: Record<string, string> = {},
+): Promise<Response> {
+  return fetch(url, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${key}`, 'content-type': 'application/json', ...headers },
+    body: typeof body === 'string' ? body : JSON.stringify(body),
+  });
 }
 
 async function count(ctx: Context, response: Response): Promise<void> {
@@ -57,7 +69,9 @@ async function count(ctx: Context, response: Response): Promise<void> {
   let code = String(response.status);
   if (response.status !== 200) {
     try {
-      code = `${response.status} ${((await response.json()) as { error: { code: string } }).error.code}`;
+      code =
+        `${response.status} ` +
+        `${((await response.json()) as { error: { code: string } }).error.code}`;
     } catch {
       // not our envelope
     }
@@ -99,21 +113,38 @@ const PHASES: Phase[] = [
     name: '4 MB prompts, zero credit (model_01)',
     attack: (ctx) =>
       loops(ctx, 4, async () => {
-        await count(ctx, await post(`${ctx.url}/api/v1/chat/completions`, ctx.brokeKey, { model: 'model_01', messages: [{ role: 'user', content: FOUR_MB_PROMPT }] }));
+        await count(
+          ctx,
+          await post(`${ctx.url}/api/v1/chat/completions`, ctx.brokeKey, {
+            model: 'model_01',
+            messages: [{ role: 'user', content: FOUR_MB_PROMPT }],
+          }),
+        );
       }),
   },
   {
     name: 'retention flood (a new Idempotency-Key each)',
     attack: (ctx) =>
       loops(ctx, 8, async (i) => {
-        await count(ctx, await post(`${ctx.url}/api/v1/chat/completions`, ctx.attackerKey, { model: 'model_03', messages: [{ role: 'user', content: 'flood' }] }, { 'idempotency-key': `flood-${i}-${Date.now()}` }));
+        await count(
+          ctx,
+          await post(
+            `${ctx.url}/api/v1/chat/completions`,
+            ctx.attackerKey,
+            { model: 'model_03', messages: [{ role: 'user', content: 'flood' }] },
+            { 'idempotency-key': `flood-${i}-${Date.now()}` },
+          ),
+        );
       }),
   },
   {
     name: 'refusal flood (unknown models, bad JSON)',
     attack: (ctx) =>
       loops(ctx, 8, async (i) => {
-        const body = i % 2 === 0 ? { model: `m-${i}-${'z'.repeat(100)}`, messages: [{ role: 'user', content: 'x' }] } : '{"model":';
+        const body =
+          i % 2 === 0
+            ? { model: `m-${i}-${'z'.repeat(100)}`, messages: [{ role: 'user', content: 'x' }] }
+            : '{"model":';
         await count(ctx, await post(`${ctx.url}/api/v1/chat/completions`, ctx.attackerKey, body));
       }),
   },
@@ -121,17 +152,45 @@ const PHASES: Phase[] = [
     name: 'tool schema bomb (minItems 1e8, simulator)',
     attack: (ctx) =>
       loops(ctx, 4, async () => {
-        const tools = [{ type: 'function', function: { name: 'bomb', parameters: { type: 'object', properties: { a: { type: 'array', minItems: 1e8, items: { type: 'string', minLength: 1000 } } }, required: ['a'] } } }];
-        await count(ctx, await post(`${ctx.url}/api/v1/chat/completions`, ctx.attackerKey, { model: 'model_04', tool_choice: 'required', tools, messages: [{ role: 'user', content: 'x' }] }));
+        const tools = [
+          {
+            type: 'function',
+            function: {
+              name: 'bomb',
+              parameters: {
+                type: 'object',
+                properties: {
+                  a: { type: 'array', minItems: 1e8, items: { type: 'string', minLength: 1000 } },
+                },
+                required: ['a'],
+              },
+            },
+          },
+        ];
+        await count(
+          ctx,
+          await post(`${ctx.url}/api/v1/chat/completions`, ctx.attackerKey, {
+            model: 'model_04',
+            tool_choice: 'required',
+            tools,
+            messages: [{ role: 'user', content: 'x' }],
+          }),
+        );
       }),
   },
   {
     name: 'hostile upstream (huge, endless, big event, bad usage, many deltas)',
     attack: (ctx) =>
       loops(ctx, 6, async (i) => {
-        const models = (process.env.HOSTILE_MODELS ?? 'model_05,model_06,model_08,model_10,model_11').split(',');
+        const models = (
+          process.env.HOSTILE_MODELS ?? 'model_05,model_06,model_08,model_10,model_11'
+        ).split(',');
         const model = models[i % models.length]!;
-        const response = await post(`${ctx.url}/api/v1/chat/completions`, ctx.attackerKey, { model, stream: i % 2 === 0, messages: [{ role: 'user', content: 'x' }] });
+        const response = await post(`${ctx.url}/api/v1/chat/completions`, ctx.attackerKey, {
+          model,
+          stream: i % 2 === 0,
+          messages: [{ role: 'user', content: 'x' }],
+        });
         await count(ctx, response);
       }),
   },
@@ -149,7 +208,10 @@ const PHASES: Phase[] = [
         socket.once('close', () => {
           clearInterval(trickle);
           open.delete(socket);
-          ctx.attackCodes.set('closed by the gateway', (ctx.attackCodes.get('closed by the gateway') ?? 0) + (ctx.stop ? 0 : 1));
+          ctx.attackCodes.set(
+            'closed by the gateway',
+            (ctx.attackCodes.get('closed by the gateway') ?? 0) + (ctx.stop ? 0 : 1),
+          );
           opened();
         });
       };
@@ -162,17 +224,28 @@ const PHASES: Phase[] = [
     name: 'stuck stream readers (100 streams never read)',
     attack: async (ctx) => {
       const open = new Set<Socket>();
-      const body = JSON.stringify({ model: 'model_07', stream: true, messages: [{ role: 'user', content: 'talk a lot' }] });
+      const body = JSON.stringify({
+        model: 'model_07',
+        stream: true,
+        messages: [{ role: 'user', content: 'talk a lot' }],
+      });
       const opened = () => {
         if (ctx.stop) return;
         const socket = rawConnection(ctx.url);
         open.add(socket);
         ctx.attackRequests++;
-        socket.write(`POST /api/v1/chat/completions HTTP/1.1\r\nhost: gateway\r\nauthorization: Bearer ${ctx.attackerKey}\r\ncontent-type: application/json\r\ncontent-length: ${Buffer.byteLength(body)}\r\n\r\n${body}`);
+        socket.write(
+          `POST /api/v1/chat/completions HTTP/1.1\r\nhost: gateway\r\nauthorization: Bearer ` +
+            `${ctx.attackerKey}\r\ncontent-type: application/json\r\ncontent-length: ` +
+            `${Buffer.byteLength(body)}\r\n\r\n${body}`,
+        );
         socket.pause(); // never read a byte
         socket.once('close', () => {
           open.delete(socket);
-          ctx.attackCodes.set('closed by the gateway', (ctx.attackCodes.get('closed by the gateway') ?? 0) + (ctx.stop ? 0 : 1));
+          ctx.attackCodes.set(
+            'closed by the gateway',
+            (ctx.attackCodes.get('closed by the gateway') ?? 0) + (ctx.stop ? 0 : 1),
+          );
           opened();
         });
       };
@@ -200,7 +273,11 @@ async function createKey(url: string, credits: number): Promise<string> {
 async function main(): Promise<void> {
   installSignalCleanup();
   const upstream = await startUpstreamProcess();
-  const hostile = await startService('hostile upstream', pinned(CORE_LOAD, [BUN, 'bench/hostile-upstream.ts', '0']), { readyMsg: 'hostile upstream listening' });
+  const hostile = await startService(
+    'hostile upstream',
+    pinned(CORE_LOAD, [BUN, 'bench/hostile-upstream.ts', '0']),
+    { readyMsg: 'hostile upstream listening' },
+  );
   const dir = tempDir('attacks');
   const configPath = join(dir, 'config.json');
   const on = (upstreamModel: string) => ({ provider: 'hostile', upstream_model: upstreamModel });
@@ -210,7 +287,12 @@ async function main(): Promise<void> {
       providers: {
         fake: { type: 'openai', base_url: `${upstream.url}/v1` },
         hostile: { type: 'openai', base_url: `${hostile.url}/v1` },
-        simulator: { type: 'simulator', ttft_ms: 0, tokens_per_second: 1_000_000, completion_tokens: 4_000 },
+        simulator: {
+          type: 'simulator',
+          ttft_ms: 0,
+          tokens_per_second: 1_000_000,
+          completion_tokens: 4_000,
+        },
       },
       models: {
         model_03: { provider: 'fake', upstream_model: 'up' },
@@ -221,22 +303,44 @@ async function main(): Promise<void> {
         model_11: on('manydeltas'),
       },
       wal: { fsync: 'always' },
-      limits: { default_rate_limit_rpm: 100_000_000, idempotency_keys_max: 5_000, request_records_max: 5_000, request_read_timeout_ms: 2_000, stream_timeout_ms: 3_000 },
+      limits: {
+        default_rate_limit_rpm: 100_000_000,
+        idempotency_keys_max: 5_000,
+        request_records_max: 5_000,
+        request_read_timeout_ms: 2_000,
+        stream_timeout_ms: 3_000,
+      },
     }),
   );
-  const gateway = await startService('tollgate', pinned(CORE_GATEWAY, [BUN, 'src/main.ts', 'serve']), {
-    env: { PORT: '0', DATA_DIR: join(dir, 'data'), ADMIN_TOKEN, LOG_LEVEL: 'info', GATEWAY_CONFIG: configPath },
-    readyMsg: 'tollgate listening',
-  });
+  const gateway = await startService(
+    'tollgate',
+    pinned(CORE_GATEWAY, [BUN, 'src/main.ts', 'serve']),
+    {
+      env: {
+        PORT: '0',
+        DATA_DIR: join(dir, 'data'),
+        ADMIN_TOKEN,
+        LOG_LEVEL: 'info',
+        GATEWAY_CONFIG: configPath,
+      },
+      readyMsg: 'tollgate listening',
+    },
+  );
   const ctxBase = {
     url: gateway.url,
     victimKey: await createKey(gateway.url, 1_000_000_000),
     brokeKey: await createKey(gateway.url, 0),
     attackerKey: await createKey(gateway.url, 1_000_000_000),
   };
-  // The victim's own Idempotency-Key binding, made before every attack: it must survive all of them.
+  // The victim's own Idempotency-Key binding, made before every attack: it must survive all of
+  // them.
   const victimBody = { model: 'model_03', messages: [{ role: 'user', content: 'victim' }] };
-  const bound = await post(`${gateway.url}/api/v1/chat/completions`, ctxBase.victimKey, victimBody, { 'idempotency-key': 'victim-binding-0001' });
+  const bound = await post(
+    `${gateway.url}/api/v1/chat/completions`,
+    ctxBase.victimKey,
+    victimBody,
+    { 'idempotency-key': 'victim-binding-0001' },
+  );
   const boundId = bound.headers.get('x-request-id');
   await bound.arrayBuffer();
 
@@ -258,12 +362,17 @@ async function main(): Promise<void> {
       Array.from({ length: VICTIM_LOOPS }, async () => {
         while (performance.now() < endMs) {
           const startMs = performance.now();
-          const response = await post(`${gateway.url}/api/v1/chat/completions`, ctx.victimKey, victimBody).catch((error: Error) => {
+          const response = await post(
+            `${gateway.url}/api/v1/chat/completions`,
+            ctx.victimKey,
+            victimBody,
+          ).catch((error: Error) => {
             victimErrors.add(error.message);
             return null;
           });
           if (response === null || response.status !== 200) errors++;
-          if (response !== null && response.status !== 200) victimErrors.add(`HTTP ${response.status}`);
+          if (response !== null && response.status !== 200)
+            victimErrors.add(`HTTP ${response.status}`);
           await response?.arrayBuffer().catch(() => {});
           latenciesMs.push(performance.now() - startMs);
         }
@@ -274,7 +383,11 @@ async function main(): Promise<void> {
     await attack;
     clearInterval(sampler);
     rssPeakAll = Math.max(rssPeakAll, rssPeak);
-    const codes = [...ctx.attackCodes].sort((a, b) => b[1] - a[1]).slice(0, 3).map(([code, n]) => `${code} ×${n}`).join(', ');
+    const codes = [...ctx.attackCodes]
+      .sort((a, b) => b[1] - a[1])
+      .slice(0, 3)
+      .map(([code, n]) => `${code} ×${n}`)
+      .join(', ');
     rows.push([
       phase.name,
       String(latenciesMs.length),
@@ -286,17 +399,39 @@ async function main(): Promise<void> {
       fmt(rssPeak, 0),
       `${ctx.attackRequests}${codes ? ` (${codes})` : ''}`,
     ]);
-    process.stderr.write(`bench: ${phase.name}: victim p99 ${fmt(percentile(latenciesMs, 99))} ms, loop delay ${fmt(loopDelayMs, 1)} ms\n`);
+    process.stderr.write(
+      `bench: ${phase.name}: victim p99 ${fmt(percentile(latenciesMs, 99))} ms, loop delay ` +
+        `${fmt(loopDelayMs, 1)} ms\n`,
+    );
   }
-  const retry = await post(`${gateway.url}/api/v1/chat/completions`, ctxBase.victimKey, victimBody, { 'idempotency-key': 'victim-binding-0001' });
+  const retry = await post(
+    `${gateway.url}/api/v1/chat/completions`,
+    ctxBase.victimKey,
+    victimBody,
+    { 'idempotency-key': 'victim-binding-0001' },
+  );
   const bindingKept = retry.status === 409 && retry.headers.get('x-request-id') === boundId;
-  const header = ['phase', 'victim calls', 'p50 ms', 'p99 ms', 'max ms', 'victim errors', 'loop delay max ms', 'gateway RSS peak MiB', 'attack requests (top codes)'];
+  const header = [
+    'phase',
+    'victim calls',
+    'p50 ms',
+    'p99 ms',
+    'max ms',
+    'victim errors',
+    'loop delay max ms',
+    'gateway RSS peak MiB',
+    'attack requests (top codes)',
+  ];
   const report = [
-    `# Attacks (bench/attacks.ts, ${SECONDS} s per phase, ${new Date().toISOString().slice(0, 10)})`,
+    `# Attacks (bench/attacks.ts, ${SECONDS} s per ` +
+      `phase, ${new Date().toISOString().slice(0, 10)})`,
     '',
-    `Victim: ${VICTIM_LOOPS} loops of non-stream model_03 calls on a fake upstream; fsync always; gateway on core ${CORE_GATEWAY}, the rest on core ${CORE_LOAD}.`,
+    `Victim: ${VICTIM_LOOPS} loops of non-stream model_03 calls on a fake upstream; fsync ` +
+      `always; gateway on core ${CORE_GATEWAY}, the rest on core ${CORE_LOAD}.`,
     `Victim errors were: ${[...victimErrors].join('; ') || 'none'}.`,
-    `Target: the loop delay stays ≤ 50 ms in every phase. Victim's Idempotency-Key binding after every attack: ${bindingKept ? 'kept (409 naming the original)' : `LOST (${retry.status})`}. RSS at start ${fmt(rssStart, 0)} MiB, peak ${fmt(rssPeakAll, 0)} MiB, after ${fmt(rssMiB(gateway.pid), 0)} MiB.`,
+    `Target: the loop delay stays ≤ 50 ms in every phase. Victim's Idempotency-Key binding after ' +
+      'every attack: ' +
+        '${bindingKept ? 'kept (409 naming the original)' : `LOST (${retry.status})`}. RSS at start ${fmt(rssStart, 0)} MiB, peak ${fmt(rssPeakAll, 0)} MiB, after ${fmt(rssMiB(gateway.pid), 0)} MiB.`,
     '',
     table(header, rows),
     '',

@@ -1,13 +1,16 @@
 // Benchmark clients that wrk cannot be: time to first token, and many streams held open at once.
 //
 //   bun bench/client.ts latency <spec.json>
-//     Sequential requests (one at a time), interleaved over the spec's targets so drift hits all alike.
-//     Streams: time to the first SSE `data:` bytes and to the end; non-stream: time to the whole body.
+//     Sequential requests (one at a time), interleaved over the spec's targets so drift hits all
+//     alike.
+//     Streams: time to the first SSE `data:` bytes and to the end; non-stream: time to the whole
+//     body.
 //     Prints one JSON line {"msg":"latency","results":{name:{ttftMs:[…],totalMs:[…]}}}.
 //   bun bench/client.ts open <url> <key> <n> [model]
-//     Reads commands on stdin: `open` starts n streams and prints {"msg":"opened",…} once every one has
-//     sent its first chunk, then {"msg":"closed",…} when they have all ended; `quit` exits.
-// Run it pinned to the load core (taskset -c 1), with BUN_CONFIG_MAX_HTTP_REQUESTS above n for `open`.
+//     Reads commands on stdin: `open` starts n streams and prints {"msg":"opened",…} once every one
+//     has
+//     sent its first chunk, then {"msg":"closed",…} when they have all ended; `quit` exits. Run it
+//     pinned to the load core (taskset -c 1), with BUN_CONFIG_MAX_HTTP_REQUESTS above n for `open`.
 
 export interface LatencyTarget {
   name: string;
@@ -32,8 +35,13 @@ const decoder = new TextDecoder();
 
 async function timeOne(target: LatencyTarget): Promise<{ ttftMs: number; totalMs: number }> {
   const start = performance.now();
-  const response = await fetch(target.url, { method: 'POST', headers: target.headers, body: target.body });
-  if (response.status !== 200) throw new Error(`${target.name}: HTTP ${response.status}: ${await response.text()}`);
+  const response = await fetch(target.url, {
+    method: 'POST',
+    headers: target.headers,
+    body: target.body,
+  });
+  if (response.status !== 200)
+    throw new Error(`${target.name}: HTTP ${response.status}: ${await response.text()}`);
   const reader = response.body!.getReader();
   let ttftMs = NaN;
   let text = '';
@@ -66,7 +74,12 @@ async function latency(spec: LatencySpec): Promise<Record<string, LatencySamples
 }
 
 async function openStreams(url: string, key: string, n: number, model = 'model_02'): Promise<void> {
-  const body = JSON.stringify({ model, messages: [{ role: 'user', content: 'hello' }], max_completion_tokens: 64, stream: true });
+  const body = JSON.stringify({
+    model,
+    messages: [{ role: 'user', content: 'hello' }],
+    max_completion_tokens: 64,
+    stream: true,
+  });
   const headers = { authorization: `Bearer ${key}`, 'content-type': 'application/json' };
   const startMs = performance.now();
   let opened = 0;
@@ -78,7 +91,11 @@ async function openStreams(url: string, key: string, n: number, model = 'model_0
   const streams = Array.from({ length: n }, async () => {
     let first = true;
     try {
-      const response = await fetch(`${url}/api/v1/chat/completions`, { method: 'POST', headers, body });
+      const response = await fetch(`${url}/api/v1/chat/completions`, {
+        method: 'POST',
+        headers,
+        body,
+      });
       if (response.status !== 200) throw new Error(`HTTP ${response.status}`);
       let sawDone = false;
       let tail = '';
@@ -103,10 +120,19 @@ async function openStreams(url: string, key: string, n: number, model = 'model_0
   const timeout = setTimeout(() => allOpen.resolve(), 20_000);
   await allOpen.promise;
   clearTimeout(timeout);
-  console.log(JSON.stringify({ msg: 'opened', opened, failed: failedOpen, ms: performance.now() - startMs }));
+  console.log(
+    JSON.stringify({ msg: 'opened', opened, failed: failedOpen, ms: performance.now() - startMs }),
+  );
   const ends = await Promise.all(streams);
   const completed = ends.filter(Boolean).length;
-  console.log(JSON.stringify({ msg: 'closed', completed, failed: n - completed, ms: performance.now() - startMs }));
+  console.log(
+    JSON.stringify({
+      msg: 'closed',
+      completed,
+      failed: n - completed,
+      ms: performance.now() - startMs,
+    }),
+  );
 }
 
 if (import.meta.main) {

@@ -1,4 +1,5 @@
-// Shared benchmark plumbing: child processes that always get cleaned up, /proc readings, wrk, statistics.
+// Shared benchmark plumbing: child processes that always get cleaned up, /proc readings, wrk,
+// statistics.
 import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -11,8 +12,9 @@ export const CORE_LOAD = '1';
 /** Clock ticks per second for /proc/<pid>/stat (getconf CLK_TCK; 100 on every Linux we run on). */
 export const CLK_TCK = 100;
 
-// ---------------------------------------------------------------------------------------------------
-// Children and temp dirs: everything started here is stopped in `cleanup()`, which also runs on SIGINT.
+// ------------------------------------------------------------------------------------------
+// Children and temp dirs: everything started here is stopped in `cleanup()`, which also runs on
+// SIGINT.
 
 const children = new Set<Subprocess>();
 const tempDirs = new Set<string>();
@@ -24,8 +26,17 @@ export function tempDir(prefix: string): string {
 }
 
 /** Bun.spawn with all three pipes, remembered so that `cleanup()` (and SIGINT) stops it. */
-export function spawnChild(argv: string[], options: { env?: Record<string, string | undefined> } = {}): Subprocess<'pipe', 'pipe', 'pipe'> {
-  const child = Bun.spawn(argv, { cwd: ROOT, env: options.env ?? process.env, stdin: 'pipe', stdout: 'pipe', stderr: 'pipe' });
+export function spawnChild(
+  argv: string[],
+  options: { env?: Record<string, string | undefined> } = {},
+): Subprocess<'pipe', 'pipe', 'pipe'> {
+  const child = Bun.spawn(argv, {
+    cwd: ROOT,
+    env: options.env ?? process.env,
+    stdin: 'pipe',
+    stdout: 'pipe',
+    stderr: 'pipe',
+  });
   children.add(child);
   void child.exited.then(() => children.delete(child));
   return child;
@@ -35,7 +46,10 @@ export function spawnChild(argv: string[], options: { env?: Record<string, strin
 export async function stopChild(child: Subprocess, graceMs = 3_000): Promise<void> {
   if (child.exitCode === null && child.signalCode === null) {
     child.kill('SIGTERM');
-    const killed = await Promise.race([child.exited.then(() => true), Bun.sleep(graceMs).then(() => false)]);
+    const killed = await Promise.race([
+      child.exited.then(() => true),
+      Bun.sleep(graceMs).then(() => false),
+    ]);
     if (!killed) {
       child.kill('SIGKILL');
       await child.exited;
@@ -75,9 +89,9 @@ export interface Service {
 }
 
 /**
- * Spawns a long-running child and waits for the JSON line whose `msg` is `readyMsg`; its `url` is the
- * service's address. Stdout and stderr are drained for the child's whole life (a full pipe would block
- * a synchronous logger), keeping the last lines for diagnostics.
+ * Spawns a long-running child and waits for the JSON line whose `msg` is `readyMsg`; its `url` is
+ * the service's address. Stdout and stderr are drained for the child's whole life (a full pipe
+ * would block a synchronous logger), keeping the last lines for diagnostics.
  */
 export async function startService(
   name: string,
@@ -109,9 +123,14 @@ export async function startService(
     }
   });
   void drainLines(child.stderr, remember);
-  void child.exited.then((code) => ready.reject(new Error(`${name} exited with ${code} before it was ready:\n${tail.join('\n')}`)));
+  void child.exited.then((code) =>
+    ready.reject(new Error(`${name} exited with ${code} before it was ready:\n${tail.join('\n')}`)),
+  );
   const timeoutMs = options.timeoutMs ?? 15_000;
-  const timer = setTimeout(() => ready.reject(new Error(`${name} not ready within ${timeoutMs} ms:\n${tail.join('\n')}`)), timeoutMs);
+  const timer = setTimeout(
+    () => ready.reject(new Error(`${name} not ready within ${timeoutMs} ms:\n${tail.join('\n')}`)),
+    timeoutMs,
+  );
   try {
     const url = await ready.promise;
     return { child, pid: child.pid, url, tail };
@@ -123,7 +142,10 @@ export async function startService(
   }
 }
 
-export async function drainLines(stream: ReadableStream<Uint8Array>, onLine: (line: string) => void): Promise<void> {
+export async function drainLines(
+  stream: ReadableStream<Uint8Array>,
+  onLine: (line: string) => void,
+): Promise<void> {
   const decoder = new TextDecoder();
   let buffer = '';
   try {
@@ -141,17 +163,25 @@ export async function drainLines(stream: ReadableStream<Uint8Array>, onLine: (li
   if (buffer.length > 0) onLine(buffer);
 }
 
-// ---------------------------------------------------------------------------------------------------
+// ------------------------------------------------------------------------------------------
 // The services under test.
 
 export const ADMIN_TOKEN = 'bench-admin-token-0123456789abcdef';
 
 export async function startUpstreamProcess(): Promise<Service> {
-  return startService('upstream', pinned(CORE_LOAD, [BUN, 'bench/upstream.ts', '0']), { readyMsg: 'upstream listening' });
+  return startService('upstream', pinned(CORE_LOAD, [BUN, 'bench/upstream.ts', '0']), {
+    readyMsg: 'upstream listening',
+  });
 }
 
-export async function startProxyProcess(target: string, env: Record<string, string> = {}): Promise<Service> {
-  return startService('proxy', pinned(CORE_GATEWAY, [BUN, 'bench/proxy.ts', target, '0']), { readyMsg: 'proxy listening', env });
+export async function startProxyProcess(
+  target: string,
+  env: Record<string, string> = {},
+): Promise<Service> {
+  return startService('proxy', pinned(CORE_GATEWAY, [BUN, 'bench/proxy.ts', target, '0']), {
+    readyMsg: 'proxy listening',
+    env,
+  });
 }
 
 export type FsyncPolicy = 'always' | 'interval' | 'off';
@@ -162,8 +192,8 @@ export interface Tollgate extends Service {
 }
 
 /**
- * Starts `bun src/main.ts serve` on core 0 with model_03 (and model_02 for held streams) on the fake
- * upstream, then creates one key with plenty of credits.
+ * Starts `bun src/main.ts serve` on core 0 with model_03 (and model_02 for held streams) on the
+ * fake upstream, then creates one key with plenty of credits.
  */
 export async function startTollgate(
   upstreamUrl: string,
@@ -184,21 +214,35 @@ export async function startTollgate(
       limits: { default_rate_limit_rpm: 100_000_000 },
     }),
   );
-  const service = await startService(options.name ?? `tollgate (fsync ${fsync})`, pinned(CORE_GATEWAY, [BUN, ...(options.bunFlags ?? []), 'src/main.ts', 'serve']), {
-    env: { PORT: '0', DATA_DIR: join(dir, 'data'), ADMIN_TOKEN, LOG_LEVEL: 'info', GATEWAY_CONFIG: configPath, ...options.env },
-    readyMsg: 'tollgate listening',
-  });
+  const service = await startService(
+    options.name ?? `tollgate (fsync ${fsync})`,
+    pinned(CORE_GATEWAY, [BUN, ...(options.bunFlags ?? []), 'src/main.ts', 'serve']),
+    {
+      env: {
+        PORT: '0',
+        DATA_DIR: join(dir, 'data'),
+        ADMIN_TOKEN,
+        LOG_LEVEL: 'info',
+        GATEWAY_CONFIG: configPath,
+        ...options.env,
+      },
+      readyMsg: 'tollgate listening',
+    },
+  );
   const response = await fetch(`${service.url}/admin/v1/keys`, {
     method: 'POST',
     headers: { authorization: `Bearer ${ADMIN_TOKEN}`, 'content-type': 'application/json' },
     body: JSON.stringify({ name: 'bench', credits: 1_000_000_000 }),
   });
   const created = (await response.json()) as { key?: string };
-  if (!response.ok || !created.key) throw new Error(`tollgate: creating a key failed: ${response.status} ${JSON.stringify(created)}`);
+  if (!response.ok || !created.key)
+    throw new Error(
+      `tollgate: creating a key failed: ${response.status} ${JSON.stringify(created)}`,
+    );
   return { ...service, key: created.key, dataDir: dir };
 }
 
-// ---------------------------------------------------------------------------------------------------
+// ------------------------------------------------------------------------------------------
 // /proc
 
 /** User + system CPU time of the whole process (all threads), in seconds. */
@@ -216,7 +260,7 @@ export function rssMiB(pid: number): number {
   return match ? Number(match[1]) / 1024 : NaN;
 }
 
-// ---------------------------------------------------------------------------------------------------
+// ------------------------------------------------------------------------------------------
 // wrk
 
 export interface WrkResult {
@@ -234,21 +278,35 @@ export async function ensureWrk(): Promise<void> {
   if (Bun.which('wrk')) return;
   if (process.getuid?.() === 0 && Bun.which('apt-get')) {
     console.error('bench: wrk not found; installing it with apt-get (Debian package "wrk")');
-    const install = Bun.spawnSync(['apt-get', 'install', '-y', 'wrk'], { stdout: 'inherit', stderr: 'inherit' });
+    const install = Bun.spawnSync(['apt-get', 'install', '-y', 'wrk'], {
+      stdout: 'inherit',
+      stderr: 'inherit',
+    });
     if (install.exitCode === 0 && Bun.which('wrk')) return;
   }
-  throw new Error('bench: wrk is required (Debian/Ubuntu: `apt-get install wrk`) and could not be installed; aborting.');
+  throw new Error(
+    'bench: wrk is required (Debian/Ubuntu: `apt-get ' +
+      'install wrk`) and could not be installed; aborting.',
+  );
 }
 
 /** A wrk Lua script for one POST body; `done` prints one machine-readable line. */
-export function wrkScript(dir: string, name: string, body: string, headers: Record<string, string>): string {
+export function wrkScript(
+  dir: string,
+  name: string,
+  body: string,
+  headers: Record<string, string>,
+): string {
   const lua = [
     'wrk.method = "POST"',
     `wrk.body = ${luaString(body)}`,
-    ...Object.entries(headers).map(([key, value]) => `wrk.headers[${luaString(key)}] = ${luaString(value)}`),
+    ...Object.entries(headers).map(
+      ([key, value]) => `wrk.headers[${luaString(key)}] = ${luaString(value)}`,
+    ),
     'done = function(summary, latency, requests)',
     '  local e = summary.errors',
-    '  io.write(string.format(\'WRKJSON {"requests":%d,"duration_us":%d,"connect":%d,"read":%d,"write":%d,"status":%d,"timeout":%d,"p50_us":%d,"p90_us":%d,"p99_us":%d}\\n\',',
+    "  io.write(string.format('WRKJSON " +
+      '{"requests":%d,"duration_us":%d,"connect":%d,"read":%d,"write":%d,"status":%d,"timeout":%d,"p50_us":%d,"p90_us":%d,"p99_us":%d}\\n\',',
     '    summary.requests, summary.duration, e.connect, e.read, e.write, e.status, e.timeout,',
     '    latency:percentile(50), latency:percentile(90), latency:percentile(99)))',
     'end',
@@ -262,11 +320,30 @@ function luaString(text: string): string {
   return `"${text.replaceAll('\\', '\\\\').replaceAll('"', '\\"')}"`;
 }
 
-export async function runWrk(url: string, script: string, connections: number, durationS: number): Promise<WrkResult> {
-  const argv = pinned(CORE_LOAD, ['wrk', '-t1', `-c${connections}`, `-d${durationS}s`, '--timeout', '10s', '--latency', '-s', script, url]);
+export async function runWrk(
+  url: string,
+  script: string,
+  connections: number,
+  durationS: number,
+): Promise<WrkResult> {
+  const argv = pinned(CORE_LOAD, [
+    'wrk',
+    '-t1',
+    `-c${connections}`,
+    `-d${durationS}s`,
+    '--timeout',
+    '10s',
+    '--latency',
+    '-s',
+    script,
+    url,
+  ]);
   const child = Bun.spawn(argv, { stdout: 'pipe', stderr: 'pipe' });
   children.add(child);
-  const [out, err] = await Promise.all([new Response(child.stdout).text(), new Response(child.stderr).text()]);
+  const [out, err] = await Promise.all([
+    new Response(child.stdout).text(),
+    new Response(child.stderr).text(),
+  ]);
   await child.exited;
   children.delete(child);
   const line = out.split('\n').find((l) => l.startsWith('WRKJSON '));
@@ -285,7 +362,7 @@ export async function runWrk(url: string, script: string, connections: number, d
   };
 }
 
-// ---------------------------------------------------------------------------------------------------
+// ------------------------------------------------------------------------------------------
 // Statistics
 
 export function median(values: readonly number[]): number {
@@ -326,7 +403,10 @@ export function fmtRatio(values: readonly number[], digits = 2): string {
 
 /** A markdown table from a header row and rows of cells. */
 export function table(header: string[], rows: string[][]): string {
-  const lines = [`| ${header.join(' | ')} |`, `|${header.map((_, i) => (i === 0 ? ' --- ' : ' ---: ')).join('|')}|`];
+  const lines = [
+    `| ${header.join(' | ')} |`,
+    `|${header.map((_, i) => (i === 0 ? ' --- ' : ' ---: ')).join('|')}|`,
+  ];
   for (const row of rows) lines.push(`| ${row.join(' | ')} |`);
   return lines.join('\n');
 }

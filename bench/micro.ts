@@ -1,24 +1,27 @@
 // Micro benchmarks (mitata) of the per-request and per-chunk hot paths, each on its own.
 //
-// Usage: bun bench/micro.ts [filter-regex]   (BENCH_JSON=1 prints one JSON line: [{name, avgNs, p50Ns, p99Ns}])
-// What is measured, with the inputs the whole-server benchmark sends:
-//   SSE parse of one upstream chunk (SseParser.feed), the chunk rewrite (ChunkEncoder.text), and the
-//   whole per-chunk relay (feed + JSON.parse + rewrite); request validation (validateChatRequest with the
+// Usage: bun bench/micro.ts [filter-regex]   (BENCH_JSON=1 prints one JSON line: [{name, avgNs,
+// p50Ns, p99Ns}]) What is measured, with the inputs the whole-server benchmark sends:
+//   SSE parse of one upstream chunk (SseParser.feed), the chunk rewrite (ChunkEncoder.text), and
+//   the
+//   whole per-chunk relay (feed + JSON.parse + rewrite); request validation (validateChatRequest
+//   with the
 //   default config); the Idempotency-Key fingerprint (requestFingerprint); token counts of 1 KB and
-//   100 KB of text (countTextTokens) and a prompt seen before (the count cache); WAL append per fsync
+//   100 KB of text (countTextTokens) and a prompt seen before (the count cache); WAL append per
+//   fsync
 //   policy, one at a time and 32 at once (group commit).
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { bench, do_not_optimize, group, run } from 'mitata';
 import { countPromptTokens, countTextTokens } from '../src/billing/tokens.ts';
-import { ChunkEncoder } from '../src/chat/sse.ts';
 import { validateChatRequest } from '../src/chat/model.ts';
+import { ChunkEncoder } from '../src/chat/sse.ts';
 import { defaultConfig } from '../src/config/defaults.ts';
 import { requestFingerprint } from '../src/idempotency/fingerprint.ts';
 import { SseParser } from '../src/providers/openai/sse-parse.ts';
 import { createLogger } from '../src/util/log.ts';
-import { WriteAheadLog, type FsyncPolicy } from '../src/wal/log.ts';
+import { type FsyncPolicy, WriteAheadLog } from '../src/wal/log.ts';
 import { benchRecord } from './wal.ts';
 
 export interface MicroResult {
@@ -42,7 +45,11 @@ const UPSTREAM_CHUNK = encoder.encode(
   })}\n\n`,
 );
 
-const SMALL_BODY = { model: 'model_03', messages: [{ role: 'user', content: 'hello' }], max_completion_tokens: 64 };
+const SMALL_BODY = {
+  model: 'model_03',
+  messages: [{ role: 'user', content: 'hello' }],
+  max_completion_tokens: 64,
+};
 const TOOLS_BODY = {
   model: 'model_03',
   max_completion_tokens: 256,
@@ -60,21 +67,61 @@ const TOOLS_BODY = {
     function: {
       name: `tool_${i}`,
       description: `Tool number ${i} looks things up.`,
-      parameters: { type: 'object', properties: { city: { type: 'string' }, days: { type: 'integer' } }, required: ['city'] },
+      parameters: {
+        type: 'object',
+        properties: { city: { type: 'string' }, days: { type: 'integer' } },
+        required: ['city'],
+      },
     },
   })),
 };
 
 /** Deterministic English-like text of about `bytes` bytes (a fixed word list, an LCG to pick). */
 export function prose(bytes: number): string {
-  const words = ['the', 'gateway', 'streams', 'tokens', 'from', 'an', 'upstream', 'model', 'and', 'bills', 'each', 'request',
-    'in', 'micro-credits', 'while', 'a', 'write-ahead', 'log', 'keeps', 'every', 'fact', 'durable', 'across', 'crashes,',
-    'restarts', 'or', 'timeouts.', 'Latency', 'matters:', '42', 'ms', 'is', 'too', 'slow!', 'naïve', 'café', '東京'];
+  const words = [
+    'the',
+    'gateway',
+    'streams',
+    'tokens',
+    'from',
+    'an',
+    'upstream',
+    'model',
+    'and',
+    'bills',
+    'each',
+    'request',
+    'in',
+    'micro-credits',
+    'while',
+    'a',
+    'write-ahead',
+    'log',
+    'keeps',
+    'every',
+    'fact',
+    'durable',
+    'across',
+    'crashes,',
+    'restarts',
+    'or',
+    'timeouts.',
+    'Latency',
+    'matters:',
+    '42',
+    'ms',
+    'is',
+    'too',
+    'slow!',
+    'naïve',
+    'café',
+    '東京',
+  ];
   let seed = 12_345;
   let out = '';
   while (out.length < bytes) {
     seed = (seed * 1_103_515_245 + 12_345) % 2_147_483_648;
-    out += words[seed % words.length] + ' ';
+    out += `${words[seed % words.length]} `;
   }
   return out.slice(0, bytes);
 }
@@ -107,7 +154,9 @@ function register(): void {
   const text100k = prose(100 * 1024);
 
   group('stream, per chunk', () => {
-    bench('sse parse (SseParser.feed, 1 chunk)', () => do_not_optimize(parser.feed(UPSTREAM_CHUNK)));
+    bench('sse parse (SseParser.feed, 1 chunk)', () =>
+      do_not_optimize(parser.feed(UPSTREAM_CHUNK)),
+    );
     bench('chunk rewrite (ChunkEncoder.text)', () => do_not_optimize(chunkEncoder.text('tok07 ')));
     bench('relay: feed + JSON.parse + rewrite', () => {
       const events = relayParser.feed(UPSTREAM_CHUNK);
@@ -119,21 +168,30 @@ function register(): void {
   });
 
   group('per request', () => {
-    bench('validateChatRequest (1 message)', () => do_not_optimize(validateChatRequest(SMALL_BODY, config)));
-    bench('validateChatRequest (20 messages, 4 tools)', () => do_not_optimize(validateChatRequest(TOOLS_BODY, config)));
-    bench('requestFingerprint (1 message)', () => do_not_optimize(requestFingerprint('POST', '/api/v1/chat/completions', SMALL_BODY)));
+    bench('validateChatRequest (1 message)', () =>
+      do_not_optimize(validateChatRequest(SMALL_BODY, config)),
+    );
+    bench('validateChatRequest (20 messages, 4 tools)', () =>
+      do_not_optimize(validateChatRequest(TOOLS_BODY, config)),
+    );
+    bench('requestFingerprint (1 message)', () =>
+      do_not_optimize(requestFingerprint('POST', '/api/v1/chat/completions', SMALL_BODY)),
+    );
     bench('requestFingerprint (20 messages, 4 tools)', () =>
       do_not_optimize(requestFingerprint('POST', '/api/v1/chat/completions', TOOLS_BODY)),
     );
   });
 
-  // countTextTokens is the tokenizer alone; countPromptTokens looks prompt texts up in the count cache first,
-  // and the "seen before" case measures that lookup (a system prompt or history resent every turn).
+  // countTextTokens is the tokenizer alone; countPromptTokens looks prompt texts up in the count
+  // cache first, and the "seen before" case measures that lookup (a system prompt or history resent
+  // every turn).
   const seenMessages = [{ role: 'user' as const, content: text1k }];
   group('tokenizer', () => {
     bench('countTextTokens 1 KB', () => do_not_optimize(countTextTokens(text1k)));
     bench('countTextTokens 100 KB', () => do_not_optimize(countTextTokens(text100k)));
-    bench('countPromptTokens 1 KB message, seen before', () => do_not_optimize(countPromptTokens(seenMessages, null)));
+    bench('countPromptTokens 1 KB message, seen before', () =>
+      do_not_optimize(countPromptTokens(seenMessages, null)),
+    );
   });
 
   group('wal append + group commit', () => {
@@ -169,7 +227,13 @@ export async function runMicro(filter?: RegExp): Promise<MicroResult[]> {
     for (const trial of benchmarks) {
       for (const r of trial.runs) {
         if (!r.stats) continue;
-        results.push({ name: r.name, avgNs: r.stats.avg, p50Ns: r.stats.p50, p99Ns: r.stats.p99, perIteration: PER_ITERATION[r.name] ?? 1 });
+        results.push({
+          name: r.name,
+          avgNs: r.stats.avg,
+          p50Ns: r.stats.p50,
+          p99Ns: r.stats.p99,
+          perIteration: PER_ITERATION[r.name] ?? 1,
+        });
       }
     }
     return results;

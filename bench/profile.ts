@@ -1,18 +1,19 @@
-// Where tollgate's CPU goes under load: `bun --cpu-prof` on the gateway while wrk drives it, then the top
-// functions by self time (and by inclusive time) from the .cpuprofile.
+// Where tollgate's CPU goes under load: `bun --cpu-prof` on the gateway while wrk drives it, then
+// the top functions by self time (and by inclusive time) from the .cpuprofile.
 //
-// Usage: bun bench/profile.ts [nonstream|stream|both] [--seconds S] [--fsync always|interval|off] [--top N] [--keep DIR]
-// Same layout as bench/run.ts: tollgate on core 0, the fake upstream and wrk (32 connections) on core 1.
-// One tollgate per mode, so each profile holds one workload. --keep copies the .cpuprofile files to DIR
-// (open them in Chrome DevTools or speedscope).
+// Usage: bun bench/profile.ts [nonstream|stream|both] [--seconds S] [--fsync always|interval|off]
+// [--top N] [--keep DIR] Same layout as bench/run.ts: tollgate on core 0, the fake upstream and wrk
+// (32 connections) on core 1. One tollgate per mode, so each profile holds one workload. --keep
+// copies the .cpuprofile files to DIR (open them in Chrome DevTools or speedscope).
 import { copyFileSync, mkdirSync, readdirSync } from 'node:fs';
 import { join, relative } from 'node:path';
 import {
-  ROOT,
   cleanup,
   ensureWrk,
+  type FsyncPolicy,
   fmt,
   installSignalCleanup,
+  ROOT,
   runWrk,
   startTollgate,
   startUpstreamProcess,
@@ -20,7 +21,6 @@ import {
   table,
   tempDir,
   wrkScript,
-  type FsyncPolicy,
 } from './lib.ts';
 
 interface CallFrame {
@@ -54,12 +54,20 @@ function frameName(frame: CallFrame): string {
   const fn = frame.functionName || '(anonymous)';
   if (!frame.url) return fn;
   const path = frame.url.startsWith('file://') ? frame.url.slice(7) : frame.url;
-  const short = path.startsWith(ROOT) ? relative(ROOT, path) : path.replace(/^.*node_modules\//, 'node_modules/');
+  const short = path.startsWith(ROOT)
+    ? relative(ROOT, path)
+    : path.replace(/^.*node_modules\//, 'node_modules/');
   return `${fn} ${short}:${frame.lineNumber + 1}`;
 }
 
-/** Self and inclusive time per function (by name, file and line) from a Chrome-format CPU profile. */
-export function summarizeProfile(profile: CpuProfile): { entries: ProfileEntry[]; totalMs: number; idleMs: number } {
+/**
+ * Self and inclusive time per function (by name, file and line) from a Chrome-format CPU profile.
+ */
+export function summarizeProfile(profile: CpuProfile): {
+  entries: ProfileEntry[];
+  totalMs: number;
+  idleMs: number;
+} {
   const byId = new Map<number, ProfileNode>();
   const parent = new Map<number, number>();
   for (const node of profile.nodes) {
@@ -76,7 +84,8 @@ export function summarizeProfile(profile: CpuProfile): { entries: ProfileEntry[]
     if (!node) continue;
     totalUs += deltaUs;
     const name = frameName(node.callFrame);
-    if (node.callFrame.functionName === '(idle)' || node.callFrame.functionName === '(program)') idleUs += deltaUs;
+    if (node.callFrame.functionName === '(idle)' || node.callFrame.functionName === '(program)')
+      idleUs += deltaUs;
     self.set(name, (self.get(name) ?? 0) + deltaUs);
     const seen = new Set<string>();
     for (let id: number | undefined = node.id; id !== undefined; id = parent.get(id)) {
@@ -96,8 +105,12 @@ export function summarizeProfile(profile: CpuProfile): { entries: ProfileEntry[]
   return { entries, totalMs: totalUs / 1000, idleMs: idleUs / 1000 };
 }
 
-/** Self time grouped by source file (native and builtin frames, which have no file, grouped as one). */
-export function selfByFile(entries: ProfileEntry[]): Array<{ file: string; selfMs: number; selfPct: number }> {
+/**
+ * Self time grouped by source file (native and builtin frames, which have no file, grouped as one).
+ */
+export function selfByFile(
+  entries: ProfileEntry[],
+): Array<{ file: string; selfMs: number; selfPct: number }> {
   const files = new Map<string, { selfMs: number; selfPct: number }>();
   for (const entry of entries) {
     const match = / (\S+):\d+$/.exec(entry.name);
@@ -108,16 +121,31 @@ export function selfByFile(entries: ProfileEntry[]): Array<{ file: string; selfM
     sum.selfPct += entry.selfPct;
     files.set(file, sum);
   }
-  return [...files.entries()].map(([file, sum]) => ({ file, ...sum })).sort((a, b) => b.selfMs - a.selfMs);
+  return [...files.entries()]
+    .map(([file, sum]) => ({ file, ...sum }))
+    .sort((a, b) => b.selfMs - a.selfMs);
 }
 
-async function profileMode(mode: 'nonstream' | 'stream', seconds: number, fsync: FsyncPolicy, top: number, keep: string | null): Promise<string> {
+async function profileMode(
+  mode: 'nonstream' | 'stream',
+  seconds: number,
+  fsync: FsyncPolicy,
+  top: number,
+  keep: string | null,
+): Promise<string> {
   const upstream = await startUpstreamProcess();
   const dir = tempDir(`cpuprof-${mode}`);
-  const tollgate = await startTollgate(upstream.url, fsync, { bunFlags: ['--cpu-prof', `--cpu-prof-dir=${dir}`] });
+  const tollgate = await startTollgate(upstream.url, fsync, {
+    bunFlags: ['--cpu-prof', `--cpu-prof-dir=${dir}`],
+  });
   const url = `${tollgate.url}/api/v1/chat/completions`;
   const headers = { 'content-type': 'application/json', authorization: `Bearer ${tollgate.key}` };
-  const body = JSON.stringify({ model: 'model_03', messages: [{ role: 'user', content: 'hello' }], max_completion_tokens: 64, ...(mode === 'stream' ? { stream: true } : {}) });
+  const body = JSON.stringify({
+    model: 'model_03',
+    messages: [{ role: 'user', content: 'hello' }],
+    max_completion_tokens: 64,
+    ...(mode === 'stream' ? { stream: true } : {}),
+  });
   const script = wrkScript(dir, mode, body, headers);
   const result = await runWrk(url, script, 32, seconds);
   await stopChild(tollgate.child, 15_000);
@@ -130,14 +158,25 @@ async function profileMode(mode: 'nonstream' | 'stream', seconds: number, fsync:
   }
   const profile = (await Bun.file(join(dir, file)).json()) as CpuProfile;
   const { entries, totalMs, idleMs } = summarizeProfile(profile);
-  const row = (e: ProfileEntry) => [e.name.replaceAll('|', '\\|'), fmt(e.selfMs, 0), fmt(e.selfPct, 1), fmt(e.totalMs, 0), fmt(e.totalPct, 1)];
+  const row = (e: ProfileEntry) => [
+    e.name.replaceAll('|', '\\|'),
+    fmt(e.selfMs, 0),
+    fmt(e.selfPct, 1),
+    fmt(e.totalMs, 0),
+    fmt(e.totalPct, 1),
+  ];
   const header = ['function', 'self ms', 'self %', 'total ms', 'total %'];
   const bySelf = [...entries].sort((a, b) => b.selfMs - a.selfMs).slice(0, top);
-  const byTotal = [...entries].filter((e) => !e.name.startsWith('(')).sort((a, b) => b.totalMs - a.totalMs).slice(0, top);
+  const byTotal = [...entries]
+    .filter((e) => !e.name.startsWith('('))
+    .sort((a, b) => b.totalMs - a.totalMs)
+    .slice(0, top);
   return [
-    `## ${mode}, fsync ${fsync}: ${Math.round(result.rps)} req/s at 32 connections for ${seconds} s`,
+    `## ${mode}, fsync ${fsync}: ${Math.round(result.rps)} req/s at 32 connections for ` +
+      `${seconds} s`,
     '',
-    `Profile: ${fmt(totalMs, 0)} ms sampled, of which ${fmt(idleMs, 0)} ms idle/program (includes start-up and shutdown).`,
+    `Profile: ${fmt(totalMs, 0)} ms sampled, of which ${fmt(idleMs, 0)} ms idle/program ` +
+      `(includes start-up and shutdown).`,
     '',
     '### Top by self time',
     '',
@@ -149,7 +188,12 @@ async function profileMode(mode: 'nonstream' | 'stream', seconds: number, fsync:
     '',
     '### Self time by file',
     '',
-    table(['file', 'self ms', 'self %'], selfByFile(entries).slice(0, top).map((f) => [f.file, fmt(f.selfMs, 0), fmt(f.selfPct, 1)])),
+    table(
+      ['file', 'self ms', 'self %'],
+      selfByFile(entries)
+        .slice(0, top)
+        .map((f) => [f.file, fmt(f.selfMs, 0), fmt(f.selfPct, 1)]),
+    ),
     '',
   ].join('\n');
 }
@@ -169,7 +213,8 @@ if (import.meta.main) {
   const keep = keepAt >= 0 ? args[keepAt + 1]! : null;
   try {
     await ensureWrk();
-    const modes = which === 'both' ? (['nonstream', 'stream'] as const) : [which as 'nonstream' | 'stream'];
+    const modes =
+      which === 'both' ? (['nonstream', 'stream'] as const) : [which as 'nonstream' | 'stream'];
     for (const mode of modes) console.log(await profileMode(mode, seconds, fsync, top, keep));
   } catch (error) {
     process.stderr.write(`profile failed: ${(error as Error).stack ?? error}\n`);

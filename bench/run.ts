@@ -1,21 +1,19 @@
-// `npm run bench`: the whole server side by side (direct, trivial proxy, tollgate), memory under 1,000 open
-// streams, the WAL per fsync policy and the micro benchmarks, in one run; writes bench/results/latest.{md,json}.
+// `npm run bench`: the whole server side by side (direct, trivial proxy, tollgate), memory under
+// 1,000 open streams, the WAL per fsync policy and the micro benchmarks, in one run; writes
+// bench/results/latest.{md,json}.
 //
 // Usage: bun bench/run.ts [--rounds N] [--quick] [--skip micro,wal,memory,latency,server]
 //   BENCH_JSON=1 prints the JSON instead of the markdown (both files are written either way).
-// Layout: every gateway (proxy, tollgate) runs on core 0; the upstream, wrk and the Bun clients on core 1.
+//   Layout: every gateway (proxy, tollgate) runs on core 0; the upstream, wrk and the Bun clients
+//   on core 1.
 import { mkdirSync, writeFileSync } from 'node:fs';
-import { join } from 'node:path';
 import { arch, cpus, release } from 'node:os';
-import type { MicroResult } from './micro.ts';
+import { join } from 'node:path';
 import type { LatencySamples, LatencySpec } from './client.ts';
-import { CHUNKS_PER_STREAM } from './upstream.ts';
-import { walMarkdown, type WalReport } from './wal.ts';
 import {
   BUN,
   CORE_GATEWAY,
   CORE_LOAD,
-  ROOT,
   cleanup,
   cpuSeconds,
   drainLines,
@@ -27,23 +25,27 @@ import {
   median,
   percentile,
   pinned,
+  ROOT,
   range,
   rssMiB,
   runWrk,
+  type Service,
   spawnChild,
   startProxyProcess,
   startTollgate,
   startUpstreamProcess,
   stopChild,
+  type Tollgate,
   table,
   tempDir,
-  wrkScript,
-  type Service,
-  type Tollgate,
   type WrkResult,
+  wrkScript,
 } from './lib.ts';
+import type { MicroResult } from './micro.ts';
+import { CHUNKS_PER_STREAM } from './upstream.ts';
+import { type WalReport, walMarkdown } from './wal.ts';
 
-// ---------------------------------------------------------------------------------------------------
+// ------------------------------------------------------------------------------------------
 // Options
 
 const argv = process.argv.slice(2);
@@ -61,7 +63,7 @@ const MEMORY_ROUNDS = quick ? 2 : 5;
 
 const log = (line: string) => process.stderr.write(`${line}\n`);
 
-// ---------------------------------------------------------------------------------------------------
+// ------------------------------------------------------------------------------------------
 // Targets
 
 type Mode = 'nonstream' | 'stream';
@@ -76,18 +78,29 @@ interface Target {
   headers: Record<string, string>;
 }
 
-const BODY_BASE = { model: 'model_03', messages: [{ role: 'user', content: 'hello' }], max_completion_tokens: 64 };
+const BODY_BASE = {
+  model: 'model_03',
+  messages: [{ role: 'user', content: 'hello' }],
+  max_completion_tokens: 64,
+};
 function bodyFor(target: Target, mode: Mode): string {
   // Direct and proxy reach the fake upstream, whose model is "up"; tollgate maps model_03 onto it.
   const model = target.name === 'direct' || target.name === 'proxy' ? 'up' : 'model_03';
   return JSON.stringify({ ...BODY_BASE, model, ...(mode === 'stream' ? { stream: true } : {}) });
 }
 
-const EXPECTED_TEXT = Array.from({ length: CHUNKS_PER_STREAM }, (_, i) => `tok${String(i + 1).padStart(2, '0')} `).join('');
+const EXPECTED_TEXT = Array.from(
+  { length: CHUNKS_PER_STREAM },
+  (_, i) => `tok${String(i + 1).padStart(2, '0')} `,
+).join('');
 
 /** One request per target and mode before measuring: a wrong answer must not be benchmarked. */
 async function sanityCheck(target: Target, mode: Mode): Promise<void> {
-  const response = await fetch(target.url, { method: 'POST', headers: target.headers, body: bodyFor(target, mode) });
+  const response = await fetch(target.url, {
+    method: 'POST',
+    headers: target.headers,
+    body: bodyFor(target, mode),
+  });
   const text = await response.text();
   const fail = (why: string) => {
     throw new Error(`sanity check ${target.label} ${mode}: ${why}\n${text.slice(0, 500)}`);
@@ -113,7 +126,7 @@ async function sanityCheck(target: Target, mode: Mode): Promise<void> {
   if (events < CHUNKS_PER_STREAM + 2) fail(`only ${events} events`);
 }
 
-// ---------------------------------------------------------------------------------------------------
+// ------------------------------------------------------------------------------------------
 // Whole server
 
 interface ServerRun {
@@ -141,14 +154,18 @@ async function measure(
   const cpuAfter = target.pid === null ? 0 : cpuSeconds(target.pid);
   const upstreamAfter = cpuSeconds(upstreamPid);
   if (wrk.errors > 0 || wrk.non2xx > 0) {
-    log(`  ! ${target.label} ${mode} c${connections}: ${wrk.errors} socket errors, ${wrk.non2xx} non-2xx answers`);
+    log(
+      `  ! ${target.label} ${mode} c${connections}: ${wrk.errors} socket errors, ${wrk.non2xx} ` +
+        `non-2xx answers`,
+    );
   }
   return {
     mode,
     connections,
     target: target.name,
     wrk,
-    gatewayCpuUsPerRequest: target.pid === null ? null : ((cpuAfter - cpuBefore) * 1e6) / Math.max(1, wrk.requests),
+    gatewayCpuUsPerRequest:
+      target.pid === null ? null : ((cpuAfter - cpuBefore) * 1e6) / Math.max(1, wrk.requests),
     upstreamCpuUsPerRequest: ((upstreamAfter - upstreamBefore) * 1e6) / Math.max(1, wrk.requests),
     gatewayRssMiB: target.pid === null ? null : rssMiB(target.pid),
   };
@@ -156,36 +173,63 @@ async function measure(
 
 /** Which targets run at which connection count. */
 const PLAN: Array<{ connections: number; targets: TargetName[]; seconds: number }> = [
-  { connections: 32, targets: ['direct', 'proxy', 'tollgate', 'tollgate-off'], seconds: LOAD_SECONDS },
-  { connections: 1, targets: ['direct', 'proxy', 'tollgate', 'tollgate-interval', 'tollgate-off'], seconds: LATENCY_SECONDS },
+  {
+    connections: 32,
+    targets: ['direct', 'proxy', 'tollgate', 'tollgate-off'],
+    seconds: LOAD_SECONDS,
+  },
+  {
+    connections: 1,
+    targets: ['direct', 'proxy', 'tollgate', 'tollgate-interval', 'tollgate-off'],
+    seconds: LATENCY_SECONDS,
+  },
 ];
 
-async function serverBench(targets: Record<TargetName, Target>, upstream: Service): Promise<ServerRun[]> {
+async function serverBench(
+  targets: Record<TargetName, Target>,
+  upstream: Service,
+): Promise<ServerRun[]> {
   const dir = tempDir('wrk');
   const scripts = new Map<string, string>();
   for (const target of Object.values(targets)) {
     for (const mode of ['nonstream', 'stream'] as const) {
       await sanityCheck(target, mode);
-      scripts.set(`${target.name}/${mode}`, wrkScript(dir, `${target.name}-${mode}`, bodyFor(target, mode), target.headers));
+      scripts.set(
+        `${target.name}/${mode}`,
+        wrkScript(dir, `${target.name}-${mode}`, bodyFor(target, mode), target.headers),
+      );
     }
   }
   log(`warm-up: ${WARMUP_SECONDS} s per target and mode`);
   for (const target of Object.values(targets)) {
-    for (const mode of ['nonstream', 'stream'] as const) await runWrk(target.url, scripts.get(`${target.name}/${mode}`)!, 32, WARMUP_SECONDS);
+    for (const mode of ['nonstream', 'stream'] as const)
+      await runWrk(target.url, scripts.get(`${target.name}/${mode}`)!, 32, WARMUP_SECONDS);
   }
   const runs: ServerRun[] = [];
   for (let round = 0; round < ROUNDS; round++) {
     for (const mode of ['nonstream', 'stream'] as const) {
       for (const { connections, targets: names, seconds } of PLAN) {
-        // Rotate the order each round, so no target always runs first (or right after the same one).
+        // Rotate the order each round, so no target always runs first (or right after the same
+        // one).
         const order = names.map((_, i) => names[(i + round) % names.length]!);
         for (const name of order) {
-          const result = await measure(targets[name], mode, connections, seconds, scripts.get(`${name}/${mode}`)!, upstream.pid);
+          const result = await measure(
+            targets[name],
+            mode,
+            connections,
+            seconds,
+            scripts.get(`${name}/${mode}`)!,
+            upstream.pid,
+          );
           runs.push({ round, ...result });
           log(
-            `round ${round + 1}/${ROUNDS} ${mode.padEnd(9)} c${String(connections).padEnd(2)} ${targets[name].label.padEnd(22)} ` +
-              `${fmtInt(result.wrk.rps).padStart(7)} req/s  p50 ${fmt(result.wrk.p50Ms, 3)} ms  p99 ${fmt(result.wrk.p99Ms, 3)} ms` +
-              (result.gatewayCpuUsPerRequest === null ? '' : `  cpu ${fmt(result.gatewayCpuUsPerRequest, 1)} µs/req`),
+            `round ${round + 1}/${ROUNDS} ${mode.padEnd(9)} c${String(connections).padEnd(2)} ` +
+              `${targets[name].label.padEnd(22)} ` +
+              `${fmtInt(result.wrk.rps).padStart(7)} req/s  p50 ${fmt(result.wrk.p50Ms, 3)} ms  ` +
+              `p99 ${fmt(result.wrk.p99Ms, 3)} ms` +
+              (result.gatewayCpuUsPerRequest === null
+                ? ''
+                : `  cpu ${fmt(result.gatewayCpuUsPerRequest, 1)} µs/req`),
           );
         }
       }
@@ -194,34 +238,53 @@ async function serverBench(targets: Record<TargetName, Target>, upstream: Servic
   return runs;
 }
 
-// ---------------------------------------------------------------------------------------------------
+// ------------------------------------------------------------------------------------------
 // Sequential latency client: time to first token, and non-stream latency, interleaved over targets.
 
-async function latencyBench(targets: Record<TargetName, Target>): Promise<Record<string, LatencySamples>> {
+async function latencyBench(
+  targets: Record<TargetName, Target>,
+): Promise<Record<string, LatencySamples>> {
   const dir = tempDir('latency');
   const spec: LatencySpec = { targets: [], warmup: 30, requests: LATENCY_REQUESTS };
-  for (const name of ['direct', 'proxy', 'tollgate', 'tollgate-interval', 'tollgate-off'] as const) {
+  for (const name of [
+    'direct',
+    'proxy',
+    'tollgate',
+    'tollgate-interval',
+    'tollgate-off',
+  ] as const) {
     const target = targets[name];
     for (const mode of ['nonstream', 'stream'] as const) {
-      spec.targets.push({ name: `${name}/${mode}`, url: target.url, headers: target.headers, body: bodyFor(target, mode), stream: mode === 'stream' });
+      spec.targets.push({
+        name: `${name}/${mode}`,
+        url: target.url,
+        headers: target.headers,
+        body: bodyFor(target, mode),
+        stream: mode === 'stream',
+      });
     }
   }
   const specPath = join(dir, 'spec.json');
   writeFileSync(specPath, JSON.stringify(spec));
   const child = spawnChild(pinned(CORE_LOAD, [BUN, 'bench/client.ts', 'latency', specPath]));
-  const [out, err] = await Promise.all([new Response(child.stdout).text(), new Response(child.stderr).text()]);
+  const [out, err] = await Promise.all([
+    new Response(child.stdout).text(),
+    new Response(child.stderr).text(),
+  ]);
   const code = await child.exited;
   const line = out.split('\n').find((l) => l.includes('"msg":"latency"'));
   if (code !== 0 || !line) throw new Error(`latency client failed (${code}):\n${out}\n${err}`);
   return (JSON.parse(line) as { results: Record<string, LatencySamples> }).results;
 }
 
-// ---------------------------------------------------------------------------------------------------
-// Memory: RSS of a fresh tollgate idle, with 1,000 open streams, and after they end, over several rounds.
+// ------------------------------------------------------------------------------------------
+// Memory: RSS of a fresh tollgate idle, with 1,000 open streams, and after they end, over several
+// rounds.
 //
-// RSS moves with the garbage collector, not with the requests: after a burst it first rises (garbage),
-// drops within ~2 s, and the allocator hands most of the rest back only ~10–12 s later. So the idle
-// baseline and the final reading each wait QUIET_MS; the per-round "after" is read AFTER_MS after the end.
+// RSS moves with the garbage collector, not with the requests: after a burst it first rises
+// (garbage), drops within ~2 s, and the allocator hands most of the rest back only ~10–12 s later.
+// So the idle baseline and the final reading each wait QUIET_MS; the per-round "after" is read
+// AFTER_MS after the end.
 
 const QUIET_MS = quick ? 6_000 : 13_000;
 const AFTER_MS = 2_000;
@@ -242,13 +305,19 @@ interface MemoryReport {
   finalMiB: number;
   rounds: MemoryRound[];
   envNote: string | null;
-  /** The same first round through the trivial proxy: the floor any Bun gateway pays for open streams. */
+  /**
+   * The same first round through the trivial proxy: the floor any Bun gateway pays for open
+   * streams.
+   */
   proxy: { startMiB: number; openMiB: number; opened: number } | null;
 }
 
 class LineChild {
   readonly child;
-  private readonly waiters: Array<{ msg: string; resolve: (value: Record<string, unknown>) => void }> = [];
+  private readonly waiters: Array<{
+    msg: string;
+    resolve: (value: Record<string, unknown>) => void;
+  }> = [];
   private readonly queue: Record<string, unknown>[] = [];
   constructor(argv: string[], env: Record<string, string>) {
     this.child = spawnChild(argv, { env: { ...process.env, ...env } });
@@ -291,7 +360,12 @@ class LineChild {
 }
 
 /** One open → release → end cycle; RSS read when all are open and AFTER_MS after they ended. */
-async function memoryRound(client: LineChild, pid: number, release: () => Promise<unknown>, round: number): Promise<MemoryRound> {
+async function memoryRound(
+  client: LineChild,
+  pid: number,
+  release: () => Promise<unknown>,
+  round: number,
+): Promise<MemoryRound> {
   const beforeMiB = rssMiB(pid);
   client.send('open');
   const opened = await client.next('opened', 30_000);
@@ -301,14 +375,26 @@ async function memoryRound(client: LineChild, pid: number, release: () => Promis
   const closed = await client.next('closed', 30_000);
   if (!closed) throw new Error('memory: the streams did not all end within 30 s of their release');
   await Bun.sleep(AFTER_MS);
-  return { round, beforeMiB, openMiB, afterMiB: rssMiB(pid), opened: Number(opened.opened), completed: Number(closed.completed), openMs: Number(opened.ms) };
+  return {
+    round,
+    beforeMiB,
+    openMiB,
+    afterMiB: rssMiB(pid),
+    opened: Number(opened.opened),
+    completed: Number(closed.completed),
+    openMs: Number(opened.ms),
+  };
 }
 
 async function memoryBench(upstream: Service): Promise<MemoryReport> {
-  const release = () => fetch(`${upstream.url}/bench/release`, { method: 'POST' }).then((r) => r.json());
+  const release = () =>
+    fetch(`${upstream.url}/bench/release`, { method: 'POST' }).then((r) => r.json());
   const clientEnv = { BUN_CONFIG_MAX_HTTP_REQUESTS: String(OPEN_STREAMS * 4) };
   const start = async (env: Record<string, string>) => {
-    const tollgate = await startTollgate(upstream.url, 'always', { name: 'tollgate (memory)', env });
+    const tollgate = await startTollgate(upstream.url, 'always', {
+      name: 'tollgate (memory)',
+      env,
+    });
     const dir = tempDir('memwarm');
     const target: Target = {
       name: 'tollgate',
@@ -317,9 +403,25 @@ async function memoryBench(upstream: Service): Promise<MemoryReport> {
       pid: tollgate.pid,
       headers: { authorization: `Bearer ${tollgate.key}`, 'content-type': 'application/json' },
     };
-    await runWrk(target.url, wrkScript(dir, 'warm', bodyFor(target, 'stream'), target.headers), 32, WARMUP_SECONDS);
-    const client = new LineChild(pinned(CORE_LOAD, [BUN, 'bench/client.ts', 'open', tollgate.url, tollgate.key, String(OPEN_STREAMS)]), clientEnv);
-    if (!(await client.next('client ready', 10_000))) throw new Error('memory: the client did not start');
+    await runWrk(
+      target.url,
+      wrkScript(dir, 'warm', bodyFor(target, 'stream'), target.headers),
+      32,
+      WARMUP_SECONDS,
+    );
+    const client = new LineChild(
+      pinned(CORE_LOAD, [
+        BUN,
+        'bench/client.ts',
+        'open',
+        tollgate.url,
+        tollgate.key,
+        String(OPEN_STREAMS),
+      ]),
+      clientEnv,
+    );
+    if (!(await client.next('client ready', 10_000)))
+      throw new Error('memory: the client did not start');
     return { tollgate, client };
   };
 
@@ -335,15 +437,22 @@ async function memoryBench(upstream: Service): Promise<MemoryReport> {
       await release();
       await client.next('closed', 30_000);
     } else {
-      probeOpened = opened ? Number(opened.opened) : ((await (await fetch(`${upstream.url}/bench/stats`)).json()) as { held: number }).held;
-      log(`memory: only ${probeOpened}/${OPEN_STREAMS} streams opened with the default env; restarting tollgate with BUN_CONFIG_MAX_HTTP_REQUESTS`);
+      probeOpened = opened
+        ? Number(opened.opened)
+        : ((await (await fetch(`${upstream.url}/bench/stats`)).json()) as { held: number }).held;
+      log(
+        `memory: only ${probeOpened}/${OPEN_STREAMS} streams opened with the default env; ` +
+          `restarting tollgate with BUN_CONFIG_MAX_HTTP_REQUESTS`,
+      );
       await client.stop();
       await stopChild(tollgate.child, 1_000);
       await release();
       const env = { BUN_CONFIG_MAX_HTTP_REQUESTS: String(OPEN_STREAMS * 4) };
       envNote =
-        `with the default environment only ${probeOpened} of ${OPEN_STREAMS} streams reached the upstream (Bun's fetch allows ` +
-        `BUN_CONFIG_MAX_HTTP_REQUESTS, default 256, requests in flight); this tollgate ran with BUN_CONFIG_MAX_HTTP_REQUESTS=${env.BUN_CONFIG_MAX_HTTP_REQUESTS}.`;
+        `with the default environment only ${probeOpened} of ${OPEN_STREAMS} streams reached ` +
+        `the upstream (Bun's fetch allows ` +
+        `BUN_CONFIG_MAX_HTTP_REQUESTS, default 256, requests in flight); this tollgate ran ` +
+        `with BUN_CONFIG_MAX_HTTP_REQUESTS=${env.BUN_CONFIG_MAX_HTTP_REQUESTS}.`;
       ({ tollgate, client } = await start(env));
     }
 
@@ -353,12 +462,22 @@ async function memoryBench(upstream: Service): Promise<MemoryReport> {
     while (rounds.length < MEMORY_ROUNDS) {
       const round = await memoryRound(client, tollgate.pid, release, rounds.length + 1);
       rounds.push(round);
-      log(`memory round ${round.round}: idle ${fmt(startMiB, 1)} MiB, ${round.opened} open ${fmt(round.openMiB, 1)} MiB, ${AFTER_MS / 1000} s after ${fmt(round.afterMiB, 1)} MiB`);
+      log(
+        `memory round ${round.round}: idle ${fmt(startMiB, 1)} MiB, ${round.opened} open ` +
+          `${fmt(round.openMiB, 1)} MiB, ${AFTER_MS / 1000} s after ${fmt(round.afterMiB, 1)} MiB`,
+      );
     }
     await Bun.sleep(QUIET_MS - AFTER_MS);
     const finalMiB = rssMiB(tollgate.pid);
     log(`memory: ${QUIET_MS / 1000} s after the last round ${fmt(finalMiB, 1)} MiB`);
-    return { fetchLimitProbe: { opened: probeOpened, of: OPEN_STREAMS, envNeeded: envNote !== null }, startMiB, finalMiB, rounds, envNote, proxy: null };
+    return {
+      fetchLimitProbe: { opened: probeOpened, of: OPEN_STREAMS, envNeeded: envNote !== null },
+      startMiB,
+      finalMiB,
+      rounds,
+      envNote,
+      proxy: null,
+    };
   } finally {
     client.send('quit');
     await client.stop();
@@ -366,19 +485,51 @@ async function memoryBench(upstream: Service): Promise<MemoryReport> {
   }
 }
 
-/** Round 1 of the memory benchmark through the trivial proxy (same warm-up, quiet wait and streams). */
+/**
+ * Round 1 of the memory benchmark through the trivial proxy (same warm-up, quiet wait and streams).
+ */
 async function proxyMemoryReference(upstream: Service): Promise<MemoryReport['proxy']> {
   const env = { BUN_CONFIG_MAX_HTTP_REQUESTS: String(OPEN_STREAMS * 4) };
   const proxy = await startProxyProcess(upstream.url, env);
-  const client = new LineChild(pinned(CORE_LOAD, [BUN, 'bench/client.ts', 'open', proxy.url, 'none', String(OPEN_STREAMS), 'hold']), env);
+  const client = new LineChild(
+    pinned(CORE_LOAD, [
+      BUN,
+      'bench/client.ts',
+      'open',
+      proxy.url,
+      'none',
+      String(OPEN_STREAMS),
+      'hold',
+    ]),
+    env,
+  );
   try {
     const headers = { 'content-type': 'application/json' };
-    const body = JSON.stringify({ model: 'model_03', messages: [{ role: 'user', content: 'hello' }], max_completion_tokens: 64, stream: true });
-    await runWrk(`${proxy.url}/api/v1/chat/completions`, wrkScript(tempDir('memproxy'), 'warm', body, headers), 32, WARMUP_SECONDS);
-    if (!(await client.next('client ready', 10_000))) throw new Error('memory: the client did not start');
+    const body = JSON.stringify({
+      model: 'model_03',
+      messages: [{ role: 'user', content: 'hello' }],
+      max_completion_tokens: 64,
+      stream: true,
+    });
+    await runWrk(
+      `${proxy.url}/api/v1/chat/completions`,
+      wrkScript(tempDir('memproxy'), 'warm', body, headers),
+      32,
+      WARMUP_SECONDS,
+    );
+    if (!(await client.next('client ready', 10_000)))
+      throw new Error('memory: the client did not start');
     await Bun.sleep(QUIET_MS);
-    const round = await memoryRound(client, proxy.pid, () => fetch(`${upstream.url}/bench/release`, { method: 'POST' }).then((r) => r.json()), 1);
-    log(`memory (trivial proxy): idle ${fmt(round.beforeMiB, 1)} MiB, ${round.opened} open ${fmt(round.openMiB, 1)} MiB`);
+    const round = await memoryRound(
+      client,
+      proxy.pid,
+      () => fetch(`${upstream.url}/bench/release`, { method: 'POST' }).then((r) => r.json()),
+      1,
+    );
+    log(
+      `memory (trivial proxy): idle ${fmt(round.beforeMiB, 1)} MiB, ${round.opened} open ` +
+        `${fmt(round.openMiB, 1)} MiB`,
+    );
     return { startMiB: round.beforeMiB, openMiB: round.openMiB, opened: round.opened };
   } finally {
     client.send('quit');
@@ -387,19 +538,25 @@ async function proxyMemoryReference(upstream: Service): Promise<MemoryReport['pr
   }
 }
 
-// ---------------------------------------------------------------------------------------------------
-// Sub-benchmarks in their own processes (pinned to the gateway core, which is otherwise idle by then).
+// ------------------------------------------------------------------------------------------
+// Sub-benchmarks in their own processes (pinned to the gateway core, which is otherwise idle by
+// then).
 
 async function runJsonChild<T>(argv: string[]): Promise<T> {
-  const child = spawnChild(pinned(CORE_GATEWAY, [BUN, ...argv]), { env: { ...process.env, BENCH_JSON: '1' } });
-  const [out, err] = await Promise.all([new Response(child.stdout).text(), new Response(child.stderr).text()]);
+  const child = spawnChild(pinned(CORE_GATEWAY, [BUN, ...argv]), {
+    env: { ...process.env, BENCH_JSON: '1' },
+  });
+  const [out, err] = await Promise.all([
+    new Response(child.stdout).text(),
+    new Response(child.stderr).text(),
+  ]);
   const code = await child.exited;
   const line = out.trim().split('\n').at(-1);
   if (code !== 0 || !line) throw new Error(`${argv.join(' ')} failed (${code}):\n${out}\n${err}`);
   return JSON.parse(line) as T;
 }
 
-// ---------------------------------------------------------------------------------------------------
+// ------------------------------------------------------------------------------------------
 // Report
 
 interface Check {
@@ -409,16 +566,36 @@ interface Check {
   pass: boolean | null;
 }
 
-function runsOf(runs: ServerRun[], mode: Mode, connections: number, target: TargetName): ServerRun[] {
-  return runs.filter((r) => r.mode === mode && r.connections === connections && r.target === target);
+function runsOf(
+  runs: ServerRun[],
+  mode: Mode,
+  connections: number,
+  target: TargetName,
+): ServerRun[] {
+  return runs.filter(
+    (r) => r.mode === mode && r.connections === connections && r.target === target,
+  );
 }
 
 /** Per round: f(tollgate run, reference run); then median and range over rounds. */
-function perRound(runs: ServerRun[], mode: Mode, connections: number, a: TargetName, b: TargetName, f: (a: ServerRun, b: ServerRun) => number): number[] {
+function perRound(
+  runs: ServerRun[],
+  mode: Mode,
+  connections: number,
+  a: TargetName,
+  b: TargetName,
+  f: (a: ServerRun, b: ServerRun) => number,
+): number[] {
   const values: number[] = [];
   for (let round = 0; round < ROUNDS; round++) {
-    const ra = runs.find((r) => r.round === round && r.mode === mode && r.connections === connections && r.target === a);
-    const rb = runs.find((r) => r.round === round && r.mode === mode && r.connections === connections && r.target === b);
+    const ra = runs.find(
+      (r) =>
+        r.round === round && r.mode === mode && r.connections === connections && r.target === a,
+    );
+    const rb = runs.find(
+      (r) =>
+        r.round === round && r.mode === mode && r.connections === connections && r.target === b,
+    );
     if (ra && rb) values.push(f(ra, rb));
   }
   return values;
@@ -436,7 +613,14 @@ function serverTables(runs: ServerRun[]): string {
   const out: string[] = [];
   for (const mode of ['nonstream', 'stream'] as const) {
     for (const { connections, targets } of PLAN) {
-      out.push(`#### ${mode === 'stream' ? `Stream (${CHUNKS_PER_STREAM} chunks; latency = time to last byte)` : 'Non-stream'}, ${connections} connection${connections > 1 ? 's' : ''}`, '');
+      out.push(
+        `#### ${
+          mode === 'stream'
+            ? `Stream (${CHUNKS_PER_STREAM} ` + `chunks; latency = time to last byte)`
+            : 'Non-stream'
+        }, ${connections} connection${connections > 1 ? 's' : ''}`,
+        '',
+      );
       const rows = targets.map((name) => {
         const rs = runsOf(runs, mode, connections, name);
         const rps = rs.map((r) => r.wrk.rps);
@@ -456,22 +640,62 @@ function serverTables(runs: ServerRun[]): string {
         ];
       });
       out.push(
-        table(['target', 'req/s median (range)', 'p50 ms', 'p99 ms', 'gateway CPU µs/req', 'upstream CPU µs/req', 'gateway RSS MiB (max)', 'errors'], rows),
+        table(
+          [
+            'target',
+            'req/s median (range)',
+            'p50 ms',
+            'p99 ms',
+            'gateway CPU µs/req',
+            'upstream CPU µs/req',
+            'gateway RSS MiB (max)',
+            'errors',
+          ],
+          rows,
+        ),
         '',
       );
       const ratioRows: string[][] = [];
       for (const name of targets.filter((t) => t.startsWith('tollgate'))) {
         ratioRows.push([
           LABELS[name],
-          fmtRatio(perRound(runs, mode, connections, name, 'proxy', (a, b) => a.wrk.rps / b.wrk.rps)),
-          fmtRatio(perRound(runs, mode, connections, name, 'direct', (a, b) => a.wrk.rps / b.wrk.rps)),
-          fmtRatio(perRound(runs, mode, connections, name, 'proxy', (a, b) => a.gatewayCpuUsPerRequest! / b.gatewayCpuUsPerRequest!)),
-          fmtRatio(perRound(runs, mode, connections, name, 'proxy', (a, b) => a.wrk.p50Ms / b.wrk.p50Ms)),
-          fmtRatio(perRound(runs, mode, connections, name, 'direct', (a, b) => a.wrk.p50Ms - b.wrk.p50Ms), 3),
+          fmtRatio(
+            perRound(runs, mode, connections, name, 'proxy', (a, b) => a.wrk.rps / b.wrk.rps),
+          ),
+          fmtRatio(
+            perRound(runs, mode, connections, name, 'direct', (a, b) => a.wrk.rps / b.wrk.rps),
+          ),
+          fmtRatio(
+            perRound(
+              runs,
+              mode,
+              connections,
+              name,
+              'proxy',
+              (a, b) => a.gatewayCpuUsPerRequest! / b.gatewayCpuUsPerRequest!,
+            ),
+          ),
+          fmtRatio(
+            perRound(runs, mode, connections, name, 'proxy', (a, b) => a.wrk.p50Ms / b.wrk.p50Ms),
+          ),
+          fmtRatio(
+            perRound(runs, mode, connections, name, 'direct', (a, b) => a.wrk.p50Ms - b.wrk.p50Ms),
+            3,
+          ),
         ]);
       }
       out.push(
-        table(['per round, median (range)', 'req/s ÷ proxy', 'req/s ÷ direct', 'CPU/req ÷ proxy', 'p50 ÷ proxy', 'p50 − direct (ms)'], ratioRows),
+        table(
+          [
+            'per round, median (range)',
+            'req/s ÷ proxy',
+            'req/s ÷ direct',
+            'CPU/req ÷ proxy',
+            'p50 ÷ proxy',
+            'p50 − direct (ms)',
+          ],
+          ratioRows,
+        ),
         '',
       );
     }
@@ -479,12 +703,21 @@ function serverTables(runs: ServerRun[]): string {
   return out.join('\n');
 }
 
-function latencyTable(samples: Record<string, LatencySamples>): { markdown: string; addedMs: Record<string, number> } {
+function latencyTable(samples: Record<string, LatencySamples>): {
+  markdown: string;
+  addedMs: Record<string, number>;
+} {
   const addedMs: Record<string, number> = {};
   const directTtft = percentile(samples['direct/stream']!.ttftMs, 50);
   const directTotal = percentile(samples['direct/nonstream']!.totalMs, 50);
   const rows: string[][] = [];
-  for (const name of ['direct', 'proxy', 'tollgate', 'tollgate-interval', 'tollgate-off'] as const) {
+  for (const name of [
+    'direct',
+    'proxy',
+    'tollgate',
+    'tollgate-interval',
+    'tollgate-off',
+  ] as const) {
     const stream = samples[`${name}/stream`]!;
     const nonstream = samples[`${name}/nonstream`]!;
     const ttft = percentile(stream.ttftMs, 50);
@@ -501,14 +734,35 @@ function latencyTable(samples: Record<string, LatencySamples>): { markdown: stri
     ]);
   }
   return {
-    markdown: table(['target', 'TTFT p50 ms', 'TTFT p99 ms', 'TTFT p50 − direct (ms)', 'non-stream p50 ms', 'non-stream p50 − direct (ms)'], rows),
+    markdown: table(
+      [
+        'target',
+        'TTFT p50 ms',
+        'TTFT p99 ms',
+        'TTFT p50 − direct (ms)',
+        'non-stream p50 ms',
+        'non-stream p50 − direct (ms)',
+      ],
+      rows,
+    ),
     addedMs,
   };
 }
 
 function microTable(results: MicroResult[]): string {
-  const ns = (value: number) => (value >= 1e6 ? `${fmt(value / 1e6, 2)} ms` : value >= 1e3 ? `${fmt(value / 1e3, 2)} µs` : `${fmt(value, 0)} ns`);
-  const rows = results.map((r) => [r.name, ns(r.avgNs), ns(r.p50Ns), ns(r.p99Ns), r.perIteration > 1 ? ns(r.avgNs / r.perIteration) : '']);
+  const ns = (value: number) =>
+    value >= 1e6
+      ? `${fmt(value / 1e6, 2)} ms`
+      : value >= 1e3
+        ? `${fmt(value / 1e3, 2)} µs`
+        : `${fmt(value, 0)} ns`;
+  const rows = results.map((r) => [
+    r.name,
+    ns(r.avgNs),
+    ns(r.p50Ns),
+    ns(r.p99Ns),
+    r.perIteration > 1 ? ns(r.avgNs / r.perIteration) : '',
+  ]);
   return table(['benchmark', 'avg / iter', 'p50', 'p99', 'avg / item'], rows);
 }
 
@@ -516,7 +770,7 @@ function verdict(pass: boolean | null): string {
   return pass === null ? 'n/a' : pass ? 'PASS' : 'MISS';
 }
 
-// ---------------------------------------------------------------------------------------------------
+// ------------------------------------------------------------------------------------------
 
 async function main(): Promise<void> {
   installSignalCleanup();
@@ -524,8 +778,22 @@ async function main(): Promise<void> {
   const report: Record<string, unknown> = {
     startedAt: new Date(startedMs).toISOString(),
     command: `bun bench/run.ts ${argv.join(' ')}`.trim(),
-    machine: { cpu: cpus()[0]?.model ?? 'unknown', cores: cpus().length, arch: arch(), kernel: release(), bun: Bun.version, loadAvgAtStart: (await Bun.file('/proc/loadavg').text()).trim() },
-    settings: { rounds: ROUNDS, loadSeconds: LOAD_SECONDS, latencySeconds: LATENCY_SECONDS, latencyRequests: LATENCY_REQUESTS, openStreams: OPEN_STREAMS, memoryRounds: MEMORY_ROUNDS },
+    machine: {
+      cpu: cpus()[0]?.model ?? 'unknown',
+      cores: cpus().length,
+      arch: arch(),
+      kernel: release(),
+      bun: Bun.version,
+      loadAvgAtStart: (await Bun.file('/proc/loadavg').text()).trim(),
+    },
+    settings: {
+      rounds: ROUNDS,
+      loadSeconds: LOAD_SECONDS,
+      latencySeconds: LATENCY_SECONDS,
+      latencyRequests: LATENCY_REQUESTS,
+      openStreams: OPEN_STREAMS,
+      memoryRounds: MEMORY_ROUNDS,
+    },
   };
   const checks: Check[] = [];
   const sections: string[] = [];
@@ -536,7 +804,10 @@ async function main(): Promise<void> {
     await ensureWrk();
     const upstream = await startUpstreamProcess();
     if (!SKIP.has('server') || !SKIP.has('latency')) {
-      log(`upstream ${upstream.url}; starting the proxy and three tollgates (fsync always, interval, off)`);
+      log(
+        `upstream ${upstream.url}; starting the proxy and three tollgates (fsync always, ` +
+          `interval, off)`,
+      );
       const proxy = await startProxyProcess(upstream.url);
       const [always, interval, off] = [
         await startTollgate(upstream.url, 'always'),
@@ -552,22 +823,49 @@ async function main(): Promise<void> {
         headers: { ...json, authorization: `Bearer ${t.key}` },
       });
       const targets: Record<TargetName, Target> = {
-        direct: { name: 'direct', label: LABELS.direct, url: `${upstream.url}/v1/chat/completions`, pid: null, headers: { ...json, authorization: 'Bearer direct' } },
-        proxy: { name: 'proxy', label: LABELS.proxy, url: `${proxy.url}/v1/chat/completions`, pid: proxy.pid, headers: { ...json, authorization: 'Bearer direct' } },
+        direct: {
+          name: 'direct',
+          label: LABELS.direct,
+          url: `${upstream.url}/v1/chat/completions`,
+          pid: null,
+          headers: { ...json, authorization: 'Bearer direct' },
+        },
+        proxy: {
+          name: 'proxy',
+          label: LABELS.proxy,
+          url: `${proxy.url}/v1/chat/completions`,
+          pid: proxy.pid,
+          headers: { ...json, authorization: 'Bearer direct' },
+        },
         tollgate: tollgateTarget('tollgate', always),
         'tollgate-interval': tollgateTarget('tollgate-interval', interval),
         'tollgate-off': tollgateTarget('tollgate-off', off),
       };
-      const idleRss = Object.fromEntries(Object.values(targets).filter((t) => t.pid !== null).map((t) => [t.name, rssMiB(t.pid!)]));
+      const idleRss = Object.fromEntries(
+        Object.values(targets)
+          .filter((t) => t.pid !== null)
+          .map((t) => [t.name, rssMiB(t.pid!)]),
+      );
       if (!SKIP.has('server')) {
         runs = await serverBench(targets, upstream);
         report.server = { idleRssMiB: idleRss, runs };
       }
       if (!SKIP.has('latency')) {
-        log(`latency client: ${LATENCY_REQUESTS} sequential requests per target and mode, interleaved`);
+        log(
+          `latency client: ${LATENCY_REQUESTS} sequential ` +
+            `requests per target and mode, interleaved`,
+        );
         const samples = await latencyBench(targets);
         latency = latencyTable(samples);
-        report.latency = { addedMs: latency.addedMs, p50Ms: Object.fromEntries(Object.entries(samples).map(([k, v]) => [k, { ttft: percentile(v.ttftMs, 50), total: percentile(v.totalMs, 50) }])) };
+        report.latency = {
+          addedMs: latency.addedMs,
+          p50Ms: Object.fromEntries(
+            Object.entries(samples).map(([k, v]) => [
+              k,
+              { ttft: percentile(v.ttftMs, 50), total: percentile(v.totalMs, 50) },
+            ]),
+          ),
+        };
       }
       for (const service of [proxy, always, interval, off]) await stopChild(service.child);
     }
@@ -595,49 +893,108 @@ async function main(): Promise<void> {
 
   // ---- checks against the issue's figures
   if (runs.length > 0) {
-    const ratio = (mode: Mode, f: (a: ServerRun, b: ServerRun) => number) => median(perRound(runs, mode, 32, 'tollgate', 'proxy', f));
-    const cpuNs = ratio('nonstream', (a, b) => a.gatewayCpuUsPerRequest! / b.gatewayCpuUsPerRequest!);
+    const ratio = (mode: Mode, f: (a: ServerRun, b: ServerRun) => number) =>
+      median(perRound(runs, mode, 32, 'tollgate', 'proxy', f));
+    const cpuNs = ratio(
+      'nonstream',
+      (a, b) => a.gatewayCpuUsPerRequest! / b.gatewayCpuUsPerRequest!,
+    );
     const rpsNs = ratio('nonstream', (a, b) => a.wrk.rps / b.wrk.rps);
     const cpuSt = ratio('stream', (a, b) => a.gatewayCpuUsPerRequest! / b.gatewayCpuUsPerRequest!);
     const rpsSt = ratio('stream', (a, b) => a.wrk.rps / b.wrk.rps);
     checks.push(
-      { figure: 'Non-stream CPU/request ÷ proxy (c32)', target: '≤ 2.0', measured: fmt(cpuNs), pass: cpuNs <= 2.0 },
-      { figure: 'Non-stream req/s ÷ proxy (c32)', target: '≥ 0.5', measured: fmt(rpsNs), pass: rpsNs >= 0.5 },
-      { figure: 'Stream CPU/request ÷ proxy (c32)', target: '≤ 1.5', measured: fmt(cpuSt), pass: cpuSt <= 1.5 },
-      { figure: 'Stream req/s ÷ proxy (c32)', target: '≥ 0.7', measured: fmt(rpsSt), pass: rpsSt >= 0.7 },
+      {
+        figure: 'Non-stream CPU/request ÷ proxy (c32)',
+        target: '≤ 2.0',
+        measured: fmt(cpuNs),
+        pass: cpuNs <= 2.0,
+      },
+      {
+        figure: 'Non-stream req/s ÷ proxy (c32)',
+        target: '≥ 0.5',
+        measured: fmt(rpsNs),
+        pass: rpsNs >= 0.5,
+      },
+      {
+        figure: 'Stream CPU/request ÷ proxy (c32)',
+        target: '≤ 1.5',
+        measured: fmt(cpuSt),
+        pass: cpuSt <= 1.5,
+      },
+      {
+        figure: 'Stream req/s ÷ proxy (c32)',
+        target: '≥ 0.7',
+        measured: fmt(rpsSt),
+        pass: rpsSt >= 0.7,
+      },
     );
-    for (const [name, limit] of [['tollgate', 0.5], ['tollgate-interval', 0.25]] as const) {
-      const added = median(perRound(runs, 'nonstream', 1, name, 'direct', (a, b) => a.wrk.p50Ms - b.wrk.p50Ms));
-      checks.push({ figure: `Non-stream p50 added over direct, c1, wrk (${LABELS[name]})`, target: `≤ ${limit} ms`, measured: `${fmt(added, 3)} ms`, pass: added <= limit });
+    for (const [name, limit] of [
+      ['tollgate', 0.5],
+      ['tollgate-interval', 0.25],
+    ] as const) {
+      const added = median(
+        perRound(runs, 'nonstream', 1, name, 'direct', (a, b) => a.wrk.p50Ms - b.wrk.p50Ms),
+      );
+      checks.push({
+        figure: `Non-stream p50 added over direct, c1, wrk (${LABELS[name]})`,
+        target: `≤ ${limit} ms`,
+        measured: `${fmt(added, 3)} ms`,
+        pass: added <= limit,
+      });
     }
   }
   if (latency) {
-    for (const [name, limit] of [['tollgate', 0.5], ['tollgate-interval', 0.25]] as const) {
+    for (const [name, limit] of [
+      ['tollgate', 0.5],
+      ['tollgate-interval', 0.25],
+    ] as const) {
       const ttft = latency.addedMs[`${name}/ttft`]!;
-      checks.push({ figure: `TTFT p50 added over direct, c1 (${LABELS[name]})`, target: `≤ ${limit} ms`, measured: `${fmt(ttft, 3)} ms`, pass: ttft <= limit });
+      checks.push({
+        figure: `TTFT p50 added over direct, c1 (${LABELS[name]})`,
+        target: `≤ ${limit} ms`,
+        measured: `${fmt(ttft, 3)} ms`,
+        pass: ttft <= limit,
+      });
       if (runs.length === 0) {
         const ns = latency.addedMs[`${name}/nonstream`]!;
-        checks.push({ figure: `Non-stream p50 added over direct, c1, client (${LABELS[name]})`, target: `≤ ${limit} ms`, measured: `${fmt(ns, 3)} ms`, pass: ns <= limit });
+        checks.push({
+          figure: `Non-stream p50 added over direct, c1, client (${LABELS[name]})`,
+          target: `≤ ${limit} ms`,
+          measured: `${fmt(ns, 3)} ms`,
+          pass: ns <= limit,
+        });
       }
     }
   }
   const memory = report.memory as MemoryReport | undefined;
   if (memory && memory.rounds.length > 0) {
-    // Round 1 starts from the quiet idle baseline; later rounds also carry the garbage earlier rounds left.
+    // Round 1 starts from the quiet idle baseline; later rounds also carry the garbage earlier
+    // rounds left.
     const openCost = memory.rounds[0]!.openMiB - memory.startMiB;
     const growth = (memory.finalMiB - memory.startMiB) / memory.startMiB;
     checks.push(
-      { figure: `RSS with ${OPEN_STREAMS} open streams over quiet idle (round 1)`, target: '≤ 30 MiB', measured: `${fmt(openCost, 1)} MiB`, pass: openCost <= 30 },
       {
-        figure: `RSS after the streams end vs idle start (${QUIET_MS / 1000} s after ${memory.rounds.length} rounds)`,
+        figure: `RSS with ${OPEN_STREAMS} open streams over quiet idle (round 1)`,
+        target: '≤ 30 MiB',
+        measured: `${fmt(openCost, 1)} MiB`,
+        pass: openCost <= 30,
+      },
+      {
+        figure:
+          `RSS after the streams end vs idle start (${QUIET_MS / 1000} s after ` +
+          `${memory.rounds.length} rounds)`,
         target: 'within 10 %',
-        measured: `${growth >= 0 ? '+' : ''}${fmt(growth * 100, 1)} % (${fmt(memory.startMiB, 1)} → ${fmt(memory.finalMiB, 1)} MiB)`,
+        measured:
+          `${growth >= 0 ? '+' : ''}${fmt(growth * 100, 1)} % (${fmt(memory.startMiB, 1)} → ` +
+          `${fmt(memory.finalMiB, 1)} MiB)`,
         pass: Math.abs(growth) <= 0.1,
       },
       ...(memory.proxy
         ? [
             {
-              figure: `(reference) trivial proxy: RSS with ${OPEN_STREAMS} open streams over quiet idle`,
+              figure:
+                `(reference) trivial proxy: RSS with ${OPEN_STREAMS} open streams over ` +
+                `quiet idle`,
               target: '—',
               measured: `${fmt(memory.proxy.openMiB - memory.proxy.startMiB, 1)} MiB`,
               pass: null,
@@ -645,7 +1002,8 @@ async function main(): Promise<void> {
           ]
         : []),
       {
-        figure: `(finding) ${OPEN_STREAMS} streams open at once with tollgate's default environment`,
+        figure:
+          `(finding) ${OPEN_STREAMS} streams open at ` + `once with tollgate's default environment`,
         target: `${OPEN_STREAMS}`,
         measured: `${memory.fetchLimitProbe.opened}`,
         pass: !memory.fetchLimitProbe.envNeeded,
@@ -660,35 +1018,79 @@ async function main(): Promise<void> {
   sections.push(
     '# tollgate benchmarks — latest run',
     '',
-    `Produced by \`${report.command}\` (\`npm run bench\`) at ${report.startedAt}, in ${fmt(report.elapsedS as number, 0)} s.`,
-    `Machine: ${m.cpu}, ${m.cores} cores, ${m.arch}, Linux ${m.kernel}, Bun ${m.bun}; load average at start ${m.loadAvgAtStart}.`,
-    `Gateways (proxy, tollgate) pinned to core ${CORE_GATEWAY}; upstream, wrk and clients to core ${CORE_LOAD}. ` +
-      `All figures come from this one run; ratios are taken per round, then the median (and range) over ${ROUNDS} rounds.`,
+    `Produced by \`${report.command}\` (\`npm run bench\`) at ${report.startedAt}, in ` +
+      `${fmt(report.elapsedS as number, 0)} s.`,
+    `Machine: ${m.cpu}, ${m.cores} cores, ${m.arch}, Linux ${m.kernel}, Bun ${m.bun}; load ` +
+      `average at start ${m.loadAvgAtStart}.`,
+    `Gateways (proxy, tollgate) pinned to core ${CORE_GATEWAY}; upstream, wrk and clients to ` +
+      `core ${CORE_LOAD}. ` +
+      `All figures come from this one run; ratios are taken per round, then the median (and ` +
+      `range) over ${ROUNDS} rounds.`,
     '',
   );
   if (checks.length > 0) {
-    sections.push('## Targets (issue 5)', '', table(['figure', 'target', 'measured', ''], checks.map((c) => [c.figure, c.target, c.measured, verdict(c.pass)])), '');
+    sections.push(
+      '## Targets (issue 5)',
+      '',
+      table(
+        ['figure', 'target', 'measured', ''],
+        checks.map((c) => [c.figure, c.target, c.measured, verdict(c.pass)]),
+      ),
+      '',
+    );
   }
   if (runs.length > 0) {
     sections.push(
       '## Whole server, side by side',
       '',
-      `wrk -t1, ${LOAD_SECONDS} s per run at 32 connections and ${LATENCY_SECONDS} s at 1, after a ${WARMUP_SECONDS} s warm-up per target. ` +
-        'Direct and proxy pass the client\'s `stream` flag to the upstream (non-stream = one JSON reply); so does tollgate (since 8200c6f; before, it always streamed from the upstream). ' +
-        'Gateway CPU = utime+stime of the gateway process from /proc over the run ÷ requests; RSS after the run.',
+      `wrk -t1, ${LOAD_SECONDS} s per run at 32 connections and ${LATENCY_SECONDS} s at 1, ` +
+        `after a ${WARMUP_SECONDS} s warm-up per target. ` +
+        "Direct and proxy pass the client's `stream` flag to the upstream (non-stream = one JSON " +
+        'reply); so does tollgate (since 8200c6f; before, it always streamed from the ' +
+        'upstream). ' +
+        'Gateway CPU = utime+stime of the gateway process from /proc over the run ÷ requests; ' +
+        'RSS after the run.',
       '',
       serverTables(runs),
       '### Added latency of fsync `always` over `off` (issue 3, from the runs above)',
       '',
       table(
-        ['mode', 'connections', 'p50 always − off (ms)', 'p99 always − off (ms)', 'req/s always ÷ off'],
+        [
+          'mode',
+          'connections',
+          'p50 always − off (ms)',
+          'p99 always − off (ms)',
+          'req/s always ÷ off',
+        ],
         (['nonstream', 'stream'] as const).flatMap((mode) =>
           [1, 32].map((c) => [
             mode,
             String(c),
-            fmtRatio(perRound(runs, mode, c, 'tollgate', 'tollgate-off', (a, b) => a.wrk.p50Ms - b.wrk.p50Ms), 3),
-            fmtRatio(perRound(runs, mode, c, 'tollgate', 'tollgate-off', (a, b) => a.wrk.p99Ms - b.wrk.p99Ms), 3),
-            fmtRatio(perRound(runs, mode, c, 'tollgate', 'tollgate-off', (a, b) => a.wrk.rps / b.wrk.rps)),
+            fmtRatio(
+              perRound(
+                runs,
+                mode,
+                c,
+                'tollgate',
+                'tollgate-off',
+                (a, b) => a.wrk.p50Ms - b.wrk.p50Ms,
+              ),
+              3,
+            ),
+            fmtRatio(
+              perRound(
+                runs,
+                mode,
+                c,
+                'tollgate',
+                'tollgate-off',
+                (a, b) => a.wrk.p99Ms - b.wrk.p99Ms,
+              ),
+              3,
+            ),
+            fmtRatio(
+              perRound(runs, mode, c, 'tollgate', 'tollgate-off', (a, b) => a.wrk.rps / b.wrk.rps),
+            ),
           ]),
         ),
       ),
@@ -699,7 +1101,8 @@ async function main(): Promise<void> {
     sections.push(
       '## Time to first token and non-stream latency, 1 connection',
       '',
-      `A sequential Bun client on core ${CORE_LOAD}, ${LATENCY_REQUESTS} requests per target and mode after 30 warm-up, interleaved over the targets. ` +
+      `A sequential Bun client on core ${CORE_LOAD}, ${LATENCY_REQUESTS} requests per target ` +
+        `and mode after 30 warm-up, interleaved over the targets. ` +
         'TTFT = time from sending the request to the first SSE `data:` bytes.',
       '',
       latency.markdown,
@@ -710,14 +1113,28 @@ async function main(): Promise<void> {
     sections.push(
       `## Memory: ${OPEN_STREAMS} concurrent open streams (tollgate, fsync always)`,
       '',
-      `A fresh tollgate, ${WARMUP_SECONDS} s of streaming load, then idle ${QUIET_MS / 1000} s: that RSS is the start. Per round, ${OPEN_STREAMS} streams ` +
-        `are opened (each has had its first chunk), RSS is read, the upstream finishes them all, RSS is read again ${AFTER_MS / 1000} s after the last ends. ` +
-        `The final reading is ${QUIET_MS / 1000} s after the last round (the garbage collector and allocator return memory late). ` +
-        'Only round 1 starts from the quiet idle, so it is the one checked; later rounds open while earlier garbage is still resident.' +
+      `A fresh tollgate, ${WARMUP_SECONDS} s of streaming load, then idle ${QUIET_MS / 1000} ` +
+        `s: that RSS is the start. Per round, ${OPEN_STREAMS} streams ` +
+        `are opened (each has had its first chunk), RSS is read, the upstream finishes them ` +
+        `all, RSS is read again ${AFTER_MS / 1000} s after the last ends. ` +
+        `The final reading is ${QUIET_MS / 1000} s after the last round (the garbage collector ` +
+        `and allocator return memory late). ` +
+        'Only round 1 starts from the quiet idle, so it is the one checked; later rounds open ' +
+        'while earlier garbage is still resident.' +
         (memory.envNote ? ` Note: ${memory.envNote}` : ''),
       '',
       table(
-        ['round', 'before MiB', 'open MiB', 'open − start MiB', 'open − before MiB', `${AFTER_MS / 1000} s after MiB`, 'opened', 'completed with [DONE]', 'all open in ms'],
+        [
+          'round',
+          'before MiB',
+          'open MiB',
+          'open − start MiB',
+          'open − before MiB',
+          `${AFTER_MS / 1000} s after MiB`,
+          'opened',
+          'completed with [DONE]',
+          'all open in ms',
+        ],
         memory.rounds.map((r) => [
           String(r.round),
           fmt(r.beforeMiB, 1),
@@ -731,20 +1148,51 @@ async function main(): Promise<void> {
         ]),
       ),
       '',
-      `Start (idle): ${fmt(memory.startMiB, 1)} MiB; final (${QUIET_MS / 1000} s after the last round): ${fmt(memory.finalMiB, 1)} MiB.`,
+      `Start (idle): ${fmt(memory.startMiB, 1)} MiB; final (${QUIET_MS / 1000} s after the ` +
+        `last round): ${fmt(memory.finalMiB, 1)} MiB.`,
       '',
       ...(memory.proxy
         ? [
-            `Reference, the trivial proxy through the same round 1 (warm-up, quiet wait, ${OPEN_STREAMS} streams held by the upstream): ` +
-              `${fmt(memory.proxy.startMiB, 1)} → ${fmt(memory.proxy.openMiB, 1)} MiB, +${fmt(memory.proxy.openMiB - memory.proxy.startMiB, 1)} MiB ` +
-              `(${memory.proxy.opened} opened). Tollgate's round 1 above costs ${fmt(memory.rounds[0]!.openMiB - memory.startMiB - (memory.proxy.openMiB - memory.proxy.startMiB), 1)} MiB more.`,
+            `Reference, the trivial proxy through the same round 1 (warm-up, quiet wait, ` +
+              `${OPEN_STREAMS} streams held by the upstream): ` +
+              `${fmt(memory.proxy.startMiB, 1)} → ${fmt(memory.proxy.openMiB, 1)} MiB, ` +
+              `+${fmt(memory.proxy.openMiB - memory.proxy.startMiB, 1)} MiB ` +
+              `(${memory.proxy.opened} opened). Tollgate's round 1 above costs ` +
+              `${fmt(memory.rounds[0]!.openMiB - memory.startMiB - (memory.proxy.openMiB - memory.proxy.startMiB), 1)} ` +
+              `` +
+              `` +
+              `` +
+              `` +
+              `` +
+              `` +
+              `` +
+              `` +
+              `` +
+              `MiB more.`,
             '',
           ]
         : []),
     );
   }
-  if (wal) sections.push('## WAL per fsync policy (issue 3)', '', '`bun bench/wal.ts`: concurrent appenders in one process, records shaped like `request.started`.', '', walMarkdown(wal), '');
-  if (micro) sections.push('## Micro (mitata)', '', '`bun bench/micro.ts`, pinned to the gateway core.', '', microTable(micro), '');
+  if (wal)
+    sections.push(
+      '## WAL per fsync policy (issue 3)',
+      '',
+      '`bun bench/wal.ts`: concurrent appenders in one ' +
+        'process, records shaped like `request.started`.',
+      '',
+      walMarkdown(wal),
+      '',
+    );
+  if (micro)
+    sections.push(
+      '## Micro (mitata)',
+      '',
+      '`bun bench/micro.ts`, pinned to the gateway core.',
+      '',
+      microTable(micro),
+      '',
+    );
 
   const markdown = sections.join('\n');
   const dir = join(ROOT, 'bench', 'results');
@@ -753,7 +1201,10 @@ async function main(): Promise<void> {
   writeFileSync(join(dir, 'latest.json'), JSON.stringify(report, null, 2));
   if (process.env.BENCH_JSON === '1') console.log(JSON.stringify(report));
   else console.log(markdown);
-  log(`bench: done in ${fmt(report.elapsedS as number, 0)} s; wrote bench/results/latest.md and latest.json`);
+  log(
+    `bench: done in ${fmt(report.elapsedS as number, 0)} ` +
+      `s; wrote bench/results/latest.md and latest.json`,
+  );
 }
 
 try {

@@ -1,10 +1,18 @@
-// Crash soak: the crash-loop test's cycle (load, SIGKILL after N acknowledged finishes, restart, check) many times over.
-// Usage: bun bench/soak.ts [cycles=500] [--seed N] [--requests N] [--kill-after N] [--snapshot-every N] [--json]
-// Prints a summary (cycles, requests sent, acknowledged, violations) and exits 1 on any violation.
+// Crash soak: the crash-loop test's cycle (load, SIGKILL after N acknowledged finishes, restart,
+// check) many times over. Usage: bun bench/soak.ts [cycles=500] [--seed N] [--requests N]
+// [--kill-after N] [--snapshot-every N] [--json] Prints a summary (cycles, requests sent,
+// acknowledged, violations) and exits 1 on any violation.
 import { runCrashLoop, summarize } from '../tests/crash/harness.ts';
 
 function parseArgs(argv: string[]) {
-  const options = { cycles: 500, seed: Date.now() % 2_147_483_647, requests: 16, killAfter: 8, snapshotEvery: 0, json: false };
+  const options = {
+    cycles: 500,
+    seed: Date.now() % 2_147_483_647,
+    requests: 16,
+    killAfter: 8,
+    snapshotEvery: 0,
+    json: false,
+  };
   const positional: string[] = [];
   for (let i = 0; i < argv.length; i++) {
     const arg = argv[i]!;
@@ -31,12 +39,16 @@ try {
   options = parseArgs(process.argv.slice(2));
 } catch (error) {
   console.error(`soak: ${(error as Error).message}`);
-  console.error('usage: bun bench/soak.ts [cycles=500] [--seed N] [--requests N] [--kill-after N] [--snapshot-every N] [--json]');
+  console.error(
+    'usage: bun bench/soak.ts [cycles=500] [--seed N] [--requests N] [--kill-after N] ' +
+      '[--snapshot-every N] [--json]',
+  );
   process.exit(64);
 }
 
 console.log(
-  `crash soak: ${options.cycles} cycles, seed ${options.seed}, ${options.requests} requests per cycle, kill after 0–${options.killAfter} acknowledged finishes` +
+  `crash soak: ${options.cycles} cycles, seed ${options.seed}, ${options.requests} requests per ` +
+    `cycle, kill after 0–${options.killAfter} acknowledged finishes` +
     (options.snapshotEvery > 0 ? `, snapshot every ${options.snapshotEvery} records` : ''),
 );
 const result = await runCrashLoop({
@@ -44,7 +56,8 @@ const result = await runCrashLoop({
   seed: options.seed,
   requestsPerCycle: options.requests,
   killAfterFinishesMax: options.killAfter,
-  configOverrides: options.snapshotEvery > 0 ? { wal: { snapshot_every_records: options.snapshotEvery } } : {},
+  configOverrides:
+    options.snapshotEvery > 0 ? { wal: { snapshot_every_records: options.snapshotEvery } } : {},
   log: (line) => console.log(line),
 });
 console.log(summarize(result));

@@ -1,15 +1,20 @@
-// A fake OpenAI-compatible upstream for benchmarks: instant replies, streams of 20 chunks written one by one.
+// A fake OpenAI-compatible upstream for benchmarks: instant replies, streams of 20 chunks written
+// one by one.
 //
-// Usage: bun bench/upstream.ts [port]   (or PORT=…; 0 or nothing picks a free port)
-// Prints one JSON line {"msg":"upstream listening","url":…} on stdout, then serves:
-//   POST …/chat/completions  body.stream === true → SSE: 20 chat.completion.chunk events, each its own
-//                            write (one per pull of a direct stream, flushed), then a usage chunk and
-//                            `data: [DONE]`; otherwise → one chat.completion JSON with the same text.
-//                            body.model === "hold" → SSE whose first chunk is sent at once and whose
-//                            rest waits until POST /bench/release (the memory benchmark's open streams).
+// Usage: bun bench/upstream.ts [port]   (or PORT=…; 0 or nothing picks a free port) Prints one JSON
+// line {"msg":"upstream listening","url":…} on stdout, then serves:
+//   POST …/chat/completions  body.stream === true → SSE: 20 chat.completion.chunk events, each its
+//   own
+//                            write (one per pull of a direct stream, flushed), then a usage chunk
+//                            and
+//                            `data: [DONE]`; otherwise → one chat.completion JSON with the same
+//                            text.
+//                            body.model === "hold" → SSE whose first chunk is sent at once and
+//                            whose
+//                            rest waits until POST /bench/release (the memory benchmark's open
+//                            streams).
 //   POST /bench/release      ends every held stream normally; answers {"released":n}.
-//   GET  /bench/stats        {"requests":n,"held":n}.
-// Exits on SIGTERM/SIGINT.
+//   GET  /bench/stats        {"requests":n,"held":n}. Exits on SIGTERM/SIGINT.
 
 export const CHUNKS_PER_STREAM = 20;
 
@@ -28,12 +33,25 @@ function chunkFrame(content: string, finishReason: string | null): Uint8Array {
   return encoder.encode(`data: ${JSON.stringify(chunk)}\n\n`);
 }
 
-const words = Array.from({ length: CHUNKS_PER_STREAM }, (_, i) => `tok${String(i + 1).padStart(2, '0')} `);
-const usage = { prompt_tokens: 9, completion_tokens: CHUNKS_PER_STREAM, total_tokens: 9 + CHUNKS_PER_STREAM };
-/** Every frame of one stream, in order: 20 content chunks (the last carries finish_reason), usage, [DONE]. */
+const words = Array.from(
+  { length: CHUNKS_PER_STREAM },
+  (_, i) => `tok${String(i + 1).padStart(2, '0')} `,
+);
+const usage = {
+  prompt_tokens: 9,
+  completion_tokens: CHUNKS_PER_STREAM,
+  total_tokens: 9 + CHUNKS_PER_STREAM,
+};
+/**
+ * Every frame of one stream, in order: 20 content chunks (the last carries finish_reason), usage,
+ * [DONE].
+ */
 const STREAM_FRAMES: Uint8Array[] = [
   ...words.map((word, i) => chunkFrame(word, i === CHUNKS_PER_STREAM - 1 ? 'stop' : null)),
-  encoder.encode(`data: ${JSON.stringify({ id: ID, object: 'chat.completion.chunk', created: CREATED_S, model: 'up', choices: [], usage })}\n\n`),
+  encoder.encode(
+    `data: ` +
+      `${JSON.stringify({ id: ID, object: 'chat.completion.chunk', created: CREATED_S, model: 'up', choices: [], usage })}\n\n`,
+  ),
   encoder.encode('data: [DONE]\n\n'),
 ];
 const COMPLETION_JSON = JSON.stringify({
@@ -41,7 +59,9 @@ const COMPLETION_JSON = JSON.stringify({
   object: 'chat.completion',
   created: CREATED_S,
   model: 'up',
-  choices: [{ index: 0, message: { role: 'assistant', content: words.join('') }, finish_reason: 'stop' }],
+  choices: [
+    { index: 0, message: { role: 'assistant', content: words.join('') }, finish_reason: 'stop' },
+  ],
   usage,
 });
 const SSE_HEADERS = { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' };
@@ -51,8 +71,14 @@ function nextTurn(): Promise<void> {
   return new Promise((resolve) => setImmediate(resolve));
 }
 
-/** A stream that writes each frame separately: one write and one flush per frame, never coalesced by us. */
-function sseStream(frames: readonly Uint8Array[], gate: Promise<void> | null): ReadableStream<Uint8Array> {
+/**
+ * A stream that writes each frame separately: one write and one flush per frame, never coalesced by
+ * us.
+ */
+function sseStream(
+  frames: readonly Uint8Array[],
+  gate: Promise<void> | null,
+): ReadableStream<Uint8Array> {
   return new ReadableStream<Uint8Array>({
     type: 'direct',
     async pull(controller: ReadableStreamDirectController) {
@@ -60,8 +86,9 @@ function sseStream(frames: readonly Uint8Array[], gate: Promise<void> | null): R
         if (i === 1 && gate) await gate;
         controller.write(frames[i]!);
         await controller.flush();
-        // Within one tick Bun corks the socket and would send the whole stream in one write; one turn
-        // of the event loop per frame makes every frame its own send, as a real token stream is.
+        // Within one tick Bun corks the socket and would send the whole stream in one write; one
+        // turn of the event loop per frame makes every frame its own send, as a real token stream
+        // is.
         if (i < frames.length - 1) await nextTurn();
       }
       controller.close();
@@ -91,7 +118,8 @@ export function startUpstream(port = 0): UpstreamHandle {
           held.push(gate.resolve);
           return new Response(sseStream(STREAM_FRAMES, gate.promise), { headers: SSE_HEADERS });
         }
-        if (body.stream === true) return new Response(sseStream(STREAM_FRAMES, null), { headers: SSE_HEADERS });
+        if (body.stream === true)
+          return new Response(sseStream(STREAM_FRAMES, null), { headers: SSE_HEADERS });
         return new Response(COMPLETION_JSON, { headers: JSON_HEADERS });
       }
       if (path === '/bench/release' && request.method === 'POST') {

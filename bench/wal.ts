@@ -1,20 +1,22 @@
-// WAL throughput and latency per fsync policy (issue 3's "Measure"): appends/s and p99 append-to-durable.
+// WAL throughput and latency per fsync policy (issue 3's "Measure"): appends/s and p99
+// append-to-durable.
 //
 // Usage: bun bench/wal.ts [--seconds S]   (BENCH_JSON=1 prints one JSON line instead of a table)
-// For each policy and for 1 and 32 concurrent appenders, each appender loops `await wal.append(record)`
-// (then one event-loop turn, as a request arriving from a socket would) for S seconds, with a record
-// shaped like a real `request.started`. Reported per run: appends/s,
-// p50/p99 of append → acknowledged (the promise resolving), and p50/p99 of append → durable:
+// For each policy and for 1 and 32 concurrent appenders, each appender loops `await
+// wal.append(record)` (then one event-loop turn, as a request arriving from a socket would) for S
+// seconds, with a record shaped like a real `request.started`. Reported per run: appends/s, p50/p99
+// of append → acknowledged (the promise resolving), and p50/p99 of append → durable:
 //   always   durable = acknowledged (the ack waits for the group's fsync);
-//   interval durable = the end of the first interval fsync that started after the record was written
+//   interval durable = the end of the first interval fsync that started after the record was
+//   written
 //            (observed by wrapping the log's own interval tick on the instance, no change to src/);
-//   off      never by the log's own doing (the OS writes back within ~30 s): reported as n/a.
-// Also: the raw write+fsync latency of this disk, the floor for `always`.
+//   off      never by the log's own doing (the OS writes back within ~30 s): reported as n/a. Also:
+//   the raw write+fsync latency of this disk, the floor for `always`.
 import { closeSync, fsyncSync, mkdtempSync, openSync, rmSync, writeSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createLogger } from '../src/util/log.ts';
-import { WriteAheadLog, type FsyncPolicy } from '../src/wal/log.ts';
+import { type FsyncPolicy, WriteAheadLog } from '../src/wal/log.ts';
 import { fmt, fmtInt, percentile, table } from './lib.ts';
 
 export interface WalRun {
@@ -74,23 +76,38 @@ function rawFsyncLatency(seconds: number): WalReport['rawFsync'] {
     closeSync(fd);
     rmSync(dir, { recursive: true, force: true });
   }
-  return { p50Ms: percentile(samples, 50), p99Ms: percentile(samples, 99), samples: samples.length };
+  return {
+    p50Ms: percentile(samples, 50),
+    p99Ms: percentile(samples, 99),
+    samples: samples.length,
+  };
 }
 
 async function runOne(policy: FsyncPolicy, concurrency: number, seconds: number): Promise<WalRun> {
   const dir = mkdtempSync(join(tmpdir(), `tollgate-bench-wal-${policy}-`));
   const wal = WriteAheadLog.open(
-    { dir, fsync: policy, fsyncIntervalMs: FSYNC_INTERVAL_MS, segmentBytes: 64 * 1024 * 1024, logger },
+    {
+      dir,
+      fsync: policy,
+      fsyncIntervalMs: FSYNC_INTERVAL_MS,
+      segmentBytes: 64 * 1024 * 1024,
+      logger,
+    },
     { loadSnapshot() {}, applyRecord() {} },
   );
-  // The interval timer calls `log.syncInterval()` on the instance at each tick; wrapping it there records
-  // when each real fsync started and ended. A sync started after a record was written covers it.
+  // The interval timer calls `log.syncInterval()` on the instance at each tick; wrapping it there
+  // records when each real fsync started and ended. A sync started after a record was written
+  // covers it.
   const syncStarts: number[] = [];
   const syncEnds: number[] = [];
   let fsyncs: number | null = null;
   if (policy === 'interval') {
     fsyncs = 0;
-    const instance = wal as unknown as { syncInterval: () => Promise<void>; dirty: boolean; syncing: unknown };
+    const instance = wal as unknown as {
+      syncInterval: () => Promise<void>;
+      dirty: boolean;
+      syncing: unknown;
+    };
     const original = instance.syncInterval.bind(wal);
     instance.syncInterval = async () => {
       const willSync = instance.dirty && !instance.syncing;
@@ -115,8 +132,9 @@ async function runOne(policy: FsyncPolicy, concurrency: number, seconds: number)
       const now = performance.now();
       ackMs.push(now - start);
       ackedAt.push(now);
-      // Appends in a server follow socket reads: one event-loop turn between them, as there. Without it
-      // a microtask-only loop starves the interval timer and `interval` would look never durable.
+      // Appends in a server follow socket reads: one event-loop turn between them, as there.
+      // Without it a microtask-only loop starves the interval timer and `interval` would look never
+      // durable.
       await new Promise<void>((resolve) => setImmediate(resolve));
     }
   };
@@ -131,7 +149,8 @@ async function runOne(policy: FsyncPolicy, concurrency: number, seconds: number)
   let durable: number[] = [];
   if (policy === 'always') durable = ackMs;
   else if (policy === 'interval') {
-    // For each record: the end of the first sync whose start is at or after its ack (both sorted by time).
+    // For each record: the end of the first sync whose start is at or after its ack (both sorted by
+    // time).
     let s = 0;
     for (let i = 0; i < ackedAt.length; i++) {
       const acked = ackedAt[i]!;
@@ -174,10 +193,23 @@ export function walMarkdown(report: WalReport): string {
     run.policy === 'off' ? 'never (OS writeback)' : fmt(run.durableP99Ms, 3),
   ]);
   return [
-    table(['fsync', 'appenders', 'appends/s', 'ack p50 ms', 'ack p99 ms', 'durable p50 ms', 'durable p99 ms'], rows),
+    table(
+      [
+        'fsync',
+        'appenders',
+        'appends/s',
+        'ack p50 ms',
+        'ack p99 ms',
+        'durable p50 ms',
+        'durable p99 ms',
+      ],
+      rows,
+    ),
     '',
-    `Raw write(400 B)+fsync on this disk: p50 ${fmt(report.rawFsync.p50Ms, 3)} ms, p99 ${fmt(report.rawFsync.p99Ms, 3)} ms ` +
-      `(${report.rawFsync.samples} samples) — the floor for \`always\`. ${report.seconds} s per row; interval = ${FSYNC_INTERVAL_MS} ms.`,
+    `Raw write(400 B)+fsync on this disk: p50 ${fmt(report.rawFsync.p50Ms, 3)} ms, p99 ` +
+      `${fmt(report.rawFsync.p99Ms, 3)} ms ` +
+      `(${report.rawFsync.samples} samples) — the floor for \`always\`. ${report.seconds} s ` +
+      `per row; interval = ${FSYNC_INTERVAL_MS} ms.`,
   ].join('\n');
 }
 

@@ -13,27 +13,43 @@ import { randomBase62 } from './util/ids.ts';
 export function createApp(gateway: Gateway) {
   const { logger } = gateway;
   return (
-    // Elysia's default (`standardHostname`) takes the path from a fixed offset, 11, as if every Host had
-    // at least 4 characters: `Host: a` would route `/api/v1/models` as `/v1/models`. Off, it looks for
-    // the first '/' past `http://` (server.ts gives a bare-path URL an origin first).
+    // Elysia's default (`standardHostname`) takes the path from a fixed offset, 11, as if every
+    // Host had at least 4 characters: `Host: a` would route `/api/v1/models` as `/v1/models`. Off,
+    // it looks for the first '/' past `http://` (server.ts gives a bare-path URL an origin first).
     new Elysia({ name: 'tollgate', handler: { standardHostname: false } })
-      // The one place every operating error becomes the contract's envelope; nothing else renders errors.
-      // Nothing here may throw on an odd URL (`Host: [` makes one `new URL` refuses).
+      // The one place every operating error becomes the contract's envelope; nothing else renders
+      // errors. Nothing here may throw on an odd URL (`Host: [` makes one `new URL` refuses).
       .onError(({ error, code, request }) => {
         const headers = { 'x-request-id': `req_${randomBase62(20)}` };
         if (error instanceof GatewayError) return errorResponse(error, headers);
         if (code === 'NOT_FOUND') {
-          return errorResponse(new GatewayError('not_found', `No route ${request.method} ${urlPath(request.url)}.`), headers);
+          return errorResponse(
+            new GatewayError('not_found', `No route ${request.method} ${urlPath(request.url)}.`),
+            headers,
+          );
         }
-        if (code === 'PARSE') return errorResponse(new GatewayError('invalid_request_error', 'The body is not valid JSON.'), headers);
-        if (code === 'VALIDATION') return errorResponse(new GatewayError('invalid_request_error', 'The request is not valid.'), headers);
-        // A bug: log it with its stack, answer 500 without one. A broken invariant is fatal (see main.ts).
-        logger.error({ err: (error as Error)?.stack ?? String(error), path: urlPath(request.url) }, 'http: unhandled error');
+        if (code === 'PARSE')
+          return errorResponse(
+            new GatewayError('invalid_request_error', 'The body is not valid JSON.'),
+            headers,
+          );
+        if (code === 'VALIDATION')
+          return errorResponse(
+            new GatewayError('invalid_request_error', 'The request is not valid.'),
+            headers,
+          );
+        // A bug: log it with its stack, answer 500 without one. A broken invariant is fatal (see
+        // main.ts).
+        logger.error(
+          { err: (error as Error)?.stack ?? String(error), path: urlPath(request.url) },
+          'http: unhandled error',
+        );
         if (error instanceof AssertionError) queueMicrotask(() => gateway.onFatal?.(error));
         return errorResponse(internalError(), headers);
       })
-      // Elysia's router decodes each path parameter and leaves null where the percent-encoding is broken
-      // (`%ZZ`, a lone `%`, overlong UTF-8 such as `%C0%AF`): no such resource, before any handler sees it.
+      // Elysia's router decodes each path parameter and leaves null where the percent-encoding is
+      // broken (`%ZZ`, a lone `%`, overlong UTF-8 such as `%C0%AF`): no such resource, before any
+      // handler sees it.
       .onTransform(({ params }) => {
         for (const name in params) {
           if ((params as Record<string, string | null>)[name] === null) {

@@ -1,9 +1,9 @@
 // The gateway's running parts, built once by main (or a test) and handed to every controller.
 import type { Config } from './config/model.ts';
 import { RateLimiter } from './keys/rate-limit.ts';
+import { Metrics } from './ops/metrics.ts';
 import type { Provider } from './providers/provider.ts';
 import { createProviders } from './providers/registry.ts';
-import { Metrics } from './ops/metrics.ts';
 import type { Outcome, RequestActor } from './requests/actor.ts';
 import { ActorRegistry } from './requests/registry.ts';
 import { StateStore } from './state/store.ts';
@@ -19,21 +19,28 @@ export interface Gateway {
   adminToken: string;
   /** Set by SIGTERM: new work is refused with 503 while in-flight requests finish. */
   draining: boolean;
-  /** Streams whose run is over but whose client is still taking the last of it (chat/sse.ts); shutdown drops them. */
+  /**
+   * Streams whose run is over but whose client is still taking the last of it (chat/sse.ts);
+   * shutdown drops them.
+   */
   endingStreams: Set<{ drop(): void }>;
   metrics: Metrics;
-  /** Called on a broken invariant: the process must not keep serving (main exits; tests may observe). */
+  /**
+   * Called on a broken invariant: the process must not keep serving (main exits; tests may
+   * observe).
+   */
   onFatal?: (error: Error) => void;
   /**
-   * Called once when the write-ahead log fails (disk full, EIO): nothing more can be made durable, so
-   * the process must restart from the log (main drains and exits 75; CONTRACT §8, crash-only).
+   * Called once when the write-ahead log fails (disk full, EIO): nothing more can be made durable,
+   * so the process must restart from the log (main drains and exits 75; CONTRACT §8, crash-only).
    */
   onLogFailure?: (error: Error) => void;
 }
 
 export function openGateway(config: Config, logger: Logger, adminToken: string): Gateway {
   const registry = new ActorRegistry(config.limits.max_in_flight);
-  // The store fails before the gateway object exists to be told: the callback finds it once it does.
+  // The store fails before the gateway object exists to be told: the callback finds it once it
+  // does.
   let gateway: Gateway | null = null;
   const store = StateStore.open({
     dataDir: config.data_dir,
@@ -69,14 +76,22 @@ export function openGateway(config: Config, logger: Logger, adminToken: string):
 
 /** The status endpoint of a request: a path, or an absolute URL when public_base_url is set. */
 export function statusUrl(config: Config, service: 'chat' | 'decision', requestId: string): string {
-  const path = service === 'chat' ? `/api/v1/requests/${requestId}` : `/decision/v1/requests/${requestId}/`;
+  const path =
+    service === 'chat' ? `/api/v1/requests/${requestId}` : `/decision/v1/requests/${requestId}/`;
   return config.public_base_url ? config.public_base_url.replace(/\/+$/, '') + path : path;
 }
 
-/** What happens when an actor's terminal state is durable: it leaves the registry and is counted. */
+/**
+ * What happens when an actor's terminal state is durable: it leaves the registry and is counted.
+ */
 export function actorSettled(gateway: Gateway): (actor: RequestActor, outcome: Outcome) => void {
   return (actor, outcome) => {
     gateway.registry.remove(actor);
-    gateway.metrics.requestFinished(actor.init.service, outcome.status, outcome.error?.code ?? null, outcome.charge.credits_micro);
+    gateway.metrics.requestFinished(
+      actor.init.service,
+      outcome.status,
+      outcome.error?.code ?? null,
+      outcome.charge.credits_micro,
+    );
   };
 }

@@ -1,6 +1,7 @@
-// CLI entry: `serve` (default) runs the gateway; `keys …` and `credits …` manage keys and balances; help and version.
+// CLI entry: `serve` (default) runs the gateway; `keys …` and `credits …` manage keys and balances;
+// help and version.
 import { version } from '../package.json';
-import { parseInvocation, runAdmin, USAGE, UsageError, type Invocation } from './admin/cli.ts';
+import { type Invocation, parseInvocation, runAdmin, USAGE, UsageError } from './admin/cli.ts';
 import { DataDirLock, DataDirLockError } from './admin/lock.ts';
 import { resolveAdminToken } from './admin/token.ts';
 import { ConfigError, loadConfig } from './config/load.ts';
@@ -10,7 +11,10 @@ import { WalCorruptionError } from './wal/log.ts';
 
 /** EX_TEMPFAIL: the log could not be written; restart (CONTRACT §8, README "Operating"). */
 const EXIT_LOG_FAILED = 75;
-/** Errors of a full or failing disk (not of a wrong path or permission, which a restart does not fix). */
+/**
+ * Errors of a full or failing disk (not of a wrong path or permission, which a restart does not
+ * fix).
+ */
 const STORAGE_FAILURES = new Set(['ENOSPC', 'EDQUOT', 'EIO', 'EMFILE', 'ENFILE']);
 
 async function serve(config: Config): Promise<number> {
@@ -19,26 +23,34 @@ async function serve(config: Config): Promise<number> {
   if (!lock.tryAcquire()) {
     const { pid } = lock.holder();
     logger.fatal({ dataDir: config.data_dir, pid }, 'another tollgate process owns this data dir');
-    process.stderr.write(`tollgate: another tollgate process (pid ${pid ?? 'unknown'}) owns the data dir ${config.data_dir}\n`);
+    process.stderr.write(
+      `tollgate: another tollgate process (pid ` +
+        `${pid ?? 'unknown'}) owns the data dir ${config.data_dir}\n`,
+    );
     return 1;
   }
-  // Loaded here, not at the top: they bring the tokenizer (~0.4 s), which help, version and a refused
-  // start do not need.
+  // Loaded here, not at the top: they bring the tokenizer (~0.4 s), which help, version and a
+  // refused start do not need.
   const { openGateway } = await import('./gateway.ts');
   const { startServer } = await import('./server.ts');
   const admin = resolveAdminToken(config, true)!;
-  if (admin.generated) logger.info({ path: admin.path }, 'admin token generated; read it from this file');
+  if (admin.generated)
+    logger.info({ path: admin.path }, 'admin token generated; read it from this file');
   else if (admin.path) logger.info({ path: admin.path }, 'admin token read from file');
 
   let gateway: ReturnType<typeof openGateway>;
   try {
     gateway = openGateway(config, logger, admin.token);
   } catch (error) {
-    // The log could not be opened for writing (a full or failing disk): as a failure while running, a
-    // temporary one for the supervisor to retry. A damaged log (74) and bugs go on to main's handler.
+    // The log could not be opened for writing (a full or failing disk): as a failure while running,
+    // a temporary one for the supervisor to retry. A damaged log (74) and bugs go on to main's
+    // handler.
     const code = (error as NodeJS.ErrnoException)?.code;
     if (code !== undefined && STORAGE_FAILURES.has(code)) {
-      logger.fatal({ err: (error as Error).message }, 'cannot open the log for writing; exiting 75 to be restarted');
+      logger.fatal(
+        { err: (error as Error).message },
+        'cannot open the log for writing; exiting 75 to be restarted',
+      );
       return EXIT_LOG_FAILED;
     }
     throw error;
@@ -51,24 +63,31 @@ async function serve(config: Config): Promise<number> {
   try {
     running = await startServer(gateway);
   } catch (error) {
-    // Recovery's own commit (the interrupted requests) could not be written: the disk is still full or
-    // failing. A temporary failure: the supervisor starts us again (EX_TEMPFAIL).
+    // Recovery's own commit (the interrupted requests) could not be written: the disk is still full
+    // or failing. A temporary failure: the supervisor starts us again (EX_TEMPFAIL).
     if (gateway.store.unavailableReason) {
-      logger.fatal({ reason: gateway.store.unavailableReason }, 'cannot write the log at start; exiting 75 to be restarted');
+      logger.fatal(
+        { reason: gateway.store.unavailableReason },
+        'cannot write the log at start; exiting 75 to be restarted',
+      );
       return EXIT_LOG_FAILED;
     }
     throw error;
   }
   lock.recordUrl(running.url);
-  // The event-loop delay in /metrics (tollgate_event_loop_delay_*): the figure §8's 50 ms rule is about.
+  // The event-loop delay in /metrics (tollgate_event_loop_delay_*): the figure §8's 50 ms rule is
+  // about.
   gateway.metrics.loopDelay.start();
-  // Crash-only (§8): once the log cannot be written, nothing more can be acknowledged and memory may
-  // hold what the log does not. For the grace every request and both probes answer 503 (a supervisor
-  // or a load balancer sees it at once), then the process exits and the next start recovers from the
-  // log, the holds of unfinished requests released.
+  // Crash-only (§8): once the log cannot be written, nothing more can be acknowledged and memory
+  // may hold what the log does not. For the grace every request and both probes answer 503 (a
+  // supervisor or a load balancer sees it at once), then the process exits and the next start
+  // recovers from the log, the holds of unfinished requests released.
   gateway.onLogFailure = (error) => {
     const graceMs = config.limits.shutdown_grace_ms;
-    logger.fatal({ err: error.message, graceMs }, 'write-ahead log failed; answering 503, then exiting 75 to restart from the log');
+    logger.fatal(
+      { err: error.message, graceMs },
+      'write-ahead log failed; answering 503, then exiting 75 to restart from the log',
+    );
     gateway.draining = true;
     // Their ends cannot be recorded: stop their upstream calls now (each answers 503) rather than
     // spend on answers nobody will be charged for.
@@ -82,15 +101,24 @@ async function serve(config: Config): Promise<number> {
     }, graceMs);
   };
   logger.info(
-    { url: running.url, models: Object.keys(config.models).length, fsync: config.wal.fsync, dataDir: config.data_dir },
+    {
+      url: running.url,
+      models: Object.keys(config.models).length,
+      fsync: config.wal.fsync,
+      dataDir: config.data_dir,
+    },
     'tollgate listening',
   );
   const stop = (signal: string) => {
-    logger.info({ signal, inFlight: gateway.registry.size }, 'stopping: draining in-flight requests');
+    logger.info(
+      { signal, inFlight: gateway.registry.size },
+      'stopping: draining in-flight requests',
+    );
     void running.shutdown().then(() => {
       lock.release();
       logger.info('stopped');
-      // A stop asked for while the log had failed is still that failure's exit: the next start recovers.
+      // A stop asked for while the log had failed is still that failure's exit: the next start
+      // recovers.
       process.exit(gateway.store.unavailableReason ? EXIT_LOG_FAILED : 0);
     });
   };
@@ -129,7 +157,11 @@ async function main(argv: string[]): Promise<number> {
   }
   try {
     if (invocation.kind === 'serve') return await serve(config);
-    return await runAdmin(invocation.call, config, createLogger(process.env.LOG_LEVEL ?? 'warn', 2));
+    return await runAdmin(
+      invocation.call,
+      config,
+      createLogger(process.env.LOG_LEVEL ?? 'warn', 2),
+    );
   } catch (error) {
     if (error instanceof WalCorruptionError) {
       process.stderr.write(`tollgate: ${error.message}\n`);

@@ -1,4 +1,5 @@
-// The admin controller (/admin/v1): create, list, read, top up and revoke keys, behind the admin token.
+// The admin controller (/admin/v1): create, list, read, top up and revoke keys, behind the admin
+// token.
 import { timingSafeEqual } from 'node:crypto';
 import { TypeCompiler } from '@sinclair/typebox/compiler';
 import type { ValueErrorIterator } from '@sinclair/typebox/errors';
@@ -6,9 +7,22 @@ import { Elysia } from 'elysia';
 import type { Gateway } from '../gateway.ts';
 import { parseJsonBody, readBodyText } from '../http/body.ts';
 import { GatewayError } from '../http/errors.ts';
-import { bearerToken, createKey, creditKey, creditsToMicro, findKey, keyView, revokeKey } from '../keys/store.ts';
+import {
+  bearerToken,
+  createKey,
+  creditKey,
+  creditsToMicro,
+  findKey,
+  keyView,
+  revokeKey,
+} from '../keys/store.ts';
 import { fieldPath, firstProblem } from '../util/validation.ts';
-import { CreateKeySchema, CreditKeySchema, type CreateKeyBody, type CreditKeyBody } from './model.ts';
+import {
+  type CreateKeyBody,
+  CreateKeySchema,
+  type CreditKeyBody,
+  CreditKeySchema,
+} from './model.ts';
 
 const CreateKeyCheck = TypeCompiler.Compile(CreateKeySchema);
 const CreditKeyCheck = TypeCompiler.Compile(CreditKeySchema);
@@ -16,23 +30,41 @@ const CreditKeyCheck = TypeCompiler.Compile(CreditKeySchema);
 function checkAdmin(gateway: Gateway, authorization: string | null): void {
   const token = bearerToken(authorization);
   if (token === null) {
-    throw new GatewayError('invalid_api_key', 'Admin calls need Authorization: Bearer <admin token>.', { fields: { reason: 'missing' } });
+    throw new GatewayError(
+      'invalid_api_key',
+      'Admin calls need Authorization: Bearer <admin token>.',
+      { fields: { reason: 'missing' } },
+    );
   }
   const given = Buffer.from(token);
   const expected = Buffer.from(gateway.adminToken);
   if (given.length !== expected.length || !timingSafeEqual(given, expected)) {
-    throw new GatewayError('invalid_api_key', 'The admin token is not valid.', { fields: { reason: 'unknown' } });
+    throw new GatewayError('invalid_api_key', 'The admin token is not valid.', {
+      fields: { reason: 'unknown' },
+    });
   }
 }
 
-async function readJson<T>(gateway: Gateway, request: Request, check: { Check(v: unknown): v is T; Errors(v: unknown): ValueErrorIterator }): Promise<T> {
+async function readJson<T>(
+  gateway: Gateway,
+  request: Request,
+  check: { Check(v: unknown): v is T; Errors(v: unknown): ValueErrorIterator },
+): Promise<T> {
   const { limits } = gateway.config;
-  const json = parseJsonBody(await readBodyText(request, limits.max_body_bytes, limits.request_read_timeout_ms), limits.max_body_json_values);
+  const json = parseJsonBody(
+    await readBodyText(request, limits.max_body_bytes, limits.request_read_timeout_ms),
+    limits.max_body_json_values,
+  );
   if (!check.Check(json)) {
-    // Named field and bound ("rate_limit_rpm must be ≤ 10000000"), never TypeBox's "Expected union value".
+    // Named field and bound ("rate_limit_rpm must be ≤ 10000000"), never TypeBox's "Expected union
+    // value".
     const problem = firstProblem(check.Errors(json));
     const param = problem ? fieldPath(json, problem.segments) || null : null;
-    throw new GatewayError('invalid_request_error', `${param ?? 'body'} ${problem?.problem ?? 'is not valid'}`, { param });
+    throw new GatewayError(
+      'invalid_request_error',
+      `${param ?? 'body'} ${problem?.problem ?? 'is not valid'}`,
+      { param },
+    );
   }
   return json;
 }
@@ -71,22 +103,41 @@ export function adminController(gateway: Gateway) {
       },
       { parse: 'none' },
     )
-    .get('/keys', () => Response.json({ object: 'list', data: [...gateway.store.state.keys.values()].map((a) => keyView(a, defaultRpm)) }))
-    .get('/keys/:id', ({ params }) => Response.json(keyView(findKey(gateway.store, params.id), defaultRpm)))
+    .get('/keys', () =>
+      Response.json({
+        object: 'list',
+        data: [...gateway.store.state.keys.values()].map((a) => keyView(a, defaultRpm)),
+      }),
+    )
+    .get('/keys/:id', ({ params }) =>
+      Response.json(keyView(findKey(gateway.store, params.id), defaultRpm)),
+    )
     .post(
       '/keys/:id/credits',
       async ({ request, params }) => {
         findKey(gateway.store, params.id);
         const body = await readJson<CreditKeyBody>(gateway, request, CreditKeyCheck);
         if (body.credits === undefined && body.tokens === undefined) {
-          throw new GatewayError('invalid_request_error', 'Send {"credits": n} or {"tokens": n}.', { param: 'credits' });
+          throw new GatewayError('invalid_request_error', 'Send {"credits": n} or {"tokens": n}.', {
+            param: 'credits',
+          });
         }
-        const account = await creditKey(gateway.store, params.id, creditsToMicro(body.credits ?? 0, 'credits'), body.tokens ?? 0);
+        const account = await creditKey(
+          gateway.store,
+          params.id,
+          creditsToMicro(body.credits ?? 0, 'credits'),
+          body.tokens ?? 0,
+        );
         return Response.json(keyView(account, defaultRpm));
       },
       { parse: 'none' },
     )
-    .post('/keys/:id/revoke', async ({ params }) => Response.json(keyView(await revokeKey(gateway.store, params.id), defaultRpm)), {
-      parse: 'none',
-    });
+    .post(
+      '/keys/:id/revoke',
+      async ({ params }) =>
+        Response.json(keyView(await revokeKey(gateway.store, params.id), defaultRpm)),
+      {
+        parse: 'none',
+      },
+    );
 }

@@ -1,4 +1,5 @@
-// The admin token: ADMIN_TOKEN, or one generated on first start into DATA_DIR/admin-token (mode 0600).
+// The admin token: ADMIN_TOKEN, or one generated on first start into DATA_DIR/admin-token (mode
+// 0600).
 import { chmodSync, existsSync, mkdirSync, readFileSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Config } from '../config/model.ts';

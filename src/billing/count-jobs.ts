@@ -1,27 +1,51 @@
-// The count worker's jobs: a large request's fingerprint and prompt tokens, computed in steps it can pause between.
+// The count worker's jobs: a large request's fingerprint and prompt tokens, computed in steps it
+// can pause between.
 import type { Config } from '../config/model.ts';
-import { validateDecisionRequest, type DecisionModelName, type DecisionRequest, type Question } from '../decision/model.ts';
+import {
+  type DecisionModelName,
+  type DecisionRequest,
+  type Question,
+  validateDecisionRequest,
+} from '../decision/model.ts';
 import { buildPrompt, type DecisionPrompt } from '../decision/prompt.ts';
 import { parseJsonBody } from '../http/body.ts';
-import { GatewayError, type ErrorCode } from '../http/errors.ts';
+import { type ErrorCode, GatewayError } from '../http/errors.ts';
 import { requestFingerprint } from '../idempotency/fingerprint.ts';
 import type { ProviderMessage } from '../providers/provider.ts';
 import { countPromptTokensSteps, countTextsSteps } from './tokens.ts';
 
-/** One request's work. Everything in it crosses to the worker by structured clone (strings copy at ~0.1 ms a MB). */
+/**
+ * One request's work. Everything in it crosses to the worker by structured clone (strings copy at
+ * ~0.1 ms a MB).
+ */
 export interface CountJob {
-  /** The request body as sent, when the job needs it parsed: for the fingerprint, the tools, a decision's state. */
+  /**
+   * The request body as sent, when the job needs it parsed: for the fingerprint, the tools, a
+   * decision's state.
+   */
   body: string | null;
-  /** Fingerprint the body as an Idempotency-Key binding does (`POST`, this path, canonical JSON); null: no fingerprint. */
+  /**
+   * Fingerprint the body as an Idempotency-Key binding does (`POST`, this path, canonical JSON);
+   * null: no fingerprint.
+   */
   fingerprintPath: string | null;
   /** A prompt to count: its messages, and its tools serialized already or to take from the body. */
-  prompt: { messages: ProviderMessage[]; toolsJson: string | null; toolsInBody: boolean; limit: number } | null;
-  /** Texts an upstream answered without usage, counted together up to `limit` (then possibly partial). */
+  prompt: {
+    messages: ProviderMessage[];
+    toolsJson: string | null;
+    toolsInBody: boolean;
+    limit: number;
+  } | null;
+  /**
+   * Texts an upstream answered without usage, counted together up to `limit` (then possibly
+   * partial).
+   */
   answer?: { texts: string[]; limit: number } | null;
   /**
-   * A large decision body, handled whole here: parsed, validated (the config's two decision models),
-   * fingerprinted when `fingerprintPath` is set, its prompt built and counted up to `limit`. The event
-   * loop never parses it: a 4 MB state of tiny values takes 150-200 ms of JSON.parse alone.
+   * A large decision body, handled whole here: parsed, validated (the config's two decision
+   * models), fingerprinted when `fingerprintPath` is set, its prompt built and counted up to
+   * `limit`. The event loop never parses it: a 4 MB state of tiny values takes 150-200 ms of
+   * JSON.parse alone.
    */
   decisionBody?: { text: string; config: DecisionConfig; limit: number } | null;
 }
@@ -42,25 +66,35 @@ export interface CountError {
 
 export interface CountResult {
   fingerprint: string | null;
-  /** The prompt's tokens; past `limit` possibly a partial count (more than `limit`); -1 when nothing was counted. */
+  /**
+   * The prompt's tokens; past `limit` possibly a partial count (more than `limit`); -1 when nothing
+   * was counted.
+   */
   tokens: number;
-  /** Each message content's count, or -1 (see countPromptTokensSteps): the event loop caches them. */
+  /**
+   * Each message content's count, or -1 (see countPromptTokensSteps): the event loop caches them.
+   */
   contentCounts: number[] | null;
   /** A decision's prompt (the caller asks the model with it). */
   prompt: DecisionPrompt | null;
-  /** decisionBody: the request as validated (its state is in `prompt`), or the error that refused it. */
+  /**
+   * decisionBody: the request as validated (its state is in `prompt`), or the error that refused
+   * it.
+   */
   decision?: { modelName: DecisionModelName; questions: Array<[string, Question]> } | null;
   error?: CountError | null;
 }
 
 /**
- * Runs a job; each `yield` is a point where the worker may hand the thread to another key's job. The
- * steps are what the event loop would have done (parse, fingerprint, build, count), with the same code.
+ * Runs a job; each `yield` is a point where the worker may hand the thread to another key's job.
+ * The steps are what the event loop would have done (parse, fingerprint, build, count), with the
+ * same code.
  */
 export function runCountJob(job: CountJob): Generator<void, CountResult> {
   if (job.answer) return answerSteps(job.answer.texts, job.answer.limit);
   if (job.decisionBody) return decisionBodySteps(job.decisionBody, job.fingerprintPath);
-  // The job's fields as the steps' own variables, so that a paused job lets go of its body once parsed.
+  // The job's fields as the steps' own variables, so that a paused job lets go of its body once
+  // parsed.
   return countSteps(job.body, job.fingerprintPath, job.prompt);
 }
 
@@ -69,8 +103,17 @@ function* answerSteps(texts: string[], limit: number): Generator<void, CountResu
   return { fingerprint: null, tokens, contentCounts: null, prompt: null };
 }
 
-function* decisionBodySteps(job: NonNullable<CountJob['decisionBody']>, fingerprintPath: string | null): Generator<void, CountResult> {
-  const refused = (error: CountError): CountResult => ({ fingerprint: null, tokens: -1, contentCounts: null, prompt: null, error });
+function* decisionBodySteps(
+  job: NonNullable<CountJob['decisionBody']>,
+  fingerprintPath: string | null,
+): Generator<void, CountResult> {
+  const refused = (error: CountError): CountResult => ({
+    fingerprint: null,
+    tokens: -1,
+    contentCounts: null,
+    prompt: null,
+    error,
+  });
   let body: unknown;
   try {
     body = parseJsonBody(job.text, Number.POSITIVE_INFINITY);
@@ -91,19 +134,35 @@ function* decisionBodySteps(job: NonNullable<CountJob['decisionBody']>, fingerpr
     return refused(countError(error));
   }
   yield;
-  const fingerprint = fingerprintPath === null ? null : requestFingerprint('POST', fingerprintPath, body);
+  const fingerprint =
+    fingerprintPath === null ? null : requestFingerprint('POST', fingerprintPath, body);
   yield;
-  const built = buildPrompt((body as { state: unknown }).state, decision.questions, tools[decision.modelName]);
+  const built = buildPrompt(
+    (body as { state: unknown }).state,
+    decision.questions,
+    tools[decision.modelName],
+  );
   body = null;
   yield;
   const toolsJson = built.tools && built.tools.length > 0 ? JSON.stringify(built.tools) : null;
   const tokens = yield* countPromptTokensSteps(built.messages, toolsJson, job.limit);
-  return { fingerprint, tokens, contentCounts: null, prompt: built, decision: { modelName: decision.modelName, questions: decision.questions } };
+  return {
+    fingerprint,
+    tokens,
+    contentCounts: null,
+    prompt: built,
+    decision: { modelName: decision.modelName, questions: decision.questions },
+  };
 }
 
 function countError(error: unknown): CountError {
   if (!(error instanceof GatewayError)) throw error;
-  return { code: error.code, message: error.message, param: error.param, ...(error.detail === undefined ? {} : { detail: error.detail }) };
+  return {
+    code: error.code,
+    message: error.message,
+    param: error.param,
+    ...(error.detail === undefined ? {} : { detail: error.detail }),
+  };
 }
 
 function* countSteps(
@@ -111,8 +170,9 @@ function* countSteps(
   fingerprintPath: string | null,
   prompt: CountJob['prompt'],
 ): Generator<void, CountResult> {
-  // The body parsed here is the body parsed on the event loop (same text, same parser), so its canonical
-  // JSON, its tools and its state are the same too.
+  // The body parsed here is the body parsed on the event loop (same text, same parser), so its
+  // canonical JSON, its tools and its state are the same too.
+  // biome-ignore lint/suspicious/noExplicitAny: the body was validated on the event loop already.
   let body: any = null;
   if (bodyText !== null) {
     body = JSON.parse(bodyText);
@@ -129,7 +189,12 @@ function* countSteps(
     const toolsJson = prompt.toolsInBody ? JSON.stringify(body.tools) : prompt.toolsJson;
     body = null;
     const contentCounts: number[] = [];
-    const tokens = yield* countPromptTokensSteps(prompt.messages, toolsJson, prompt.limit, contentCounts);
+    const tokens = yield* countPromptTokensSteps(
+      prompt.messages,
+      toolsJson,
+      prompt.limit,
+      contentCounts,
+    );
     return { fingerprint, tokens, contentCounts, prompt: null };
   }
   return { fingerprint, tokens: -1, contentCounts: null, prompt: null };

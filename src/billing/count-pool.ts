@@ -1,22 +1,32 @@
-// A worker thread for CPU-heavy request work (token counts, fingerprints), with a fair, bounded queue per API key.
+// A worker thread for CPU-heavy request work (token counts, fingerprints), with a fair, bounded
+// queue per API key.
 import { GatewayError } from '../http/errors.ts';
 import type { Logger } from '../util/log.ts';
 
 /**
  * How long the worker runs one job before it reports back and the pool hands the thread to the next
  * key. A job pauses only between its steps (a 16 KB segment of text, a parse, a fingerprint), so a
- * slice may run over by one step (≤ ~65 ms of counting measured; a 4 MB parse or fingerprint ≤ ~250 ms).
+ * slice may run over by one step (≤ ~65 ms of counting measured; a 4 MB parse or fingerprint ≤ ~250
+ * ms).
  */
 export const SLICE_MS = 10;
 
-/** Messages from the pool to the worker: start a job (and run a slice), run another slice, or forget it. */
-export type ToWorker<Job> = { id: number; job: Job } | { id: number; resume: true } | { id: number; drop: true };
+/**
+ * Messages from the pool to the worker: start a job (and run a slice), run another slice, or forget
+ * it.
+ */
+export type ToWorker<Job> =
+  | { id: number; job: Job }
+  | { id: number; resume: true }
+  | { id: number; drop: true };
 /** The worker's answer to a slice: still going, or done with the result. */
-export type FromWorker<Result> = { id: number; done: false } | { id: number; done: true; result: Result };
+export type FromWorker<Result> =
+  | { id: number; done: false }
+  | { id: number; done: true; result: Result };
 
 /**
- * The worker's side: runs each job as a generator (each `yield` is a point where it may pause) for up to
- * SLICE_MS per message, keeping paused jobs until they are resumed or dropped.
+ * The worker's side: runs each job as a generator (each `yield` is a point where it may pause) for
+ * up to SLICE_MS per message, keeping paused jobs until they are resumed or dropped.
  */
 export function serveSlices<Job, Result>(run: (job: Job) => Generator<void, Result>): void {
   const paused = new Map<number, Generator<void, Result>>();
@@ -35,7 +45,11 @@ export function serveSlices<Job, Result>(run: (job: Job) => Generator<void, Resu
       const step = steps.next();
       if (step.done) {
         paused.delete(message.id);
-        postMessage({ id: message.id, done: true, result: step.value } satisfies FromWorker<Result>);
+        postMessage({
+          id: message.id,
+          done: true,
+          result: step.value,
+        } satisfies FromWorker<Result>);
         return;
       }
       if (performance.now() >= deadline) {
@@ -54,11 +68,16 @@ export interface CountPoolOptions {
   jobsMax: number;
   /** Jobs waiting or running for one API key; past it 429 rate_limit_exceeded. */
   keyJobsMax: number;
-  /** A slice the worker has not answered within this is a stuck worker: it is ended and restarted. */
+  /**
+   * A slice the worker has not answered within this is a stuck worker: it is ended and restarted.
+   */
   sliceDeadlineMs: number;
 }
 
-/** Who asked for a job: its key (the unit of fairness), its client (gone: the job is dropped) and where to log. */
+/**
+ * Who asked for a job: its key (the unit of fairness), its client (gone: the job is dropped) and
+ * where to log.
+ */
 export interface JobOwner {
   keyId: string;
   signal: AbortSignal | null;
@@ -69,7 +88,9 @@ interface Entry<Job, Result> {
   id: number;
   job: Job;
   owner: JobOwner;
-  /** The worker holds this job's paused state (it has run at least one slice in the current worker). */
+  /**
+   * The worker holds this job's paused state (it has run at least one slice in the current worker).
+   */
   started: boolean;
   /** A request already admitted (its answer's tokens): never refused or given up for room. */
   admitted: boolean;
@@ -80,11 +101,12 @@ interface Entry<Job, Result> {
 }
 
 /**
- * One worker thread (this host has 2 cores: one for the event loop, one for this) serving jobs in slices
- * of time. Each key has its own FIFO and keys take turns, one slice each, so one key's queued jobs
- * delay another key's job by one slice per turn, never by whole jobs. Bounded per key and overall; a
- * job whose client has gone is dropped; a worker that crashes or hangs is replaced, and only the job it
- * was running fails (503): the others start again from their inputs in the new worker.
+ * One worker thread (this host has 2 cores: one for the event loop, one for this) serving jobs in
+ * slices of time. Each key has its own FIFO and keys take turns, one slice each, so one key's
+ * queued jobs delay another key's job by one slice per turn, never by whole jobs. Bounded per key
+ * and overall; a job whose client has gone is dropped; a worker that crashes or hangs is replaced,
+ * and only the job it was running fails (503): the others start again from their inputs in the new
+ * worker.
  */
 export class CountPool<Job, Result> {
   private readonly queues = new Map<string, Array<Entry<Job, Result>>>();
@@ -97,7 +119,8 @@ export class CountPool<Job, Result> {
   /** The entry whose slice the worker is running; at most one at a time. */
   private running: Entry<Job, Result> | null = null;
   private watchdog: ReturnType<typeof setTimeout> | undefined;
-  private readonly onMessage = (event: MessageEvent<FromWorker<Result>>): void => this.answered(event.data);
+  private readonly onMessage = (event: MessageEvent<FromWorker<Result>>): void =>
+    this.answered(event.data);
 
   constructor(private readonly options: CountPoolOptions) {}
 
@@ -112,22 +135,39 @@ export class CountPool<Job, Result> {
   }
 
   /**
-   * Queues `job` for `owner`; refuses at once (429, 503, 499) when it cannot be queued. At the overall
-   * bound the key holding the most jobs gives up its newest (429 for it) rather than a key under its
-   * share being refused: one key cannot take the counter from another. An `admitted` job (the tokens of
-   * an answer already served; bounded by the requests in flight) is never refused for room.
+   * Queues `job` for `owner`; refuses at once (429, 503, 499) when it cannot be queued. At the
+   * overall bound the key holding the most jobs gives up its newest (429 for it) rather than a key
+   * under its share being refused: one key cannot take the counter from another. An `admitted` job
+   * (the tokens of an answer already served; bounded by the requests in flight) is never refused
+   * for room.
    */
   run(job: Job, owner: JobOwner, admitted = false): Promise<Result> {
     if (owner.signal?.aborted) return Promise.reject(cancelled());
     let queue = this.queues.get(owner.keyId);
     if (!admitted) {
-      if (queue && queue.length >= this.options.keyJobsMax) return Promise.reject(keyBusy(queue.length));
+      if (queue && queue.length >= this.options.keyJobsMax)
+        return Promise.reject(keyBusy(queue.length));
       if (this.jobs >= this.options.jobsMax && !this.giveUpHeaviest(queue?.length ?? 0)) {
-        return Promise.reject(new GatewayError('service_unavailable', 'The gateway is counting as many large requests as it can; retry shortly.'));
+        return Promise.reject(
+          new GatewayError(
+            'service_unavailable',
+            'The gateway is counting as many large requests as it can; retry shortly.',
+          ),
+        );
       }
     }
     const { promise, resolve, reject } = Promise.withResolvers<Result>();
-    const entry: Entry<Job, Result> = { id: this.nextId++, job, owner, started: false, admitted, settled: false, resolve, reject, onAbort: null };
+    const entry: Entry<Job, Result> = {
+      id: this.nextId++,
+      job,
+      owner,
+      started: false,
+      admitted,
+      settled: false,
+      resolve,
+      reject,
+      onAbort: null,
+    };
     if (!queue) {
       queue = [];
       this.queues.set(owner.keyId, queue);
@@ -146,9 +186,9 @@ export class CountPool<Job, Result> {
   }
 
   /**
-   * Makes room for a key holding `ownJobs` jobs: the key holding the most gives up its newest job not
-   * admitted nor running (429: that key's own load), if it holds more than the asking key would. False
-   * when no key holds more (then the asker is refused).
+   * Makes room for a key holding `ownJobs` jobs: the key holding the most gives up its newest job
+   * not admitted nor running (429: that key's own load), if it holds more than the asking key
+   * would. False when no key holds more (then the asker is refused).
    */
   private giveUpHeaviest(ownJobs: number): boolean {
     let victim: Entry<Job, Result> | null = null;
@@ -164,14 +204,18 @@ export class CountPool<Job, Result> {
       }
     }
     if (victim === null) return false;
-    victim.owner.logger.warn({ keyId: victim.owner.keyId }, 'count pool: full; the key holding the most jobs gives up its newest');
+    victim.owner.logger.warn(
+      { keyId: victim.owner.keyId },
+      'count pool: full; the key holding the most jobs gives up its newest',
+    );
     this.settle(victim, keyBusy(heaviest), null);
     this.remove(victim);
     if (!this.queues.has(victim.owner.keyId)) {
       const turn = this.turns.indexOf(victim.owner.keyId);
       if (turn >= 0) this.turns.splice(turn, 1);
     }
-    if (victim.started) this.worker?.postMessage({ id: victim.id, drop: true } satisfies ToWorker<Job>);
+    if (victim.started)
+      this.worker?.postMessage({ id: victim.id, drop: true } satisfies ToWorker<Job>);
     return true;
   }
 
@@ -191,22 +235,31 @@ export class CountPool<Job, Result> {
     const entry = this.queues.get(keyId)![0]!;
     const worker = this.worker ?? this.startWorker();
     this.running = entry;
-    worker.postMessage(entry.started ? ({ id: entry.id, resume: true } satisfies ToWorker<Job>) : ({ id: entry.id, job: entry.job } satisfies ToWorker<Job>));
+    worker.postMessage(
+      entry.started
+        ? ({ id: entry.id, resume: true } satisfies ToWorker<Job>)
+        : ({ id: entry.id, job: entry.job } satisfies ToWorker<Job>),
+    );
     entry.started = true;
     this.watchdog = setTimeout(this.stuck, this.options.sliceDeadlineMs);
-    // A shutdown need not wait for it: the requests whose jobs these are keep the process alive themselves.
+    // A shutdown need not wait for it: the requests whose jobs these are keep the process alive
+    // themselves.
     this.watchdog.unref();
   }
 
   private readonly stuck = (): void => {
     const entry = this.running;
-    entry?.owner.logger.error({ sliceDeadlineMs: this.options.sliceDeadlineMs }, 'count worker: a slice did not finish in time; restarting the worker');
+    entry?.owner.logger.error(
+      { sliceDeadlineMs: this.options.sliceDeadlineMs },
+      'count worker: a slice did not finish in time; restarting the worker',
+    );
     this.crashed(this.worker, 'stuck');
   };
 
   private answered(message: FromWorker<Result>): void {
     const entry = this.running;
-    // A late answer from a worker already replaced, or for a job already failed, is nothing to act on.
+    // A late answer from a worker already replaced, or for a job already failed, is nothing to act
+    // on.
     if (entry === null || entry.id !== message.id) return;
     clearTimeout(this.watchdog);
     this.running = null;
@@ -214,7 +267,8 @@ export class CountPool<Job, Result> {
       this.remove(entry);
       if (!entry.settled) this.settle(entry, null, message.result);
     } else if (entry.settled) {
-      // Its client left during the slice: it leaves the queue, and the worker forgets its paused state.
+      // Its client left during the slice: it leaves the queue, and the worker forgets its paused
+      // state.
       this.remove(entry);
       this.worker?.postMessage({ id: entry.id, drop: true } satisfies ToWorker<Job>);
     }
@@ -229,7 +283,10 @@ export class CountPool<Job, Result> {
     worker.unref();
     worker.addEventListener('message', this.onMessage);
     worker.addEventListener('error', (event) => {
-      this.running?.owner.logger.error({ err: (event as ErrorEvent).message }, 'count worker: uncaught error');
+      this.running?.owner.logger.error(
+        { err: (event as ErrorEvent).message },
+        'count worker: uncaught error',
+      );
       this.crashed(worker, 'error');
     });
     worker.addEventListener('close', () => this.crashed(worker, 'exit'));
@@ -238,9 +295,9 @@ export class CountPool<Job, Result> {
   }
 
   /**
-   * The worker died (an uncaught error, an exit) or hung. The job it was running fails with 503, since
-   * running it again could kill the next worker too; every other job keeps its place and starts over
-   * from its inputs in a new worker, so the queue never wedges.
+   * The worker died (an uncaught error, an exit) or hung. The job it was running fails with 503,
+   * since running it again could kill the next worker too; every other job keeps its place and
+   * starts over from its inputs in a new worker, so the queue never wedges.
    */
   private crashed(worker: Worker | null, why: 'error' | 'exit' | 'stuck'): void {
     if (worker === null || worker !== this.worker) return;
@@ -252,15 +309,29 @@ export class CountPool<Job, Result> {
     const entry = this.running;
     this.running = null;
     if (entry !== null) {
-      entry.owner.logger.error({ why }, 'count worker: lost while running a job; the job fails with 503');
+      entry.owner.logger.error(
+        { why },
+        'count worker: lost while running a job; the job fails with 503',
+      );
       this.remove(entry);
       if (this.queues.has(entry.owner.keyId)) this.turns.push(entry.owner.keyId);
-      if (!entry.settled) this.settle(entry, new GatewayError('service_unavailable', 'The gateway could not count this request; retry shortly.'), null);
+      if (!entry.settled)
+        this.settle(
+          entry,
+          new GatewayError(
+            'service_unavailable',
+            'The gateway could not count this request; retry shortly.',
+          ),
+          null,
+        );
     }
     this.pump();
   }
 
-  /** The client went away: the job leaves the queue now (a running slice is dropped when it answers). */
+  /**
+   * The client went away: the job leaves the queue now (a running slice is dropped when it
+   * answers).
+   */
   private cancel(entry: Entry<Job, Result>): void {
     if (entry.settled) return;
     this.settle(entry, cancelled(), null);
@@ -271,7 +342,8 @@ export class CountPool<Job, Result> {
       const turn = this.turns.indexOf(entry.owner.keyId);
       if (turn >= 0) this.turns.splice(turn, 1);
     }
-    if (entry.started) this.worker?.postMessage({ id: entry.id, drop: true } satisfies ToWorker<Job>);
+    if (entry.started)
+      this.worker?.postMessage({ id: entry.id, drop: true } satisfies ToWorker<Job>);
   }
 
   /** Takes `entry` out of its key's queue; false when it was not there. */
@@ -285,7 +357,11 @@ export class CountPool<Job, Result> {
     return true;
   }
 
-  private settle(entry: Entry<Job, Result>, error: GatewayError | null, result: Result | null): void {
+  private settle(
+    entry: Entry<Job, Result>,
+    error: GatewayError | null,
+    result: Result | null,
+  ): void {
     entry.settled = true;
     if (entry.onAbort) entry.owner.signal!.removeEventListener('abort', entry.onAbort);
     if (error) entry.reject(error);
@@ -294,11 +370,18 @@ export class CountPool<Job, Result> {
 }
 
 function keyBusy(jobs: number): GatewayError {
-  return new GatewayError('rate_limit_exceeded', `This API key already has ${jobs} large requests waiting to be counted; retry after 1 s.`, {
-    headers: { 'retry-after': '1' },
-  });
+  return new GatewayError(
+    'rate_limit_exceeded',
+    `This API key already has ${jobs} large requests waiting to be counted; retry after 1 s.`,
+    {
+      headers: { 'retry-after': '1' },
+    },
+  );
 }
 
 function cancelled(): GatewayError {
-  return new GatewayError('request_cancelled', 'The client went away before its request was counted.');
+  return new GatewayError(
+    'request_cancelled',
+    'The client went away before its request was counted.',
+  );
 }

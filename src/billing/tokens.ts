@@ -8,27 +8,30 @@ const TOKENS_PER_MESSAGE = 3;
 const TOKENS_REPLY_PRIMING = 3;
 
 /**
- * Text that spells a special token (`<|endoftext|>`, `<|im_start|>`) is counted as the ordinary text it
- * is: by default the tokenizer refuses it with an exception, which made such a prompt a 500.
+ * Text that spells a special token (`<|endoftext|>`, `<|im_start|>`) is counted as the ordinary
+ * text it is: by default the tokenizer refuses it with an exception, which made such a prompt a
+ * 500.
  */
 const AS_TEXT = { disallowedSpecial: new Set<string>() };
 
 /**
- * The tokenizer memoizes the merges of the pieces it has seen, in a Map it keeps in insertion order by
- * deleting and re-adding. At its default of 100,000 entries novel text (random base64, identifiers)
- * makes every insert pay for the entries deleted before it: 4 MB of base64 took 5.4–9.5 s, against
- * 1.0 s at 2,000 entries, while prose (whose words repeat) counts as fast as with the default (measured
- * on this project's 2-core runner; see the report of issue 12). Counts do not depend on it.
+ * The tokenizer memoizes the merges of the pieces it has seen, in a Map it keeps in insertion order
+ * by deleting and re-adding. At its default of 100,000 entries novel text (random base64,
+ * identifiers) makes every insert pay for the entries deleted before it: 4 MB of base64 took
+ * 5.4–9.5 s, against 1.0 s at 2,000 entries, while prose (whose words repeat) counts as fast as
+ * with the default (measured on this project's 2-core runner; see the report of issue 12). Counts
+ * do not depend on it.
  */
 const MERGE_CACHE_ENTRIES = 2_000;
 setMergeCacheSize(MERGE_CACHE_ENTRIES);
 
 /**
- * Counts of prompt texts seen recently. Prompts repeat: the same system prompt opens most requests of an
- * application, a conversation resends its history every turn, a tool list is sent with every call.
- * Looking a text up costs a hash of it; counting it costs the tokenizer's regex and merges over it
- * (a sentence: ~2 µs counted, ~0.01 µs found). Bounded by entries and by the characters held. Only
- * prompts go in: answers and the simulator's texts do not repeat, and would push the prompts out.
+ * Counts of prompt texts seen recently. Prompts repeat: the same system prompt opens most requests
+ * of an application, a conversation resends its history every turn, a tool list is sent with every
+ * call. Looking a text up costs a hash of it; counting it costs the tokenizer's regex and merges
+ * over it (a sentence: ~2 µs counted, ~0.01 µs found). Bounded by entries and by the characters
+ * held. Only prompts go in: answers and the simulator's texts do not repeat, and would push the
+ * prompts out.
  */
 const PROMPT_TEXT_CACHED_CHARS_MAX = 1024 * 1024;
 const COUNTS = new LRUCache<string, number>({
@@ -40,21 +43,23 @@ const COUNTS = new LRUCache<string, number>({
 });
 
 /**
- * The tokenizer's merge step costs the square of a piece's length: 50,000 letters without a space took
- * 2–15 s, so one request body could stop the gateway for minutes. A run of more than this many
+ * The tokenizer's merge step costs the square of a piece's length: 50,000 letters without a space
+ * took 2–15 s, so one request body could stop the gateway for minutes. A run of more than this many
  * characters without whitespace is counted in slices of this size, which keeps the cost linear; a
  * slice boundary may split a token, so such a run can count a token more per slice than the model
  * would (measured on random base64: 0.04 %).
  */
 const RUN_CHARS_MAX = 256;
-/** Long texts are counted in segments this long (cut at a single space, where counting is exact), so a
- * count that has passed its limit stops there. */
+/**
+ * Long texts are counted in segments this long (cut at a single space, where counting is exact),
+ * so a count that has passed its limit stops there.
+ */
 const SEGMENT_CHARS = 16 * 1024;
 
 /**
  * Tokens of `text`. With `limit`, counting may stop once the count passes it and return what it has
- * counted so far (more than `limit`): a prompt over the context window is refused whatever its size,
- * and the rest of a 4 MB body is never tokenized.
+ * counted so far (more than `limit`): a prompt over the context window is refused whatever its
+ * size, and the rest of a 4 MB body is never tokenized.
  */
 export function countTextTokens(text: string, limit = Number.POSITIVE_INFINITY): number {
   if (text.length === 0) return 0;
@@ -67,7 +72,10 @@ export function countTextTokens(text: string, limit = Number.POSITIVE_INFINITY):
  * countTextTokens that lets the event loop run between segments (16 K characters, ~15 ms at worst):
  * for text counted on the loop that may be long (the simulator's 64 KiB of tool arguments).
  */
-export async function countTextTokensYielding(text: string, limit = Number.POSITIVE_INFINITY): Promise<number> {
+export async function countTextTokensYielding(
+  text: string,
+  limit = Number.POSITIVE_INFINITY,
+): Promise<number> {
   const steps = countTextSteps(text, limit);
   for (let step = steps.next(); ; step = steps.next()) {
     if (step.done) return step.value;
@@ -84,8 +92,8 @@ export function runSteps<T>(steps: Generator<void, T>): T {
 }
 
 /**
- * countTextTokens that pauses (yields) after each segment, so that a worker can count a long text in
- * slices of time and serve other jobs between them. Gives exactly countTextTokens' result.
+ * countTextTokens that pauses (yields) after each segment, so that a worker can count a long text
+ * in slices of time and serve other jobs between them. Gives exactly countTextTokens' result.
  */
 function* countTextSteps(text: string, limit: number): Generator<void, number> {
   if (text.length <= SEGMENT_CHARS) return countTextTokens(text, limit);
@@ -100,7 +108,10 @@ function* countTextSteps(text: string, limit: number): Generator<void, number> {
   return count;
 }
 
-/** Tokens of all `texts` together (no cache: answers do not repeat), in steps, stopping past `limit`. */
+/**
+ * Tokens of all `texts` together (no cache: answers do not repeat), in steps, stopping past
+ * `limit`.
+ */
 export function* countTextsSteps(texts: readonly string[], limit: number): Generator<void, number> {
   let count = 0;
   for (const text of texts) {
@@ -110,7 +121,10 @@ export function* countTextsSteps(texts: readonly string[], limit: number): Gener
   return count;
 }
 
-/** countTextTokens for a prompt text, through the cache (a text longer than an entry may be is not looked up). */
+/**
+ * countTextTokens for a prompt text, through the cache (a text longer than an entry may be is not
+ * looked up).
+ */
 function countPromptText(text: string, limit = Number.POSITIVE_INFINITY): number {
   if (text.length > PROMPT_TEXT_CACHED_CHARS_MAX) return countTextTokens(text, limit);
   const known = COUNTS.get(text);
@@ -131,15 +145,19 @@ function* countPromptTextSteps(text: string, limit: number): Generator<void, num
   return count;
 }
 
-/** Keeps the count of a prompt text counted elsewhere (by the worker), so that its next request counts it here from the cache. */
+/**
+ * Keeps the count of a prompt text counted elsewhere (by the worker), so that its next request
+ * counts it here from the cache.
+ */
 export function rememberPromptTextTokens(text: string, count: number): void {
   if (text.length <= PROMPT_TEXT_CACHED_CHARS_MAX) COUNTS.set(text, count);
 }
 
 /**
- * The length of the prefix of `text` whose count can be made apart from whatever follows it, with no
- * change to the total: its segments that text appended later cannot move (countTextTokens counts the
- * same segments, so the prefix's count plus the rest's equals the whole's). 0 when none is settled.
+ * The length of the prefix of `text` whose count can be made apart from whatever follows it, with
+ * no change to the total: its segments that text appended later cannot move (countTextTokens counts
+ * the same segments, so the prefix's count plus the rest's equals the whole's). 0 when none is
+ * settled.
  */
 export function settledPrefixLength(text: string): number {
   let start = 0;
@@ -148,15 +166,23 @@ export function settledPrefixLength(text: string): number {
   return start;
 }
 
-/** Where the segment from `start` ends: the end, or just before a single space between two words. */
+/**
+ * Where the segment from `start` ends: the end, or just before a single space between two words.
+ */
 function segmentEnd(text: string, start: number): number {
   if (text.length - start <= SEGMENT_CHARS) return text.length;
   const limit = start + SEGMENT_CHARS;
   // "a b" splits as "a" | " b" either way: the tokenizer joins a space to the word after it.
   for (let i = limit; i > start + SEGMENT_CHARS / 2; i--) {
-    if (text.charCodeAt(i) === 32 && !isWhitespace(text.charCodeAt(i - 1)) && !isWhitespace(text.charCodeAt(i + 1))) return i;
+    if (
+      text.charCodeAt(i) === 32 &&
+      !isWhitespace(text.charCodeAt(i - 1)) &&
+      !isWhitespace(text.charCodeAt(i + 1))
+    )
+      return i;
   }
-  // No such space in the second half (whitespace runs, or one long run): cut anywhere but a surrogate pair.
+  // No such space in the second half (whitespace runs, or one long run): cut anywhere but a
+  // surrogate pair.
   return isHighSurrogate(text.charCodeAt(limit - 1)) ? limit + 1 : limit;
 }
 
@@ -168,7 +194,8 @@ function countSegment(text: string, start: number, end: number): number {
   for (let i = start; i <= end; i++) {
     if (i < end && !isWhitespace(text.charCodeAt(i))) continue;
     if (i - runStart > RUN_CHARS_MAX) {
-      // The text before the run, whole; then the run, slice by slice (never between a surrogate pair).
+      // The text before the run, whole; then the run, slice by slice (never between a surrogate
+      // pair).
       if (runStart > wholeFrom) count += countBpe(text.slice(wholeFrom, runStart), AS_TEXT);
       let sliceStart = runStart;
       while (sliceStart < i) {
@@ -181,7 +208,11 @@ function countSegment(text: string, start: number, end: number): number {
     }
     runStart = i + 1;
   }
-  if (wholeFrom < end) count += countBpe(wholeFrom === 0 && end === text.length ? text : text.slice(wholeFrom, end), AS_TEXT);
+  if (wholeFrom < end)
+    count += countBpe(
+      wholeFrom === 0 && end === text.length ? text : text.slice(wholeFrom, end),
+      AS_TEXT,
+    );
   return count;
 }
 
@@ -195,18 +226,27 @@ function isHighSurrogate(c: number): boolean {
 
 /**
  * Input tokens of a chat request: message texts, tool calls and tool definitions. With `limit`, may
- * stop once past it (see countTextTokens); the result is then more than `limit`, not the full count.
+ * stop once past it (see countTextTokens); the result is then more than `limit`, not the full
+ * count.
  */
 export function countPromptTokens(
   messages: readonly ProviderMessage[],
   tools: readonly ToolDefinition[] | null,
   limit = Number.POSITIVE_INFINITY,
 ): number {
-  return countPromptTokensOf(messages, tools && tools.length > 0 ? JSON.stringify(tools) : null, limit);
+  return countPromptTokensOf(
+    messages,
+    tools && tools.length > 0 ? JSON.stringify(tools) : null,
+    limit,
+  );
 }
 
 /** countPromptTokens with the tool definitions already serialized (null: none). */
-export function countPromptTokensOf(messages: readonly ProviderMessage[], toolsJson: string | null, limit = Number.POSITIVE_INFINITY): number {
+export function countPromptTokensOf(
+  messages: readonly ProviderMessage[],
+  toolsJson: string | null,
+  limit = Number.POSITIVE_INFINITY,
+): number {
   let tokens = TOKENS_REPLY_PRIMING;
   for (const message of messages) {
     if (tokens > limit) return tokens;
@@ -214,7 +254,10 @@ export function countPromptTokensOf(messages: readonly ProviderMessage[], toolsJ
     if (message.content) tokens += countPromptText(message.content, limit - tokens);
     if (message.role === 'assistant' && message.tool_calls) {
       for (const call of message.tool_calls) {
-        tokens += countPromptText(call.function.name) + countPromptText(call.function.arguments, limit - tokens) + TOKENS_PER_MESSAGE;
+        tokens +=
+          countPromptText(call.function.name) +
+          countPromptText(call.function.arguments, limit - tokens) +
+          TOKENS_PER_MESSAGE;
       }
     }
   }
@@ -223,9 +266,9 @@ export function countPromptTokensOf(messages: readonly ProviderMessage[], toolsJ
 }
 
 /**
- * countPromptTokensOf in steps, for the worker: the same walk, the same limit, the same count (a test
- * holds the two to it). `contentCounts`, when given, receives each message content's own count, or -1
- * where counting stopped early or never reached it, for the event loop's cache.
+ * countPromptTokensOf in steps, for the worker: the same walk, the same limit, the same count (a
+ * test holds the two to it). `contentCounts`, when given, receives each message content's own
+ * count, or -1 where counting stopped early or never reached it, for the event loop's cache.
  */
 export function* countPromptTokensSteps(
   messages: readonly ProviderMessage[],
@@ -248,44 +291,66 @@ export function* countPromptTokensSteps(
         // As countPromptTokensOf: the arguments' limit is taken before the name's tokens are added.
         const argumentsLimit = limit - tokens;
         const nameTokens = countPromptText(call.function.name);
-        tokens += nameTokens + (yield* countPromptTextSteps(call.function.arguments, argumentsLimit)) + TOKENS_PER_MESSAGE;
+        tokens +=
+          nameTokens +
+          (yield* countPromptTextSteps(call.function.arguments, argumentsLimit)) +
+          TOKENS_PER_MESSAGE;
       }
     }
   }
-  if (toolsJson !== null && tokens <= limit) tokens += yield* countPromptTextSteps(toolsJson, limit - tokens);
+  if (toolsJson !== null && tokens <= limit)
+    tokens += yield* countPromptTextSteps(toolsJson, limit - tokens);
   return tokens;
 }
 
 /**
- * Characters of text the tokenizer may read on the event loop for one request. The worst text measured
- * (random CJK, ~2.5 µs a character; base64, emoji and punctuation ~1 µs) takes ~10 ms at this size,
- * prose far less; a request with more text not yet in the cache is counted off the loop.
+ * Characters of text the tokenizer may read on the event loop for one request. The worst text
+ * measured (random CJK, ~2.5 µs a character; base64, emoji and punctuation ~1 µs) takes ~10 ms at
+ * this size, prose far less; a request with more text not yet in the cache is counted off the loop.
  */
 export const INLINE_TEXT_CHARS_MAX = 4_096;
 
 /**
- * The prompt's tokens if counting them here is cheap, else null (count them off the event loop). Cheap
- * means at most INLINE_TEXT_CHARS_MAX characters that the cache does not already know. The usual small
- * request pays one pass over its message lengths and nothing else.
+ * The prompt's tokens if counting them here is cheap, else null (count them off the event loop).
+ * Cheap means at most INLINE_TEXT_CHARS_MAX characters that the cache does not already know. The
+ * usual small request pays one pass over its message lengths and nothing else.
  */
-export function countPromptTokensInline(messages: readonly ProviderMessage[], toolsJson: string | null, limit: number): number | null {
-  if (promptChars(messages, toolsJson, false) > INLINE_TEXT_CHARS_MAX && promptChars(messages, toolsJson, true) > INLINE_TEXT_CHARS_MAX) return null;
+export function countPromptTokensInline(
+  messages: readonly ProviderMessage[],
+  toolsJson: string | null,
+  limit: number,
+): number | null {
+  if (
+    promptChars(messages, toolsJson, false) > INLINE_TEXT_CHARS_MAX &&
+    promptChars(messages, toolsJson, true) > INLINE_TEXT_CHARS_MAX
+  )
+    return null;
   return countPromptTokensOf(messages, toolsJson, limit);
 }
 
-/** Characters of the prompt's texts (only those the cache does not know, with `uncachedOnly`), counted until past INLINE_TEXT_CHARS_MAX. */
-function promptChars(messages: readonly ProviderMessage[], toolsJson: string | null, uncachedOnly: boolean): number {
+/**
+ * Characters of the prompt's texts (only those the cache does not know, with `uncachedOnly`),
+ * counted until past INLINE_TEXT_CHARS_MAX.
+ */
+function promptChars(
+  messages: readonly ProviderMessage[],
+  toolsJson: string | null,
+  uncachedOnly: boolean,
+): number {
   let chars = toolsJson === null ? 0 : textChars(toolsJson, uncachedOnly);
   for (const message of messages) {
     if (chars > INLINE_TEXT_CHARS_MAX) return chars;
     if (message.content) chars += textChars(message.content, uncachedOnly);
     if (message.role === 'assistant' && message.tool_calls) {
-      for (const call of message.tool_calls) chars += call.function.name.length + textChars(call.function.arguments, uncachedOnly);
+      for (const call of message.tool_calls)
+        chars += call.function.name.length + textChars(call.function.arguments, uncachedOnly);
     }
   }
   return chars;
 }
 
 function textChars(text: string, uncachedOnly: boolean): number {
-  return uncachedOnly && text.length <= PROMPT_TEXT_CACHED_CHARS_MAX && COUNTS.has(text) ? 0 : text.length;
+  return uncachedOnly && text.length <= PROMPT_TEXT_CACHED_CHARS_MAX && COUNTS.has(text)
+    ? 0
+    : text.length;
 }

@@ -2,10 +2,10 @@
 import type { Server } from 'bun';
 import { Elysia } from 'elysia';
 import { measureChat } from '../billing/offload.ts';
-import { statusUrl, type Gateway } from '../gateway.ts';
+import { type Gateway, statusUrl } from '../gateway.ts';
 import { parseJsonBody, readBodyText } from '../http/body.ts';
 import { asGatewayError, errorResponse, GatewayError } from '../http/errors.ts';
-import { liftIdle, nativePost, settleIdle, type NativeRoutes } from '../http/routes.ts';
+import { liftIdle, type NativeRoutes, nativePost, settleIdle } from '../http/routes.ts';
 import { parseIdempotencyKey } from '../idempotency/store.ts';
 import { authenticate, microToCredits } from '../keys/store.ts';
 import type { RequestRecord } from '../state/apply.ts';
@@ -21,31 +21,55 @@ const COMPLETIONS_ROUTE = '/chat/completions';
 const COMPLETIONS_PATH = PREFIX + COMPLETIONS_ROUTE;
 const JSON_HEADERS = { 'content-type': 'application/json' };
 
-async function completions(gateway: Gateway, request: Request, server?: Server<unknown>): Promise<Response> {
+async function completions(
+  gateway: Gateway,
+  request: Request,
+  server?: Server<unknown>,
+): Promise<Response> {
   const requestId = newChatRequestId();
   const idHeader = { 'x-request-id': requestId };
   try {
-    if (gateway.draining) throw new GatewayError('service_unavailable', 'The gateway is shutting down; retry shortly.');
+    if (gateway.draining)
+      throw new GatewayError('service_unavailable', 'The gateway is shutting down; retry shortly.');
     const unavailable = gateway.store.unavailableReason;
-    if (unavailable) throw new GatewayError('service_unavailable', 'The gateway cannot record requests right now; retry later.');
-    const text = await readBodyText(request, gateway.config.limits.max_body_bytes, gateway.config.limits.request_read_timeout_ms);
+    if (unavailable)
+      throw new GatewayError(
+        'service_unavailable',
+        'The gateway cannot record requests right now; retry later.',
+      );
+    const text = await readBodyText(
+      request,
+      gateway.config.limits.max_body_bytes,
+      gateway.config.limits.request_read_timeout_ms,
+    );
     const account = authenticate(gateway.store, request.headers.get('authorization'), 'chat');
     const json = parseJsonBody(text, gateway.config.limits.max_body_json_values);
     const chat = validateChatRequest(json, gateway.config);
     const idempotencyKey = parseIdempotencyKey(request.headers.get('idempotency-key'));
-    // Fingerprinted and counted before admission so that admission itself stays synchronous (check and
-    // bind are atomic): here for a small request, off the event loop for a large one (CONTRACT §8).
-    // Past the model's window the count may stop early (the request is refused either way).
-    const measuring = measureChat(gateway, account, chat, text, json, idempotencyKey, COMPLETIONS_PATH, request.signal);
-    const { idempotency, promptTokens } = measuring instanceof Promise ? await measuring : measuring;
+    // Fingerprinted and counted before admission so that admission itself stays synchronous (check
+    // and bind are atomic): here for a small request, off the event loop for a large one (CONTRACT
+    // §8). Past the model's window the count may stop early (the request is refused either way).
+    const measuring = measureChat(
+      gateway,
+      account,
+      chat,
+      text,
+      json,
+      idempotencyKey,
+      COMPLETIONS_PATH,
+      request.signal,
+    );
+    const { idempotency, promptTokens } =
+      measuring instanceof Promise ? await measuring : measuring;
     const admission = admitChat(gateway, account, requestId, chat, idempotency, promptTokens);
     const { actor } = admission;
     if (idempotency) {
-      // A request with an Idempotency-Key must not reach the provider before its binding is durable.
+      // A request with an Idempotency-Key must not reach the provider before its binding is
+      // durable.
       await admission.durable;
     }
-    // The actor listens itself (handleEvent: the client went away). Never removed: once the actor is
-    // over, abort() is a no-op, and both die with the request.
+    // The actor listens itself (handleEvent: the client went away). Never removed: once the actor
+    // is over, abort() is a no-op, and both die with the request.
     const clientSignal = request.signal;
     clientSignal.addEventListener('abort', actor);
     // A client that left while the body was read or the binding became durable is gone already.
@@ -53,16 +77,18 @@ async function completions(gateway: Gateway, request: Request, server?: Server<u
 
     const { limits } = gateway.config;
     if (chat.stream) {
-      // A stream may be silent between tokens for longer than the read deadline: its connection's idle
-      // timer is lifted from here to the stream's end (lifted before the run starts, so its end, which
-      // settles it, always comes after).
+      // A stream may be silent between tokens for longer than the read deadline: its connection's
+      // idle timer is lifted from here to the stream's end (lifted before the run starts, so its
+      // end, which settles it, always comes after).
       liftIdle(request, server, limits.stream_timeout_ms);
       const sink = new SseSink({
         encoder: new ChunkEncoder(requestId, admission.createdS, chat.modelId),
         bufferBytesMax: limits.stream_buffer_bytes,
         signal: actor.signal,
         onCancel: () => actor.abort('disconnected'),
-        onEnd: server ? (stopped) => settleIdle(request, server, stopped ? 1 : limits.request_read_timeout_ms) : undefined,
+        onEnd: server
+          ? (stopped) => settleIdle(request, server, stopped ? 1 : limits.request_read_timeout_ms)
+          : undefined,
         deadlineMs: admission.createdMs + limits.stream_timeout_ms,
         ending: gateway.endingStreams,
       });
@@ -74,13 +100,29 @@ async function completions(gateway: Gateway, request: Request, server?: Server<u
       }
       return new Response(sink.body, {
         status: 200,
-        headers: { 'content-type': 'text/event-stream', 'cache-control': 'no-cache', connection: 'keep-alive', 'x-request-id': requestId },
+        headers: {
+          'content-type': 'text/event-stream',
+          'cache-control': 'no-cache',
+          connection: 'keep-alive',
+          'x-request-id': requestId,
+        },
       });
     }
     const result = await runChat(gateway, admission, chat, null);
     if (!result.ok) return errorResponse(result.error, idHeader, holdKept(gateway, requestId));
-    const body = completionBody(requestId, admission.createdS, chat.modelId, result.content, result.toolCalls, result.finishReason, result.usage);
-    return new Response(JSON.stringify(body), { status: 200, headers: { 'content-type': 'application/json', 'x-request-id': requestId } });
+    const body = completionBody(
+      requestId,
+      admission.createdS,
+      chat.modelId,
+      result.content,
+      result.toolCalls,
+      result.finishReason,
+      result.usage,
+    );
+    return new Response(JSON.stringify(body), {
+      status: 200,
+      headers: { 'content-type': 'application/json', 'x-request-id': requestId },
+    });
   } catch (thrown) {
     let error = asGatewayError(gateway, thrown, requestId);
     if (error.settleFirst) {
@@ -88,15 +130,22 @@ async function completions(gateway: Gateway, request: Request, server?: Server<u
       // What the 409 reports may be what the log just failed to record.
       if (gateway.store.unavailableReason) error = unavailableError();
     }
-    // A 499 here: the client left before its request was admitted (mid-body, or while its prompt was
-    // counted): one line, no stack; it is no bug.
-    if (error.status === 499) gateway.logger.info({ requestId, status: 499, code: error.code }, 'chat: the client went away before its request was admitted');
+    // A 499 here: the client left before its request was admitted (mid-body, or while its prompt
+    // was counted): one line, no stack; it is no bug.
+    if (error.status === 499)
+      gateway.logger.info(
+        { requestId, status: 499, code: error.code },
+        'chat: the client went away before its request was admitted',
+      );
     gateway.metrics.requestRefused('chat', error.code);
     return errorResponse(error, idHeader);
   }
 }
 
-/** Whether the finished request `id` was charged although it failed (its hold kept under on_error "keep"). */
+/**
+ * Whether the finished request `id` was charged although it failed (its hold kept under on_error
+ * "keep").
+ */
 function holdKept(gateway: Gateway, id: string): boolean {
   return (gateway.store.state.request(id)?.charge.credits_micro ?? 0) > 0;
 }
@@ -122,21 +171,25 @@ function statusView(gateway: Gateway, record: RequestRecord): Record<string, unk
 function ownRecord(gateway: Gateway, keyId: string, id: string): RequestRecord {
   const record = gateway.store.state.request(id);
   if (!record || record.keyId !== keyId || record.service !== 'chat') {
-    throw new GatewayError('request_not_found', `No request ${id} for this API key.`, { param: null });
+    throw new GatewayError('request_not_found', `No request ${id} for this API key.`, {
+      param: null,
+    });
   }
   return record;
 }
 
 /**
- * How long a cancel waits for the provider to stop and the hold to be released before it answers. The
- * run loop wakes on the abort even when its stream's client stopped reading, so this is one commit; the
- * bound only keeps a provider that ignores its signal from holding the answer past the contract's 1 s.
+ * How long a cancel waits for the provider to stop and the hold to be released before it answers.
+ * The run loop wakes on the abort even when its stream's client stopped reading, so this is one
+ * commit; the bound only keeps a provider that ignores its signal from holding the answer past the
+ * contract's 1 s.
  */
 const CANCEL_SETTLE_MS_MAX = 1_000;
 
 /**
- * The completions endpoint for Bun's own router (server.ts): the busiest route skips Elysia's router and
- * request context. It is the same function as the Elysia route below, which `app.handle` (the tests) uses.
+ * The completions endpoint for Bun's own router (server.ts): the busiest route skips Elysia's
+ * router and request context. It is the same function as the Elysia route below, which `app.handle`
+ * (the tests) uses.
  */
 export function chatNativeRoutes(gateway: Gateway): NativeRoutes {
   return nativePost(COMPLETIONS_PATH, (request, server) => completions(gateway, request, server));
@@ -149,15 +202,20 @@ export function chatController(gateway: Gateway) {
     .get('/models', ({ request }) => {
       authenticate(gateway.store, request.headers.get('authorization'), 'chat');
       gateway.store.checkAvailable();
-      const data = Object.entries(config.models).map(([id, model]) => ({ id, object: 'model', created: model.created, owned_by: model.provider }));
+      const data = Object.entries(config.models).map(([id, model]) => ({
+        id,
+        object: 'model',
+        created: model.created,
+        owned_by: model.provider,
+      }));
       return Response.json({ object: 'list', data });
     })
     .get('/requests/:id', async ({ request, params }) => {
       const account = authenticate(gateway.store, request.headers.get('authorization'), 'chat');
       gateway.store.checkAvailable();
       ownRecord(gateway, account.id, params.id);
-      // Memory may be ahead of the disk by one commit; report only what a crash cannot take back (and
-      // nothing, should that commit fail).
+      // Memory may be ahead of the disk by one commit; report only what a crash cannot take back
+      // (and nothing, should that commit fail).
       await gateway.registry.get(params.id)?.durable;
       gateway.store.checkAvailable();
       return Response.json(statusView(gateway, ownRecord(gateway, account.id, params.id)));
@@ -176,23 +234,39 @@ export function chatController(gateway: Gateway) {
           gateway.store.checkAvailable();
           const current = gateway.store.state.request(record.id)?.status ?? record.status;
           if (current !== 'in_progress' || !actor) {
-            throw new GatewayError('request_already_completed', `The request ${record.id} has already finished (${current}).`, {
-              param: null,
-              topLevel: { request_id: record.id, request_status: current, status_url: url },
-              headers: { 'x-service-request-status': url, 'x-request-id': record.id },
-            });
+            throw new GatewayError(
+              'request_already_completed',
+              `The request ${record.id} has already finished (${current}).`,
+              {
+                param: null,
+                topLevel: { request_id: record.id, request_status: current, status_url: url },
+                headers: { 'x-service-request-status': url, 'x-request-id': record.id },
+              },
+            );
           }
         }
-        // Answer once the provider has stopped and the hold is released, so a status read that follows sees it.
+        // Answer once the provider has stopped and the hold is released, so a status read that
+        // follows sees it.
         let timer: ReturnType<typeof setTimeout> | undefined;
-        await Promise.race([actor!.settled, new Promise<void>((resolve) => (timer = setTimeout(resolve, CANCEL_SETTLE_MS_MAX)))]);
+        await Promise.race([
+          actor!.settled,
+          new Promise<void>((resolve) => (timer = setTimeout(resolve, CANCEL_SETTLE_MS_MAX))),
+        ]);
         clearTimeout(timer);
         gateway.store.checkAvailable();
         const status = gateway.store.state.request(record.id)?.status ?? 'cancelled';
-        return new Response(JSON.stringify({ request_id: record.id, cancel_requested: true, request_status: status, status_url: url }), {
-          status: 202,
-          headers: JSON_HEADERS,
-        });
+        return new Response(
+          JSON.stringify({
+            request_id: record.id,
+            cancel_requested: true,
+            request_status: status,
+            status_url: url,
+          }),
+          {
+            status: 202,
+            headers: JSON_HEADERS,
+          },
+        );
       },
       { parse: 'none' },
     );

@@ -1,28 +1,46 @@
-// Chat request schemas (TypeBox, the single source of their types) and the request rules of spec 000.
-import { Type, type Static, type TSchema } from '@sinclair/typebox';
-import { TypeCompiler, type TypeCheck } from '@sinclair/typebox/compiler';
+// Chat request schemas (TypeBox, the single source of their types) and the request rules of spec
+// 000.
+import { type Static, type TSchema, Type } from '@sinclair/typebox';
+import { type TypeCheck, TypeCompiler } from '@sinclair/typebox/compiler';
 import type { Config, ModelConfig } from '../config/model.ts';
 import { GatewayError } from '../http/errors.ts';
+import type {
+  ProviderMessage,
+  ToolCall,
+  ToolChoice,
+  ToolDefinition,
+} from '../providers/provider.ts';
+import { SearchBudget, smallestInstance } from '../providers/simulator/schema-value.ts';
 import { assert } from '../util/assert.ts';
 import { fieldPath, firstProblem, mustBe } from '../util/validation.ts';
-import type { ProviderMessage, ToolCall, ToolChoice, ToolDefinition } from '../providers/provider.ts';
-import { SearchBudget, smallestInstance } from '../providers/simulator/schema-value.ts';
 
 const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
 
 export const TextPartSchema = Type.Object({ type: Type.Literal('text'), text: Type.String() });
 /** Any content part: only text parts are used; image, audio, file and other parts are dropped. */
 export const ContentPartSchema = Type.Object({ type: Type.String() });
-export const ContentSchema = Type.Union([Type.String(), Type.Array(ContentPartSchema, { maxItems: 4096 })]);
+export const ContentSchema = Type.Union([
+  Type.String(),
+  Type.Array(ContentPartSchema, { maxItems: 4096 }),
+]);
 
 export const ToolCallSchema = Type.Object({
   id: Type.String({ minLength: 1, maxLength: 256 }),
   type: Type.Literal('function'),
-  function: Type.Object({ name: Type.String({ minLength: 1, maxLength: 64 }), arguments: Type.String() }),
+  function: Type.Object({
+    name: Type.String({ minLength: 1, maxLength: 64 }),
+    arguments: Type.String(),
+  }),
 });
 
-export const SystemMessageSchema = Type.Object({ role: Type.Union([Type.Literal('system'), Type.Literal('developer')]), content: ContentSchema });
-export const UserMessageSchema = Type.Object({ role: Type.Literal('user'), content: ContentSchema });
+export const SystemMessageSchema = Type.Object({
+  role: Type.Union([Type.Literal('system'), Type.Literal('developer')]),
+  content: ContentSchema,
+});
+export const UserMessageSchema = Type.Object({
+  role: Type.Literal('user'),
+  content: ContentSchema,
+});
 export const AssistantMessageSchema = Type.Object({
   role: Type.Literal('assistant'),
   content: Type.Optional(Nullable(ContentSchema)),
@@ -48,7 +66,10 @@ export const ToolChoiceSchema = Type.Union([
   Type.Literal('auto'),
   Type.Literal('none'),
   Type.Literal('required'),
-  Type.Object({ type: Type.Literal('function'), function: Type.Object({ name: Type.String({ minLength: 1 }) }) }),
+  Type.Object({
+    type: Type.Literal('function'),
+    function: Type.Object({ name: Type.String({ minLength: 1 }) }),
+  }),
 ]);
 
 /** The documented fields; any other field is accepted and ignored (spec 000, "ignored fields"). */
@@ -63,7 +84,8 @@ export const ChatRequestSchema = Type.Object({
   seed: Type.Optional(Nullable(Type.Integer())),
   stop: Type.Optional(Nullable(Type.Union([Type.String(), Type.Array(Type.String())]))),
   stream: Type.Optional(Nullable(Type.Boolean())),
-  // Each tool is checked against ToolSchema on its own, so an error names the tool's field, not the union.
+  // Each tool is checked against ToolSchema on its own, so an error names the tool's field, not the
+  // union.
   tools: Type.Optional(Nullable(Type.Array(Type.Unknown()))),
   tool_choice: Type.Optional(Nullable(ToolChoiceSchema)),
 });
@@ -71,7 +93,8 @@ export const ChatRequestSchema = Type.Object({
 export type ChatRequestBody = Static<typeof ChatRequestSchema>;
 
 const RequestCheck = TypeCompiler.Compile(ChatRequestSchema);
-// A Map, not an object: a role is request data, and "__proto__" or "toString" must not find Object.prototype.
+// A Map, not an object: a role is request data, and "__proto__" or "toString" must not find
+// Object.prototype.
 const SystemMessageCheck = TypeCompiler.Compile(SystemMessageSchema);
 const MessageChecks = new Map<string, TypeCheck<TSchema>>([
   ['system', SystemMessageCheck],
@@ -103,7 +126,10 @@ function invalid(message: string, param: string | null): GatewayError {
   return new GatewayError('invalid_request_error', message, { param });
 }
 
-/** The first schema error as a 400 whose message names the field and the bound ("temperature must be ≤ 2"). */
+/**
+ * The first schema error as a 400 whose message names the field and the bound ("temperature must be
+ * ≤ 2").
+ */
 function firstError(check: TypeCheck<TSchema>, value: unknown, prefix: string): GatewayError {
   const problem = firstProblem(check.Errors(value));
   assert(problem, 'a value that failed its check has an error');
@@ -118,23 +144,29 @@ function contentText(content: string | Array<{ type: string }>, param: string): 
   for (let i = 0; i < content.length; i++) {
     const part = content[i]!;
     if (part.type !== 'text') continue;
-    if (!TextPartCheck.Check(part)) throw invalid(`${param}[${i}].text must be a string`, `${param}[${i}].text`);
+    if (!TextPartCheck.Check(part))
+      throw invalid(`${param}[${i}].text must be a string`, `${param}[${i}].text`);
     text += part.text;
   }
   return text;
 }
 
 function servedBySimulator(config: Config, model: ModelConfig): boolean {
-  return Object.hasOwn(config.providers, model.provider) && config.providers[model.provider]!.type === 'simulator';
+  return (
+    Object.hasOwn(config.providers, model.provider) &&
+    config.providers[model.provider]!.type === 'simulator'
+  );
 }
 
 /**
  * CONTRACT §8, generated work is bounded: the simulator writes a tool's arguments in at most
- * `bytesMax` bytes, so a schema whose smallest instance is larger (minItems 1e8, a required recursive
- * $ref) is refused here, before any hold, in bounded work, whichever tool tool_choice would pick.
+ * `bytesMax` bytes, so a schema whose smallest instance is larger (minItems 1e8, a required
+ * recursive $ref) is refused here, before any hold, in bounded work, whichever tool tool_choice
+ * would pick.
  */
 function checkSimulatorTools(tools: Static<typeof ToolSchema>[], bytesMax: number): void {
-  // One budget for all the tools of the request: the check costs at most a few ms, whatever they hold.
+  // One budget for all the tools of the request: the check costs at most a few ms, whatever they
+  // hold.
   const budget = new SearchBudget();
   for (let i = 0; i < tools.length; i++) {
     const parameters = tools[i]!.function.parameters;
@@ -144,8 +176,10 @@ function checkSimulatorTools(tools: Static<typeof ToolSchema>[], bytesMax: numbe
     const param = `tools[${i}].function.parameters`;
     throw invalid(
       smallest.reason === 'too_large'
-        ? `${param}: the smallest value this schema allows is larger than the ${bytesMax} bytes the simulator writes for tool arguments`
-        : `${param}: the simulator cannot find a value of this schema within ${bytesMax} bytes in bounded work; simplify the schema`,
+        ? `${param}: the smallest value this schema allows is larger than the ${bytesMax} bytes ` +
+            `the simulator writes for tool arguments`
+        : `${param}: the simulator cannot find a value of this schema within ${bytesMax} bytes ` +
+            `in bounded work; simplify the schema`,
       param,
     );
   }
@@ -156,7 +190,8 @@ function checkSimulatorTools(tools: Static<typeof ToolSchema>[], bytesMax: numbe
  * capability (400). Context and quota come later, after idempotency and the rate limit.
  */
 export function validateChatRequest(json: unknown, config: Config): ChatRequest {
-  if (typeof json !== 'object' || json === null || Array.isArray(json)) throw invalid('The body must be a JSON object.', null);
+  if (typeof json !== 'object' || json === null || Array.isArray(json))
+    throw invalid('The body must be a JSON object.', null);
   if (!RequestCheck.Check(json)) throw firstError(RequestCheck, json, '');
   const body = json;
   const { limits } = config;
@@ -177,14 +212,22 @@ export function validateChatRequest(json: unknown, config: Config): ChatRequest 
       case 'developer':
       case 'user': {
         const message = raw as Static<typeof UserMessageSchema>;
-        messages.push({ role: raw.role === 'user' ? 'user' : 'system', content: contentText(message.content, `${param}.content`) });
+        messages.push({
+          role: raw.role === 'user' ? 'user' : 'system',
+          content: contentText(message.content, `${param}.content`),
+        });
         break;
       }
       case 'assistant': {
         const message = raw as Static<typeof AssistantMessageSchema>;
-        const calls = message.tool_calls && message.tool_calls.length > 0 ? message.tool_calls : null;
+        const calls =
+          message.tool_calls && message.tool_calls.length > 0 ? message.tool_calls : null;
         const hasContent = message.content !== undefined && message.content !== null;
-        if (!hasContent && !calls) throw invalid(`${param}: an assistant message needs content, tool_calls, or both`, `${param}.content`);
+        if (!hasContent && !calls)
+          throw invalid(
+            `${param}: an assistant message needs content, tool_calls, or both`,
+            `${param}.content`,
+          );
         const toolCalls: ToolCall[] | undefined = calls?.map((call) => ({
           id: call.id,
           type: 'function',
@@ -202,11 +245,16 @@ export function validateChatRequest(json: unknown, config: Config): ChatRequest 
         const message = raw as Static<typeof ToolMessageSchema>;
         if (!toolCallIds.has(message.tool_call_id)) {
           throw invalid(
-            `${param}.tool_call_id: no earlier assistant tool call has id ${JSON.stringify(message.tool_call_id)}`,
+            `${param}.tool_call_id: no earlier assistant tool ` +
+              `call has id ${JSON.stringify(message.tool_call_id)}`,
             `${param}.tool_call_id`,
           );
         }
-        messages.push({ role: 'tool', content: contentText(message.content, `${param}.content`), tool_call_id: message.tool_call_id });
+        messages.push({
+          role: 'tool',
+          content: contentText(message.content, `${param}.content`),
+          tool_call_id: message.tool_call_id,
+        });
         break;
       }
     }
@@ -216,21 +264,29 @@ export function validateChatRequest(json: unknown, config: Config): ChatRequest 
   if (typeof body.stop === 'string') stop = [body.stop];
   else if (Array.isArray(body.stop)) stop = body.stop;
   if (stop) {
-    if (stop.length > limits.max_stop_sequences) throw invalid(`stop: at most ${limits.max_stop_sequences} sequences`, 'stop');
-    if (stop.some((sequence) => sequence.length === 0)) throw invalid('stop: a stop sequence cannot be empty', 'stop');
+    if (stop.length > limits.max_stop_sequences)
+      throw invalid(`stop: at most ${limits.max_stop_sequences} sequences`, 'stop');
+    if (stop.some((sequence) => sequence.length === 0))
+      throw invalid('stop: a stop sequence cannot be empty', 'stop');
     if (stop.length === 0) stop = null;
   }
 
-  const tools = body.tools && body.tools.length > 0 ? (body.tools as Static<typeof ToolSchema>[]) : null;
+  const tools =
+    body.tools && body.tools.length > 0 ? (body.tools as Static<typeof ToolSchema>[]) : null;
   if (tools) {
-    if (tools.length > limits.max_tools) throw invalid(`tools: at most ${limits.max_tools} tools`, 'tools');
-    for (let i = 0; i < tools.length; i++) if (!ToolCheck.Check(tools[i])) throw firstError(ToolCheck, tools[i], `tools[${i}]`);
+    if (tools.length > limits.max_tools)
+      throw invalid(`tools: at most ${limits.max_tools} tools`, 'tools');
+    for (let i = 0; i < tools.length; i++)
+      if (!ToolCheck.Check(tools[i])) throw firstError(ToolCheck, tools[i], `tools[${i}]`);
   }
   const toolChoice = body.tool_choice ?? null;
   if (toolChoice !== null && typeof toolChoice === 'object') {
     const name = toolChoice.function.name;
     if (!tools?.some((tool) => tool.function.name === name)) {
-      throw invalid(`tool_choice: no tool named ${JSON.stringify(name)} in tools`, 'tool_choice.function.name');
+      throw invalid(
+        `tool_choice: no tool named ${JSON.stringify(name)} in tools`,
+        'tool_choice.function.name',
+      );
     }
   } else if (toolChoice === 'required' && !tools) {
     throw invalid('tool_choice: "required" needs tools', 'tool_choice');
@@ -238,13 +294,25 @@ export function validateChatRequest(json: unknown, config: Config): ChatRequest 
 
   // Shape is settled; now the model (404), then what the model can do (400).
   // Own keys only: a model named "__proto__" or "constructor" is just an unknown model.
-  const modelId = Object.hasOwn(config.aliases, body.model) ? config.aliases[body.model]! : body.model;
+  const modelId = Object.hasOwn(config.aliases, body.model)
+    ? config.aliases[body.model]!
+    : body.model;
   const model = Object.hasOwn(config.models, modelId) ? config.models[modelId] : undefined;
-  if (!model) throw new GatewayError('model_not_found', `The model ${JSON.stringify(body.model)} does not exist.`, { param: null });
+  if (!model)
+    throw new GatewayError(
+      'model_not_found',
+      `The model ${JSON.stringify(body.model)} does not exist.`,
+      { param: null },
+    );
   if (tools && !model.tools) {
-    throw new GatewayError('unsupported_parameter', `The model ${modelId} does not support tools.`, { param: 'tools' });
+    throw new GatewayError(
+      'unsupported_parameter',
+      `The model ${modelId} does not support tools.`,
+      { param: 'tools' },
+    );
   }
-  if (tools && servedBySimulator(config, model)) checkSimulatorTools(tools, config.limits.simulator_tool_arguments_bytes);
+  if (tools && servedBySimulator(config, model))
+    checkSimulatorTools(tools, config.limits.simulator_tool_arguments_bytes);
 
   return {
     body,

@@ -1,16 +1,28 @@
 // Chat requests: admission (idempotency, rate, context, quota), the hold, and the actor's run loop.
 import { countAnswerTokens, StreamedText } from '../billing/offload.ts';
 import { chargeMicro, reservationMicro } from '../billing/pricing.ts';
-import { actorSettled, statusUrl, type Gateway } from '../gateway.ts';
+import { actorSettled, type Gateway, statusUrl } from '../gateway.ts';
 import { GatewayError, internalError } from '../http/errors.ts';
 import { checkIdempotency } from '../idempotency/store.ts';
+import {
+  collectAnswer,
+  type Delta,
+  type ProviderRequest,
+  type ToolCall,
+} from '../providers/provider.ts';
+import {
+  abortError,
+  abortOnTimer,
+  notRecordedError,
+  type Outcome,
+  RequestActor,
+  statusForAbort,
+} from '../requests/actor.ts';
 import type { KeyAccount } from '../state/apply.ts';
 import type { Event, Usage } from '../state/events.ts';
-import { collectAnswer, type Delta, type ProviderRequest, type ToolCall } from '../providers/provider.ts';
-import { abortError, abortOnTimer, notRecordedError, RequestActor, statusForAbort, type Outcome } from '../requests/actor.ts';
 import { assert } from '../util/assert.ts';
-import { TextBuilder } from '../util/text-builder.ts';
 import { RESOLVED } from '../util/promise.ts';
+import { TextBuilder } from '../util/text-builder.ts';
 import type { ChatRequest } from './model.ts';
 import type { PublicFinishReason } from './stream.ts';
 
@@ -30,8 +42,8 @@ export interface Idempotency {
 
 /**
  * Runs the checks after shape and model, in the contract's order (idempotency → rate → context →
- * quota), then places the hold and binds the Idempotency-Key in one event. Everything from the first
- * check to the commit is synchronous, so two identical requests can never both pass.
+ * quota), then places the hold and binds the Idempotency-Key in one event. Everything from the
+ * first check to the commit is synchronous, so two identical requests can never both pass.
  */
 export function admitChat(
   gateway: Gateway,
@@ -44,9 +56,21 @@ export function admitChat(
   const { config, store, registry } = gateway;
   const nowMs = Date.now();
   if (idempotency) {
-    checkIdempotency(store.state, registry, account.id, idempotency.key, idempotency.fingerprint, nowMs, (id) => statusUrl(config, 'chat', id));
+    checkIdempotency(
+      store.state,
+      registry,
+      account.id,
+      idempotency.key,
+      idempotency.fingerprint,
+      nowMs,
+      (id) => statusUrl(config, 'chat', id),
+    );
   }
-  gateway.rateLimiter.take(account.id, account.rateLimitRpm ?? config.limits.default_rate_limit_rpm, nowMs);
+  gateway.rateLimiter.take(
+    account.id,
+    account.rateLimitRpm ?? config.limits.default_rate_limit_rpm,
+    nowMs,
+  );
 
   const { model } = chat;
   if (promptTokens > model.context_window) {
@@ -56,10 +80,16 @@ export function admitChat(
       { param: 'messages' },
     );
   }
-  if (chat.maxOutputTokens !== null && (chat.maxOutputTokens > model.max_output_tokens || promptTokens + chat.maxOutputTokens > model.context_window)) {
+  if (
+    chat.maxOutputTokens !== null &&
+    (chat.maxOutputTokens > model.max_output_tokens ||
+      promptTokens + chat.maxOutputTokens > model.context_window)
+  ) {
     throw new GatewayError(
       'context_length_exceeded',
-      `The output limit ${chat.maxOutputTokens} is too large: this model allows ${model.max_output_tokens} output tokens and ${model.context_window} in all (the messages have ${promptTokens}).`,
+      `The output limit ${chat.maxOutputTokens} is too large: this model allows ` +
+        `${model.max_output_tokens} output tokens and ${model.context_window} in all (the ` +
+        `messages have ${promptTokens}).`,
       { param: 'max_completion_tokens' },
     );
   }
@@ -68,10 +98,15 @@ export function admitChat(
   if (holdMicro > account.balanceMicro) {
     throw new GatewayError(
       'insufficient_quota',
-      `The balance of ${account.balanceMicro / 1e6} credits cannot cover this request's reservation of ${holdMicro / 1e6} credits.`,
+      `The balance of ${account.balanceMicro / 1e6} credits cannot cover this request's ` +
+        `reservation of ${holdMicro / 1e6} credits.`,
     );
   }
-  if (!registry.admits(account.id)) throw new GatewayError('service_unavailable', 'The gateway is at its limit of requests in flight for this key\'s share; retry shortly.');
+  if (!registry.admits(account.id))
+    throw new GatewayError(
+      'service_unavailable',
+      "The gateway is at its limit of requests in flight for this key's share; retry shortly.",
+    );
 
   const started: Event[] = [
     {
@@ -83,20 +118,31 @@ export function admitChat(
       stream: chat.stream,
       hold: { credits_micro: holdMicro, tokens: 0 },
       idempotency: idempotency
-        ? { key: idempotency.key, fingerprint: idempotency.fingerprint, expires_at_ms: nowMs + config.idempotency_ttl_s * 1000 }
+        ? {
+            key: idempotency.key,
+            fingerprint: idempotency.fingerprint,
+            expires_at_ms: nowMs + config.idempotency_ttl_s * 1000,
+          }
         : null,
       budget_hold_micro: 0,
       at_ms: nowMs,
     },
   ];
-  // A stream names its id in its first chunk and an Idempotency-Key makes it findable: those starts are
-  // logged now (overlapping the provider call). A plain non-stream call's id is first seen with its
-  // answer, so its start goes to the log with its finish, sparing a separate fsync.
+  // A stream names its id in its first chunk and an Idempotency-Key makes it findable: those starts
+  // are logged now (overlapping the provider call). A plain non-stream call's id is first seen with
+  // its answer, so its start goes to the log with its finish, sparing a separate fsync.
   let durable: Promise<void> = RESOLVED;
   if (chat.stream || idempotency) durable = store.commit(started);
   else store.applyUnlogged(requestId, started);
   const actor = new RequestActor(
-    { id: requestId, keyId: account.id, service: 'chat', model: chat.modelId, stream: chat.stream, hold: { credits_micro: holdMicro, tokens: 0 } },
+    {
+      id: requestId,
+      keyId: account.id,
+      service: 'chat',
+      model: chat.modelId,
+      stream: chat.stream,
+      hold: { credits_micro: holdMicro, tokens: 0 },
+    },
     store,
     actorSettled(gateway),
     gateway.logger,
@@ -121,7 +167,10 @@ export function admitChat(
   return { actor, providerRequest, durable, createdS: Math.floor(nowMs / 1000), createdMs: nowMs };
 }
 
-/** Whether a failed chat call is the provider's failure (its hold may be kept), not the gateway's own. */
+/**
+ * Whether a failed chat call is the provider's failure (its hold may be kept), not the gateway's
+ * own.
+ */
 function chargedOnError(error: GatewayError): boolean {
   return error.status === 502 || error.status === 504 || error.code === 'context_length_exceeded';
 }
@@ -131,19 +180,30 @@ export interface ChatSink {
   /** The first output is ready (the hold is durable): the sink may commit to a 200. */
   begin(): void | Promise<void>;
   text(text: string): void | Promise<void>;
-  toolCall(index: number, id: string | null, name: string | null, args: string): void | Promise<void>;
+  toolCall(
+    index: number,
+    id: string | null,
+    name: string | null,
+    args: string,
+  ): void | Promise<void>;
   /** The terminal state is durable; `result` is what the caller gets. */
   end(result: ChatResult): void;
 }
 
 export type ChatResult =
-  | { ok: true; content: string | null; toolCalls: ToolCall[]; finishReason: PublicFinishReason; usage: Usage }
+  | {
+      ok: true;
+      content: string | null;
+      toolCalls: ToolCall[];
+      finishReason: PublicFinishReason;
+      usage: Usage;
+    }
   | { ok: false; error: GatewayError };
 
 /**
- * What the provider said so far: text, tool calls (checked as they build up) and the finish. Text is
- * gathered in a TextBuilder, not with `+=`: an upstream may send a million one-character deltas (up to
- * limits.max_upstream_body_bytes), and a rope of that many nodes is hundreds of MB.
+ * What the provider said so far: text, tool calls (checked as they build up) and the finish. Text
+ * is gathered in a TextBuilder, not with `+=`: an upstream may send a million one-character deltas
+ * (up to limits.max_upstream_body_bytes), and a rope of that many nodes is hundreds of MB.
  */
 class Answer {
   private readonly textParts = new TextBuilder();
@@ -153,14 +213,17 @@ class Answer {
   finish: Extract<Delta, { type: 'finish' }> | null = null;
   /**
    * A stream keeps its text (and each tool call's name and arguments) only to count it, should the
-   * provider report no usage; relayed already, it is counted in parts as it goes (StreamedText), so a
-   * client that stops reading, or an answer of 16 MiB, does not hold all of it here.
+   * provider report no usage; relayed already, it is counted in parts as it goes (StreamedText), so
+   * a client that stops reading, or an answer of 16 MiB, does not hold all of it here.
    */
   private readonly streamedText: StreamedText | null;
   private readonly streamedCalls: StreamedText[] = [];
 
-  constructor(private readonly streamed: { keyId: string; limit: number; logger: Gateway['logger'] } | null) {
-    this.streamedText = streamed && new StreamedText(streamed.keyId, streamed.limit, streamed.logger);
+  constructor(
+    private readonly streamed: { keyId: string; limit: number; logger: Gateway['logger'] } | null,
+  ) {
+    this.streamedText =
+      streamed && new StreamedText(streamed.keyId, streamed.limit, streamed.logger);
   }
 
   /** The answer's text (a stream's was relayed and is not kept: empty). */
@@ -168,16 +231,34 @@ class Answer {
     return this.textParts.build();
   }
 
-  /** The tool calls with their arguments joined (call once, at the end; a stream's arguments were relayed, not kept). */
+  /**
+   * The tool calls with their arguments joined (call once, at the end; a stream's arguments were
+   * relayed, not kept).
+   */
   toolCalls(): ToolCall[] {
-    if (this.streamed === null) for (let i = 0; i < this.calls.length; i++) this.calls[i]!.function.arguments = this.callArguments[i]!.build();
+    if (this.streamed === null)
+      for (let i = 0; i < this.calls.length; i++)
+        this.calls[i]!.function.arguments = this.callArguments[i]!.build();
     return this.calls;
   }
 
-  /** Completion tokens counted from what the provider sent, up to `limit` (see countAnswerTokens). */
-  countTokens(keyId: string, limit: number, signal: AbortSignal, logger: Gateway['logger']): number | Promise<number> {
+  /**
+   * Completion tokens counted from what the provider sent, up to `limit` (see countAnswerTokens).
+   */
+  countTokens(
+    keyId: string,
+    limit: number,
+    signal: AbortSignal,
+    logger: Gateway['logger'],
+  ): number | Promise<number> {
     if (this.streamedText !== null) return this.countStreamed();
-    return countAnswerTokens(keyId, [this.text, ...this.toolCalls().map((call) => call.function.name + call.function.arguments)], limit, signal, logger);
+    return countAnswerTokens(
+      keyId,
+      [this.text, ...this.toolCalls().map((call) => call.function.name + call.function.arguments)],
+      limit,
+      signal,
+      logger,
+    );
   }
 
   private async countStreamed(): Promise<number> {
@@ -186,13 +267,18 @@ class Answer {
     return total;
   }
 
-  /** The counts are not needed any more (usage came, or the run ended): queued parts are dropped. */
+  /**
+   * The counts are not needed any more (usage came, or the run ended): queued parts are dropped.
+   */
   discard(): void {
     this.streamedText?.discard();
     for (const call of this.streamedCalls) call.discard();
   }
 
-  /** Takes one delta and relays it to `sink` (when streaming); returns the sink's backpressure, if any. */
+  /**
+   * Takes one delta and relays it to `sink` (when streaming); returns the sink's backpressure, if
+   * any.
+   */
   add(delta: Delta, sink: ChatSink | null): void | Promise<void> {
     switch (delta.type) {
       case 'text':
@@ -205,13 +291,24 @@ class Answer {
         let args = this.callArguments[delta.index];
         if (!args) {
           if (delta.index !== this.calls.length || delta.id === null || delta.name === null) {
-            throw new GatewayError('upstream_invalid_response', 'The provider sent a malformed tool call.');
+            throw new GatewayError(
+              'upstream_invalid_response',
+              'The provider sent a malformed tool call.',
+            );
           }
-          this.calls.push({ id: delta.id, type: 'function', function: { name: delta.name, arguments: '' } });
+          this.calls.push({
+            id: delta.id,
+            type: 'function',
+            function: { name: delta.name, arguments: '' },
+          });
           args = new TextBuilder();
           this.callArguments.push(args);
           if (this.streamed !== null) {
-            const counted = new StreamedText(this.streamed.keyId, this.streamed.limit, this.streamed.logger);
+            const counted = new StreamedText(
+              this.streamed.keyId,
+              this.streamed.limit,
+              this.streamed.logger,
+            );
             counted.append(delta.name);
             this.streamedCalls.push(counted);
           }
@@ -228,11 +325,17 @@ class Answer {
 }
 
 /**
- * The actor's run loop: calls the provider, relays deltas to the sink (a stream; null for a collected
- * answer), enforces the time limit, and in `finally` settles the hold (completed), releases it
- * (cancelled) or keeps it per billing.on_error. Resolves with what the caller gets, once it is durable.
+ * The actor's run loop: calls the provider, relays deltas to the sink (a stream; null for a
+ * collected answer), enforces the time limit, and in `finally` settles the hold (completed),
+ * releases it (cancelled) or keeps it per billing.on_error. Resolves with what the caller gets,
+ * once it is durable.
  */
-export async function runChat(gateway: Gateway, admission: Admission, chat: ChatRequest, sink: ChatSink | null): Promise<ChatResult> {
+export async function runChat(
+  gateway: Gateway,
+  admission: Admission,
+  chat: ChatRequest,
+  sink: ChatSink | null,
+): Promise<ChatResult> {
   const { actor, providerRequest, durable } = admission;
   const { config } = gateway;
   const provider = gateway.providers.get(chat.model.provider);
@@ -245,7 +348,11 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
   );
 
   const outputCapTokens = chat.maxOutputTokens ?? chat.model.max_output_tokens;
-  const answer = new Answer(sink !== null ? { keyId: actor.init.keyId, limit: outputCapTokens, logger: gateway.logger } : null);
+  const answer = new Answer(
+    sink !== null
+      ? { keyId: actor.init.keyId, limit: outputCapTokens, logger: gateway.logger }
+      : null,
+  );
   let outcome: Outcome | null = null;
   let result: ChatResult;
   const hold = actor.init.hold;
@@ -255,7 +362,8 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
       let began = false;
       for await (const delta of provider.stream(providerRequest, actor.signal)) {
         if (!began) {
-          // The hold must be durable before anything reaches the client; the provider call overlapped it.
+          // The hold must be durable before anything reaches the client; the provider call
+          // overlapped it.
           await durable;
           began = true;
           gateway.metrics.firstToken(chat.modelId, (Date.now() - admission.createdMs) / 1000);
@@ -264,8 +372,9 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
         if (actor.signal.aborted) break;
         const written = answer.add(delta, sink);
         if (written) {
-          // The sink is full (a client that is behind): the upstream waits here. An abort wakes this wait
-          // (the sink listens to the signal), and the run ends now, without asking the provider again.
+          // The sink is full (a client that is behind): the upstream waits here. An abort wakes
+          // this wait (the sink listens to the signal), and the run ends now, without asking the
+          // provider again.
           await written;
           if (actor.signal.aborted) break;
         }
@@ -285,22 +394,41 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
     }
     const { text, finish } = answer;
     const toolCalls = answer.toolCalls();
-    if (!finish) throw new GatewayError('upstream_invalid_response', 'The provider ended without finishing its answer.');
+    if (!finish)
+      throw new GatewayError(
+        'upstream_invalid_response',
+        'The provider ended without finishing its answer.',
+      );
     const promptTokens = finish.usage?.promptTokens ?? providerRequest.promptTokens;
-    const completionTokens = finish.usage?.completionTokens ?? (await answer.countTokens(actor.init.keyId, outputCapTokens, actor.signal, gateway.logger));
-    const usage: Usage = { prompt_tokens: promptTokens, completion_tokens: completionTokens, total_tokens: promptTokens + completionTokens };
+    const completionTokens =
+      finish.usage?.completionTokens ??
+      (await answer.countTokens(actor.init.keyId, outputCapTokens, actor.signal, gateway.logger));
+    const usage: Usage = {
+      prompt_tokens: promptTokens,
+      completion_tokens: completionTokens,
+      total_tokens: promptTokens + completionTokens,
+    };
     outcome = {
       status: 'completed',
       error: null,
       usage,
-      charge: { credits_micro: chargeMicro(chat.model, promptTokens, completionTokens, hold.credits_micro), tokens: 0 },
+      charge: {
+        credits_micro: chargeMicro(chat.model, promptTokens, completionTokens, hold.credits_micro),
+        tokens: 0,
+      },
       budgetSpendMicro: 0,
       answers: null,
       httpStatus: 200,
     };
     const finishReason: PublicFinishReason = toolCalls.length > 0 ? 'tool_calls' : 'stop';
     result = (await actor.finish(outcome))
-      ? { ok: true, content: answer.sawText || toolCalls.length === 0 ? text : null, toolCalls, finishReason, usage }
+      ? {
+          ok: true,
+          content: answer.sawText || toolCalls.length === 0 ? text : null,
+          toolCalls,
+          finishReason,
+          usage,
+        }
       : { ok: false, error: notRecordedError() };
   } catch (thrown) {
     const kind = actor.abortKind;
@@ -312,10 +440,14 @@ export async function runChat(gateway: Gateway, admission: Admission, chat: Chat
       error = internalError();
     }
     const status = kind !== null ? statusForAbort(kind) : 'error';
-    // The hold is kept (billing.on_error "keep") for the provider's failures as the spec lists them:
-    // its errors, its validation, its timeouts, the stream's time limit. The gateway's own failures
-    // (503: draining, out of resources, its log; 500: a bug; an interrupt) charge nothing.
-    const keep = status === 'error' && config.billing.on_error === 'keep' && kind !== 'interrupted' && chargedOnError(error);
+    // The hold is kept (billing.on_error "keep") for the provider's failures as the spec lists
+    // them: its errors, its validation, its timeouts, the stream's time limit. The gateway's own
+    // failures (503: draining, out of resources, its log; 500: a bug; an interrupt) charge nothing.
+    const keep =
+      status === 'error' &&
+      config.billing.on_error === 'keep' &&
+      kind !== 'interrupted' &&
+      chargedOnError(error);
     outcome = {
       status,
       error,

@@ -1,4 +1,5 @@
-// Chat streams: the SSE chunk framing and the sink that relays a run's output to the client, bounded.
+// Chat streams: the SSE chunk framing and the sink that relays a run's output to the client,
+// bounded.
 import type { GatewayError } from '../http/errors.ts';
 import { errorBody } from '../http/errors.ts';
 import type { Usage } from '../state/events.ts';
@@ -8,15 +9,17 @@ import type { PublicFinishReason } from './stream.ts';
 export const DONE_FRAME = 'data: [DONE]\n\n';
 
 /**
- * Builds the SSE frames of one stream, as text (the sink hands text to the response, which encodes it
- * natively). The constant head of every chunk (id, object, created, model) is serialized once, so a
- * delta costs one concatenation.
+ * Builds the SSE frames of one stream, as text (the sink hands text to the response, which encodes
+ * it natively). The constant head of every chunk (id, object, created, model) is serialized once,
+ * so a delta costs one concatenation.
  */
 export class ChunkEncoder {
   private readonly head: string;
 
   constructor(id: string, createdS: number, model: string) {
-    this.head = `data: {"id":${JSON.stringify(id)},"object":"chat.completion.chunk","created":${createdS},"model":${JSON.stringify(model)},"choices":`;
+    this.head =
+      `data: {"id":${JSON.stringify(id)},"object":"chat.completion.chunk",` +
+      `"created":${createdS},"model":${JSON.stringify(model)},"choices":`;
   }
 
   private frame(choices: string, tail = ''): string {
@@ -24,17 +27,27 @@ export class ChunkEncoder {
   }
 
   role(): string {
-    return this.frame('[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]');
+    return this.frame(
+      '[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]',
+    );
   }
 
   text(text: string): string {
-    return this.frame(`[{"index":0,"delta":{"content":${JSON.stringify(text)}},"finish_reason":null}]`);
+    return this.frame(
+      `[{"index":0,"delta":{"content":${JSON.stringify(text)}},"finish_reason":null}]`,
+    );
   }
 
   toolCall(index: number, id: string | null, name: string | null, args: string): string {
     const opening = id !== null ? `"id":${JSON.stringify(id)},"type":"function",` : '';
-    const fn = name !== null ? `{"name":${JSON.stringify(name)},"arguments":${JSON.stringify(args)}}` : `{"arguments":${JSON.stringify(args)}}`;
-    return this.frame(`[{"index":0,"delta":{"tool_calls":[{"index":${index},${opening}"function":${fn}}]},"finish_reason":null}]`);
+    const fn =
+      name !== null
+        ? `{"name":${JSON.stringify(name)},"arguments":${JSON.stringify(args)}}`
+        : `{"arguments":${JSON.stringify(args)}}`;
+    return this.frame(
+      `[{"index":0,"delta":{"tool_calls":[{"index":${index},${opening}"function":${fn}}]},` +
+        '"finish_reason":null}]',
+    );
   }
 
   finish(reason: PublicFinishReason): string {
@@ -46,19 +59,21 @@ export class ChunkEncoder {
   }
 }
 
-/** An error after the stream started: one `data: {"error": ...}` event, then the end (no [DONE]). */
+/**
+ * An error after the stream started: one `data: {"error": ...}` event, then the end (no [DONE]).
+ */
 export function errorFrame(error: GatewayError): string {
   return `data: ${JSON.stringify(errorBody(error))}\n\n`;
 }
 
 /**
- * What the sink uses of Bun's controller of a `type: "direct"` ReadableStream. `write` hands text to the
- * response's own buffer (sent to the socket once per event-loop turn, or by `flush`) and returns a
- * promise instead of a count when the socket is backpressured, resolved when it drains or closes; while
- * that promise is out, later writes are taken and counted as if all were well. `close(reason)` with a
- * reason aborts the response: Bun resets the connection at once, even one whose client stopped reading
- * (measured: a plain ReadableStream that errors is noticed only when the client reads again, and
- * server.stop(true) leaves such a connection open).
+ * What the sink uses of Bun's controller of a `type: "direct"` ReadableStream. `write` hands text
+ * to the response's own buffer (sent to the socket once per event-loop turn, or by `flush`) and
+ * returns a promise instead of a count when the socket is backpressured, resolved when it drains or
+ * closes; while that promise is out, later writes are taken and counted as if all were well.
+ * `close(reason)` with a reason aborts the response: Bun resets the connection at once, even one
+ * whose client stopped reading (measured: a plain ReadableStream that errors is noticed only when
+ * the client reads again, and server.stop(true) leaves such a connection open).
  */
 export type DirectController = Pick<ReadableStreamDirectController, 'write' | 'flush' | 'close'>;
 
@@ -70,8 +85,8 @@ export type DirectController = Pick<ReadableStreamDirectController, 'write' | 'f
 export const STOPPED_DRAIN_MS_MAX = 500;
 
 /**
- * The reason a stream is dropped with. Bun prints it only in development mode, which server.ts turns off;
- * one constant, since nobody reads it.
+ * The reason a stream is dropped with. Bun prints it only in development mode, which server.ts
+ * turns off; one constant, since nobody reads it.
  */
 const DROPPED = new Error('stream dropped: the client stopped reading');
 
@@ -84,33 +99,38 @@ export interface SseSinkOptions {
   /** The client went away (the response was cancelled). */
   onCancel: () => void;
   /**
-   * The run is over: its connection goes back to idling under the read deadline, or, after a stopped
-   * run (`stopped`), under the shortest idle time Bun has (a client that stopped reading before its
-   * socket filled up cannot be told from one that keeps up, so that timer is what closes it).
+   * The run is over: its connection goes back to idling under the read deadline, or, after a
+   * stopped run (`stopped`), under the shortest idle time Bun has (a client that stopped reading
+   * before its socket filled up cannot be told from one that keeps up, so that timer is what closes
+   * it).
    */
   onEnd?: (stopped: boolean) => void;
   /**
    * When the stream's time is up (Date.now() ms, stream_timeout_ms after its start): a client still
-   * taking the last frames of a completed run by then is dropped, so the stream's time limit holds for
-   * its delivery too, whatever the connection's idle timer does (measured: Bun's closes a connection
-   * whose client stopped reading once its read deadline passes, but that is Bun's, not ours to rely on).
+   * taking the last frames of a completed run by then is dropped, so the stream's time limit holds
+   * for its delivery too, whatever the connection's idle timer does (measured: Bun's closes a
+   * connection whose client stopped reading once its read deadline passes, but that is Bun's, not
+   * ours to rely on).
    */
   deadlineMs: number;
-  /** Streams whose run has ended but whose client has not taken all of it yet: shutdown drops them. */
+  /**
+   * Streams whose run has ended but whose client has not taken all of it yet: shutdown drops them.
+   */
   ending: Set<{ drop(): void }>;
 }
 
 /**
  * Relays a stream as SSE. `opened` resolves when the first output is ready (then the caller answers
- * 200 with `body`), or with the error when the run failed before any output (then a plain error reply).
+ * 200 with `body`), or with the error when the run failed before any output (then a plain error
+ * reply).
  *
- * The body is a direct stream: frames go straight into the response's buffer, which Bun writes once per
- * event-loop turn, so the deltas of one upstream read become one socket write. While the socket is
- * backpressured the frames wait here instead, and once `bufferBytesMax` of them wait the run loop waits
- * too, which pauses the upstream: what a slow reader costs is bounded. A stopped run (cancel, a time
- * limit, shutdown) wakes that wait at once and ends with its error event; a client still behind
- * STOPPED_DRAIN_MS_MAX later is dropped rather than left holding its descriptor and buffers for a
- * reader that may never come back.
+ * The body is a direct stream: frames go straight into the response's buffer, which Bun writes once
+ * per event-loop turn, so the deltas of one upstream read become one socket write. While the socket
+ * is backpressured the frames wait here instead, and once `bufferBytesMax` of them wait the run
+ * loop waits too, which pauses the upstream: what a slow reader costs is bounded. A stopped run
+ * (cancel, a time limit, shutdown) wakes that wait at once and ends with its error event; a client
+ * still behind STOPPED_DRAIN_MS_MAX later is dropped rather than left holding its descriptor and
+ * buffers for a reader that may never come back.
  */
 export class SseSink implements ChatSink {
   readonly opened = Promise.withResolvers<GatewayError | null>();
@@ -124,13 +144,15 @@ export class SseSink implements ChatSink {
   private readonly ending: Set<{ drop(): void }>;
   /** Set when Bun starts sending the body (its first pull). */
   private controller: DirectController | null = null;
-  /** Frames not handed to the response yet: before its first pull, and while the client is behind. */
+  /**
+   * Frames not handed to the response yet: before its first pull, and while the client is behind.
+   */
   private readonly pending: string[] = [];
   /** Characters in `pending` (frames are mostly ASCII JSON, so this stands for their bytes). */
   private pendingChars = 0;
   /**
-   * Bytes of the last write Bun took while its socket was backpressured (0 once it drains): they may
-   * still wait in its buffer, so they count against `bufferBytesMax` with `pending`.
+   * Bytes of the last write Bun took while its socket was backpressured (0 once it drains): they
+   * may still wait in its buffer, so they count against `bufferBytesMax` with `pending`.
    */
   private unsentBytes = 0;
   /** The client is behind: a write is waiting for the socket to drain. */
@@ -142,7 +164,10 @@ export class SseSink implements ChatSink {
   private ended = false;
   /** The response is closed, dropped or cancelled: nothing more is written. */
   private closed = false;
-  /** A stopped run's error event is waiting for a client that is behind; past it the connection is dropped. */
+  /**
+   * A stopped run's error event is waiting for a client that is behind; past it the connection is
+   * dropped.
+   */
   private dropTimer: ReturnType<typeof setTimeout> | undefined;
   private readonly drained = (): void => {
     this.draining = false;
@@ -173,7 +198,10 @@ export class SseSink implements ChatSink {
     });
   }
 
-  /** The actor aborted: a run loop waiting for room must see it now (an event listener object, no closure). */
+  /**
+   * The actor aborted: a run loop waiting for room must see it now (an event listener object, no
+   * closure).
+   */
   handleEvent(): void {
     this.resume();
   }
@@ -185,8 +213,8 @@ export class SseSink implements ChatSink {
   }
 
   /**
-   * Bun's pull: the response starts sending the body. Bun.serve pulls once; a JS reader (app.handle in
-   * tests) pulls again per read, with the same controller.
+   * Bun's pull: the response starts sending the body. Bun.serve pulls once; a JS reader (app.handle
+   * in tests) pulls again per read, with the same controller.
    */
   attach(controller: DirectController): void {
     if (this.controller !== null) return;
@@ -198,11 +226,14 @@ export class SseSink implements ChatSink {
     this.handPending(controller);
   }
 
-  /** Hands what waits to the response, closes it after the last frames, and lets the run loop go on if there is room. */
+  /**
+   * Hands what waits to the response, closes it after the last frames, and lets the run loop go on
+   * if there is room.
+   */
   private handPending(controller: DirectController): void {
     if (this.pendingChars > 0) {
-      // One write of all that waits, joined once (appending frame by frame to one string makes a rope
-      // of thousands of nodes: measured 4 MB of heap for 1 MiB waiting).
+      // One write of all that waits, joined once (appending frame by frame to one string makes a
+      // rope of thousands of nodes: measured 4 MB of heap for 1 MiB waiting).
       const text = this.pending.length === 1 ? this.pending[0]! : this.pending.join('');
       this.pending.length = 0;
       this.pendingChars = 0;
@@ -213,11 +244,15 @@ export class SseSink implements ChatSink {
       return;
     }
     if (this.ended) {
-      // Closed only once Bun has sent all of it: after close() the connection can no longer be dropped,
-      // and a client that stops reading would keep it open.
-      // (A JS reader's controller, app.handle in tests, answers flush with nothing: nothing to wait for.)
+      // Closed only once Bun has sent all of it: after close() the connection can no longer be
+      // dropped, and a client that stops reading would keep it open. (A JS reader's controller,
+      // app.handle in tests, answers flush with nothing: nothing to wait for.)
       const flushed: unknown = controller.flush(true);
-      if (flushed instanceof Promise) flushed.then(() => this.finish(controller), () => this.finish(controller));
+      if (flushed instanceof Promise)
+        flushed.then(
+          () => this.finish(controller),
+          () => this.finish(controller),
+        );
       else this.finish(controller);
       return;
     }
@@ -250,8 +285,8 @@ export class SseSink implements ChatSink {
     }
     this.pending.push(frame);
     this.pendingChars += frame.length;
-    // Frames are mostly ASCII JSON, so their length stands for their bytes here. An aborted run stops
-    // at its next check; it must not wait for a reader.
+    // Frames are mostly ASCII JSON, so their length stands for their bytes here. An aborted run
+    // stops at its next check; it must not wait for a reader.
     if (this.pendingChars + this.unsentBytes < this.bufferBytesMax || this.signal.aborted) return;
     return new Promise<void>((resolve) => (this.wake = resolve));
   }
@@ -266,7 +301,12 @@ export class SseSink implements ChatSink {
     return this.write(this.encoder.text(text));
   }
 
-  toolCall(index: number, id: string | null, name: string | null, args: string): void | Promise<void> {
+  toolCall(
+    index: number,
+    id: string | null,
+    name: string | null,
+    args: string,
+  ): void | Promise<void> {
     return this.write(this.encoder.toolCall(index, id, name, args));
   }
 
@@ -281,15 +321,20 @@ export class SseSink implements ChatSink {
     this.onEnd?.(!result.ok);
     // Completed: the last frames follow whatever waits, for a client that reads slowly, until the
     // stream's time is up. Stopped: its error event, for STOPPED_DRAIN_MS_MAX (the stop must free
-    // everything within the contract's 1 s). Either way a client that has stopped reading is dropped.
-    const last = result.ok ? this.encoder.finish(result.finishReason) + this.encoder.usage(result.usage) + DONE_FRAME : errorFrame(result.error);
+    // everything within the contract's 1 s). Either way a client that has stopped reading is
+    // dropped.
+    const last = result.ok
+      ? this.encoder.finish(result.finishReason) + this.encoder.usage(result.usage) + DONE_FRAME
+      : errorFrame(result.error);
     this.pending.push(last);
     this.pendingChars += last.length;
     const controller = this.controller;
     if (controller !== null && !this.draining) this.handPending(controller);
     if (this.closed) return;
     this.ending.add(this);
-    const drainMs = result.ok ? Math.max(STOPPED_DRAIN_MS_MAX, this.deadlineMs - Date.now()) : STOPPED_DRAIN_MS_MAX;
+    const drainMs = result.ok
+      ? Math.max(STOPPED_DRAIN_MS_MAX, this.deadlineMs - Date.now())
+      : STOPPED_DRAIN_MS_MAX;
     this.dropTimer = setTimeout(dropBehind, drainMs, this);
   }
 

@@ -1,7 +1,10 @@
-// tollgate's own TypeScript client: typed calls for both services and the spec's retry rule built in.
+// tollgate's own TypeScript client: typed calls for both services and the spec's retry rule built
+// in.
 import { SseParser } from '../providers/openai/sse-parse.ts';
 
-/** Statuses worth retrying (decision spec, rule 4); everything else needs a change by the caller. */
+/**
+ * Statuses worth retrying (decision spec, rule 4); everything else needs a change by the caller.
+ */
 export const RETRYABLE_STATUSES: ReadonlySet<number> = new Set([429, 499, 502, 503, 504]);
 export const RETRIES_MAX = 3;
 export const BACKOFF_BASE_MS = 500;
@@ -69,7 +72,9 @@ export interface DecideRequest {
   state: unknown;
   questions: Record<string, DecisionQuestionChoice | DecisionQuestionScore>;
 }
-export type DecisionAnswer = { type: 'choice'; label: string } | { type: 'score'; score: number; level: string };
+export type DecisionAnswer =
+  | { type: 'choice'; label: string }
+  | { type: 'score'; score: number; level: string };
 export interface Usage {
   prompt_tokens: number;
   completion_tokens: number;
@@ -100,7 +105,11 @@ export interface DecisionLookup {
 export interface ChatMessage {
   role: 'system' | 'user' | 'assistant' | 'tool';
   content: string | null | Array<{ type: string; text?: string }>;
-  tool_calls?: Array<{ id: string; type: 'function'; function: { name: string; arguments: string } }>;
+  tool_calls?: Array<{
+    id: string;
+    type: 'function';
+    function: { name: string; arguments: string };
+  }>;
   tool_call_id?: string;
 }
 export interface ChatRequest {
@@ -112,7 +121,10 @@ export interface ChatRequest {
   top_k?: number;
   seed?: number;
   stop?: string | string[];
-  tools?: Array<{ type: 'function'; function: { name: string; description?: string; parameters?: Record<string, unknown> } }>;
+  tools?: Array<{
+    type: 'function';
+    function: { name: string; description?: string; parameters?: Record<string, unknown> };
+  }>;
   tool_choice?: 'auto' | 'none' | 'required' | { type: 'function'; function: { name: string } };
   [field: string]: unknown;
 }
@@ -139,7 +151,10 @@ export interface ChatRequestStatus {
   error_code: string | null;
 }
 
-/** The wait before retry `attempt` (0-based): Retry-After seconds when positive, else 500 ms × 2^attempt. */
+/**
+ * The wait before retry `attempt` (0-based): Retry-After seconds when positive, else 500 ms ×
+ * 2^attempt.
+ */
 export function retryDelayMs(attempt: number, retryAfter: string | null): number {
   if (retryAfter !== null) {
     const seconds = Number(retryAfter);
@@ -166,10 +181,16 @@ export class TollgateClient {
   }
 
   /**
-   * One logical call: the same Idempotency-Key on every attempt, so a retry can never produce a second
-   * decision or charge; retryable statuses and network failures are retried up to maxRetries times.
+   * One logical call: the same Idempotency-Key on every attempt, so a retry can never produce a
+   * second decision or charge; retryable statuses and network failures are retried up to maxRetries
+   * times.
    */
-  private async send(method: 'GET' | 'POST', path: string, body: unknown, call: CallOptions = {}): Promise<Response> {
+  private async send(
+    method: 'GET' | 'POST',
+    path: string,
+    body: unknown,
+    call: CallOptions = {},
+  ): Promise<Response> {
     const idempotencyKey = method === 'POST' ? (call.idempotencyKey ?? this.newKey()) : undefined;
     const headers: Record<string, string> = { authorization: `Bearer ${this.options.apiKey}` };
     if (body !== undefined) headers['content-type'] = 'application/json';
@@ -178,15 +199,34 @@ export class TollgateClient {
     for (let attempt = 0; ; attempt++) {
       let response: Response | null = null;
       try {
-        response = await this.fetch(`${this.baseUrl}${path}`, { method, headers, body: payload, signal: call.signal });
+        response = await this.fetch(`${this.baseUrl}${path}`, {
+          method,
+          headers,
+          body: payload,
+          signal: call.signal,
+        });
       } catch (error) {
         if (call.signal?.aborted || attempt >= this.maxRetries) throw error;
       }
-      if (response && (response.ok || !RETRYABLE_STATUSES.has(response.status) || attempt >= this.maxRetries)) {
+      if (
+        response &&
+        (response.ok || !RETRYABLE_STATUSES.has(response.status) || attempt >= this.maxRetries)
+      ) {
         if (response.ok) return response;
         const parsed = (await response.json().catch(() => ({}))) as Record<string, unknown>;
-        const error = (parsed.error as ErrorBody | undefined) ?? { message: `HTTP ${response.status}`, type: 'unknown', code: 'unknown', param: null };
-        throw new TollgateError(response.status, error, response.headers.get('x-request-id'), parsed, attempt + 1);
+        const error = (parsed.error as ErrorBody | undefined) ?? {
+          message: `HTTP ${response.status}`,
+          type: 'unknown',
+          code: 'unknown',
+          param: null,
+        };
+        throw new TollgateError(
+          response.status,
+          error,
+          response.headers.get('x-request-id'),
+          parsed,
+          attempt + 1,
+        );
       }
       const retryAfter = response?.headers.get('retry-after') ?? null;
       if (response) await response.body?.cancel();
@@ -194,7 +234,12 @@ export class TollgateClient {
     }
   }
 
-  private async json<T>(method: 'GET' | 'POST', path: string, body?: unknown, call?: CallOptions): Promise<T> {
+  private async json<T>(
+    method: 'GET' | 'POST',
+    path: string,
+    body?: unknown,
+    call?: CallOptions,
+  ): Promise<T> {
     return (await (await this.send(method, path, body, call)).json()) as T;
   }
 
@@ -214,11 +259,20 @@ export class TollgateClient {
   }
 
   /**
-   * POST /api/v1/chat/completions with stream true: yields each chunk object. Retries happen only before
-   * the stream starts; an error event inside the stream is thrown as a TollgateError with status 200.
+   * POST /api/v1/chat/completions with stream true: yields each chunk object. Retries happen only
+   * before the stream starts; an error event inside the stream is thrown as a TollgateError with
+   * status 200.
    */
-  async *chatCompletionStream(request: ChatRequest, call?: CallOptions): AsyncGenerator<Record<string, unknown>> {
-    const response = await this.send('POST', '/api/v1/chat/completions', { ...request, stream: true }, call);
+  async *chatCompletionStream(
+    request: ChatRequest,
+    call?: CallOptions,
+  ): AsyncGenerator<Record<string, unknown>> {
+    const response = await this.send(
+      'POST',
+      '/api/v1/chat/completions',
+      { ...request, stream: true },
+      call,
+    );
     const parser = new SseParser();
     const reader = response.body!.getReader();
     try {
@@ -228,7 +282,14 @@ export class TollgateClient {
         for (const data of parser.feed(value)) {
           if (data === '[DONE]') return;
           const chunk = JSON.parse(data) as Record<string, unknown>;
-          if (chunk.error) throw new TollgateError(200, chunk.error as ErrorBody, response.headers.get('x-request-id'), chunk, 1);
+          if (chunk.error)
+            throw new TollgateError(
+              200,
+              chunk.error as ErrorBody,
+              response.headers.get('x-request-id'),
+              chunk,
+              1,
+            );
           yield chunk;
         }
       }
@@ -243,12 +304,29 @@ export class TollgateClient {
   }
 
   /** POST /api/v1/requests/<id>/cancel */
-  cancelRequest(id: string, call?: CallOptions): Promise<{ request_id: string; cancel_requested: true; request_status: string; status_url: string }> {
-    return this.json('POST', `/api/v1/requests/${encodeURIComponent(id)}/cancel`, undefined, { ...call, idempotencyKey: call?.idempotencyKey });
+  cancelRequest(
+    id: string,
+    call?: CallOptions,
+  ): Promise<{
+    request_id: string;
+    cancel_requested: true;
+    request_status: string;
+    status_url: string;
+  }> {
+    return this.json('POST', `/api/v1/requests/${encodeURIComponent(id)}/cancel`, undefined, {
+      ...call,
+      idempotencyKey: call?.idempotencyKey,
+    });
   }
 
   /** GET /api/v1/models */
-  async models(call?: CallOptions): Promise<Array<{ id: string; object: 'model'; created: number; owned_by: string }>> {
-    return (await this.json<{ data: Array<{ id: string; object: 'model'; created: number; owned_by: string }> }>('GET', '/api/v1/models', undefined, call)).data;
+  async models(
+    call?: CallOptions,
+  ): Promise<Array<{ id: string; object: 'model'; created: number; owned_by: string }>> {
+    return (
+      await this.json<{
+        data: Array<{ id: string; object: 'model'; created: number; owned_by: string }>;
+      }>('GET', '/api/v1/models', undefined, call)
+    ).data;
   }
 }

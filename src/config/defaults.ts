@@ -84,6 +84,11 @@ export function defaultConfig(): Config {
     },
     billing: { on_error: 'keep' },
     idempotency_ttl_s: 86_400,
-    wal: { fsync: 'always', fsync_interval_ms: 10, segment_bytes: 64 * 1024 * 1024, snapshot_every_records: 200_000 },
+    wal: {
+      fsync: 'always',
+      fsync_interval_ms: 10,
+      segment_bytes: 64 * 1024 * 1024,
+      snapshot_every_records: 200_000,
+    },
   };
 }

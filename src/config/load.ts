@@ -1,9 +1,15 @@
-// Loads the config: built-in defaults, then GATEWAY_CONFIG deep-merged over them, then env; validated once.
+// Loads the config: built-in defaults, then GATEWAY_CONFIG deep-merged over them, then env;
+// validated once.
 import { readFileSync } from 'node:fs';
 import { Value } from '@sinclair/typebox/value';
 import { fieldPath, firstProblem } from '../util/validation.ts';
-import { ConfigSchema, ProviderConfigSchema, type Config, type OpenAIProviderConfig } from './model.ts';
 import { defaultConfig } from './defaults.ts';
+import {
+  type Config,
+  ConfigSchema,
+  type OpenAIProviderConfig,
+  ProviderConfigSchema,
+} from './model.ts';
 
 /** A config that cannot run; the message names the field so the operator can fix it. */
 export class ConfigError extends Error {
@@ -17,16 +23,21 @@ function isPlainObject(value: unknown): value is Record<string, Json> {
 }
 
 /**
- * Objects merge key by key at every depth; anything else (arrays included) replaces. Keys are plain data:
- * a "__proto__" key is defined as an own field (an assignment would replace the object's prototype), and
- * "constructor" or "toString" find nothing in the base unless it has them itself.
+ * Objects merge key by key at every depth; anything else (arrays included) replaces. Keys are plain
+ * data: a "__proto__" key is defined as an own field (an assignment would replace the object's
+ * prototype), and "constructor" or "toString" find nothing in the base unless it has them itself.
  */
 export function deepMerge(base: Json, override: Json): Json {
   if (!isPlainObject(base) || !isPlainObject(override)) return override;
   const merged: Record<string, Json> = { ...base };
   for (const [key, value] of Object.entries(override)) {
     const mergedValue = Object.hasOwn(base, key) ? deepMerge(base[key] as Json, value) : value;
-    Object.defineProperty(merged, key, { value: mergedValue, enumerable: true, writable: true, configurable: true });
+    Object.defineProperty(merged, key, {
+      value: mergedValue,
+      enumerable: true,
+      writable: true,
+      configurable: true,
+    });
   }
   return merged;
 }
@@ -40,7 +51,8 @@ export interface LoadOptions {
 function envInteger(env: Record<string, string | undefined>, name: string): number | undefined {
   const raw = env[name];
   if (raw === undefined || raw === '') return undefined;
-  if (!/^\d+$/.test(raw)) throw new ConfigError(`env ${name}: expected a whole number, got ${JSON.stringify(raw)}`);
+  if (!/^\d+$/.test(raw))
+    throw new ConfigError(`env ${name}: expected a whole number, got ${JSON.stringify(raw)}`);
   return Number(raw);
 }
 
@@ -63,10 +75,12 @@ export function loadConfig(options: LoadOptions = {}): Config {
     } catch (error) {
       throw new ConfigError(`GATEWAY_CONFIG ${path}: not valid JSON (${(error as Error).message})`);
     }
-    if (!isPlainObject(parsed)) throw new ConfigError(`GATEWAY_CONFIG ${path}: expected a JSON object`);
+    if (!isPlainObject(parsed))
+      throw new ConfigError(`GATEWAY_CONFIG ${path}: expected a JSON object`);
     merged = deepMerge(merged, parsed);
   }
 
+  // biome-ignore lint/suspicious/noExplicitAny: validateConfig checks the whole tree just below.
   const config = merged as Record<string, any>;
   const port = envInteger(env, 'PORT');
   if (port !== undefined) config.server.port = port;
@@ -78,8 +92,22 @@ export function loadConfig(options: LoadOptions = {}): Config {
   return validateConfig(config);
 }
 
-/** Header fields the HTTP client writes itself: a configured one would break the framing or the routing. */
-const RESERVED_HEADERS = new Set(['host', 'content-length', 'transfer-encoding', 'connection', 'accept-encoding', 'content-type', 'upgrade', 'te', 'trailer', 'keep-alive']);
+/**
+ * Header fields the HTTP client writes itself: a configured one would break the framing or the
+ * routing.
+ */
+const RESERVED_HEADERS = new Set([
+  'host',
+  'content-length',
+  'transfer-encoding',
+  'connection',
+  'accept-encoding',
+  'content-type',
+  'upgrade',
+  'te',
+  'trailer',
+  'keep-alive',
+]);
 const TOKEN_RE = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
 const HEADER_VALUE_RE = /^[\x20-\x7e]*$/;
 
@@ -89,22 +117,37 @@ function checkOpenAIProvider(name: string, provider: OpenAIProviderConfig): void
   try {
     url = new URL(provider.base_url);
   } catch {
-    throw new ConfigError(`${field}.base_url: not a URL (got ${JSON.stringify(provider.base_url)})`);
+    throw new ConfigError(
+      `${field}.base_url: not a URL (got ${JSON.stringify(provider.base_url)})`,
+    );
   }
-  if (url.username || url.password) throw new ConfigError(`${field}.base_url: credentials in the URL are not sent; use api_key_env`);
+  if (url.username || url.password)
+    throw new ConfigError(
+      `${field}.base_url: credentials in the URL are not sent; use api_key_env`,
+    );
   for (const [header, value] of Object.entries(provider.headers ?? {})) {
-    if (!TOKEN_RE.test(header)) throw new ConfigError(`${field}.headers: ${JSON.stringify(header)} is not a header field name`);
-    if (RESERVED_HEADERS.has(header.toLowerCase())) throw new ConfigError(`${field}.headers.${header}: set by the gateway itself`);
-    if (!HEADER_VALUE_RE.test(value)) throw new ConfigError(`${field}.headers.${header}: only visible ASCII and spaces are allowed`);
+    if (!TOKEN_RE.test(header))
+      throw new ConfigError(
+        `${field}.headers: ${JSON.stringify(header)} is not a header field name`,
+      );
+    if (RESERVED_HEADERS.has(header.toLowerCase()))
+      throw new ConfigError(`${field}.headers.${header}: set by the gateway itself`);
+    if (!HEADER_VALUE_RE.test(value))
+      throw new ConfigError(
+        `${field}.headers.${header}: only visible ASCII and spaces are allowed`,
+      );
   }
   if (provider.ca_file !== undefined) {
     let pem: string;
     try {
       pem = readFileSync(provider.ca_file, 'utf8');
     } catch (error) {
-      throw new ConfigError(`${field}.ca_file: cannot read ${provider.ca_file} (${(error as Error).message})`);
+      throw new ConfigError(
+        `${field}.ca_file: cannot read ${provider.ca_file} (${(error as Error).message})`,
+      );
     }
-    if (!pem.includes('-----BEGIN CERTIFICATE-----')) throw new ConfigError(`${field}.ca_file: ${provider.ca_file} holds no PEM certificate`);
+    if (!pem.includes('-----BEGIN CERTIFICATE-----'))
+      throw new ConfigError(`${field}.ca_file: ${provider.ca_file} holds no PEM certificate`);
   }
 }
 
@@ -117,25 +160,42 @@ function withProviderDefaults(candidate: unknown): unknown {
   const providers: Record<string, Json> = {};
   for (const [name, provider] of Object.entries(candidate.providers)) {
     const type = isPlainObject(provider) ? provider.type : undefined;
-    const schema = ProviderConfigSchema.anyOf.find((branch) => branch.properties.type.const === type);
+    const schema = ProviderConfigSchema.anyOf.find(
+      (branch) => branch.properties.type.const === type,
+    );
     const value = schema ? (Value.Default(schema, structuredClone(provider)) as Json) : provider;
-    Object.defineProperty(providers, name, { value, enumerable: true, writable: true, configurable: true });
+    Object.defineProperty(providers, name, {
+      value,
+      enumerable: true,
+      writable: true,
+      configurable: true,
+    });
   }
   return { ...candidate, providers };
 }
 
-/** Fields whose value a message must not repeat: the config error goes to the terminal and the logs. */
+/**
+ * Fields whose value a message must not repeat: the config error goes to the terminal and the logs.
+ */
 function isSecretField(segments: readonly string[]): boolean {
-  return segments[0] === 'admin_token' || (segments[0] === 'providers' && segments[2] === 'headers');
+  return (
+    segments[0] === 'admin_token' || (segments[0] === 'providers' && segments[2] === 'headers')
+  );
 }
 
-/** Validates the schema (defaults filled in first), then the references between sections that a schema cannot express. */
+/**
+ * Validates the schema (defaults filled in first), then the references between sections that a
+ * schema cannot express.
+ */
 export function validateConfig(input: unknown): Config {
   const candidate = withProviderDefaults(input);
   const problem = firstProblem(Value.Errors(ConfigSchema, candidate));
   if (problem) {
     const field = fieldPath(candidate, problem.segments) || '(root)';
-    const got = problem.value === undefined || isSecretField(problem.segments) ? '' : ` (got ${JSON.stringify(problem.value)})`;
+    const got =
+      problem.value === undefined || isSecretField(problem.segments)
+        ? ''
+        : ` (got ${JSON.stringify(problem.value)})`;
     throw new ConfigError(`config field ${field}: ${problem.problem}${got}`);
   }
   const config = candidate as Config;
@@ -146,19 +206,29 @@ export function validateConfig(input: unknown): Config {
   }
   for (const [id, model] of Object.entries(config.models)) {
     if (!has(config.providers, model.provider)) {
-      throw new ConfigError(`config field models.${id}.provider: no provider named ${JSON.stringify(model.provider)}`);
+      throw new ConfigError(
+        `config field models.${id}.provider: no provider named ${JSON.stringify(model.provider)}`,
+      );
     }
     if (model.max_output_tokens > model.context_window) {
-      throw new ConfigError(`config field models.${id}.max_output_tokens: larger than its context_window`);
+      throw new ConfigError(
+        `config field models.${id}.max_output_tokens: larger than its context_window`,
+      );
     }
   }
   for (const [alias, target] of Object.entries(config.aliases)) {
-    if (!has(config.models, target)) throw new ConfigError(`config field aliases.${alias}: no model named ${JSON.stringify(target)}`);
-    if (has(config.models, alias)) throw new ConfigError(`config field aliases.${alias}: shadows a catalogue model`);
+    if (!has(config.models, target))
+      throw new ConfigError(
+        `config field aliases.${alias}: no model named ${JSON.stringify(target)}`,
+      );
+    if (has(config.models, alias))
+      throw new ConfigError(`config field aliases.${alias}: shadows a catalogue model`);
   }
   for (const [name, target] of Object.entries(config.decision.models)) {
     if (!has(config.models, target)) {
-      throw new ConfigError(`config field decision.models.${name}: no model named ${JSON.stringify(target)}`);
+      throw new ConfigError(
+        `config field decision.models.${name}: no model named ${JSON.stringify(target)}`,
+      );
     }
   }
   return config;

@@ -1,22 +1,39 @@
 // The gateway's configuration schema: one TypeBox schema that is both the validator and the type.
-import { Type, type Static } from '@sinclair/typebox';
+import { type Static, Type } from '@sinclair/typebox';
 
 const PositiveInt = (description: string) => Type.Integer({ minimum: 1, description });
 const NonNegativeInt = (description: string) => Type.Integer({ minimum: 0, description });
-/** A timer's delay: setTimeout takes at most 2^31 − 1 ms (about 24.8 days); a longer one would fire at once. */
+/**
+ * A timer's delay: setTimeout takes at most 2^31 − 1 ms (about 24.8 days); a longer one would fire
+ * at once.
+ */
 const TIMER_MS_MAX = 2_147_483_647;
-const DurationMs = (description: string, minimum = 1) => Type.Integer({ minimum, maximum: TIMER_MS_MAX, description });
+const DurationMs = (description: string, minimum = 1) =>
+  Type.Integer({ minimum, maximum: TIMER_MS_MAX, description });
 
 /**
- * Every option has a `default`, filled in by the loader before validation: `{"type": "simulator"}` alone
- * is a complete provider, and the rest of the code sees every field set.
+ * Every option has a `default`, filled in by the loader before validation: `{"type": "simulator"}`
+ * alone is a complete provider, and the rest of the code sees every field set.
  */
 export const SimulatorProviderSchema = Type.Object(
   {
     type: Type.Literal('simulator'),
-    ttft_ms: Type.Integer({ minimum: 0, maximum: TIMER_MS_MAX, default: 40, description: 'delay before the first token' }),
-    tokens_per_second: Type.Integer({ minimum: 1, default: 400, description: 'output speed after the first token' }),
-    completion_tokens: Type.Integer({ minimum: 1, default: 24, description: 'tokens of a text answer when no output limit is lower' }),
+    ttft_ms: Type.Integer({
+      minimum: 0,
+      maximum: TIMER_MS_MAX,
+      default: 40,
+      description: 'delay before the first token',
+    }),
+    tokens_per_second: Type.Integer({
+      minimum: 1,
+      default: 400,
+      description: 'output speed after the first token',
+    }),
+    completion_tokens: Type.Integer({
+      minimum: 1,
+      default: 24,
+      description: 'tokens of a text answer when no output limit is lower',
+    }),
   },
   { additionalProperties: false },
 );
@@ -24,11 +41,26 @@ export const SimulatorProviderSchema = Type.Object(
 export const OpenAIProviderSchema = Type.Object(
   {
     type: Type.Literal('openai'),
-    base_url: Type.String({ pattern: '^https?://', description: 'OpenAI-compatible base URL, e.g. http://host/v1' }),
-    api_key_env: Type.Optional(Type.String({ minLength: 1, description: 'name of the env var holding the upstream key' })),
-    timeout_ms: Type.Optional(DurationMs('upstream timeout; defaults to limits.upstream_timeout_ms')),
-    headers: Type.Optional(Type.Record(Type.String(), Type.String(), { description: 'extra request header fields' })),
-    ca_file: Type.Optional(Type.String({ minLength: 1, description: 'PEM file of the certificates to trust for https (instead of the built-in roots)' })),
+    base_url: Type.String({
+      pattern: '^https?://',
+      description: 'OpenAI-compatible base URL, e.g. http://host/v1',
+    }),
+    api_key_env: Type.Optional(
+      Type.String({ minLength: 1, description: 'name of the env var holding the upstream key' }),
+    ),
+    timeout_ms: Type.Optional(
+      DurationMs('upstream timeout; defaults to limits.upstream_timeout_ms'),
+    ),
+    headers: Type.Optional(
+      Type.Record(Type.String(), Type.String(), { description: 'extra request header fields' }),
+    ),
+    ca_file: Type.Optional(
+      Type.String({
+        minLength: 1,
+        description:
+          'PEM file of the certificates to trust for https (instead of the built-in roots)',
+      }),
+    ),
   },
   { additionalProperties: false },
 );
@@ -37,7 +69,10 @@ export const ProviderConfigSchema = Type.Union([SimulatorProviderSchema, OpenAIP
 
 /** Credits per one million tokens; an integer rate R costs exactly R µcr per token. */
 export const RatesSchema = Type.Object(
-  { input: NonNegativeInt('credits per 1M input tokens'), output: NonNegativeInt('credits per 1M output tokens') },
+  {
+    input: NonNegativeInt('credits per 1M input tokens'),
+    output: NonNegativeInt('credits per 1M output tokens'),
+  },
   { additionalProperties: false },
 );
 
@@ -55,7 +90,10 @@ export const ModelConfigSchema = Type.Object(
       Type.Union([
         Type.Null(),
         Type.Object(
-          { threshold_tokens: PositiveInt('input tokens from which the long-context rates apply'), rates: RatesSchema },
+          {
+            threshold_tokens: PositiveInt('input tokens from which the long-context rates apply'),
+            rates: RatesSchema,
+          },
           { additionalProperties: false },
         ),
       ]),
@@ -74,14 +112,19 @@ export const ConfigSchema = Type.Object(
     data_dir: Type.String({ minLength: 1 }),
     public_base_url: Type.Union([Type.Null(), Type.String({ pattern: '^https?://' })]),
     admin_token: Type.Union([Type.Null(), Type.String({ minLength: 16 })]),
-    log_level: Type.Union(['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'].map((l) => Type.Literal(l))),
+    log_level: Type.Union(
+      ['fatal', 'error', 'warn', 'info', 'debug', 'trace', 'silent'].map((l) => Type.Literal(l)),
+    ),
     providers: Type.Record(Type.String({ minLength: 1 }), ProviderConfigSchema),
     models: Type.Record(Type.String({ pattern: '^[A-Za-z0-9._:/-]{1,128}$' }), ModelConfigSchema),
     aliases: Type.Record(Type.String({ minLength: 1 }), Type.String({ minLength: 1 })),
     decision: Type.Object(
       {
         models: Type.Object(
-          { 'decision-fast': Type.String({ minLength: 1 }), 'decision-accurate': Type.String({ minLength: 1 }) },
+          {
+            'decision-fast': Type.String({ minLength: 1 }),
+            'decision-accurate': Type.String({ minLength: 1 }),
+          },
           { additionalProperties: false },
         ),
         context_tokens: PositiveInt('input tokens a decision may carry (422 above)'),
@@ -95,7 +138,10 @@ export const ConfigSchema = Type.Object(
         stream_timeout_ms: DurationMs('a stream ends with stream_timeout after this'),
         upstream_timeout_ms: DurationMs('a non-stream call ends with 504 after this'),
         max_body_bytes: PositiveInt('HTTP body limit (413 above)'),
-        max_body_json_values: PositiveInt('JSON values and members a request body may hold (400 above), checked before it is parsed'),
+        max_body_json_values: PositiveInt(
+          'JSON values and members a request body may ' +
+            'hold (400 above), checked before it is parsed',
+        ),
         default_rate_limit_rpm: PositiveInt('requests per minute per key when the key sets none'),
         max_messages: PositiveInt('messages per chat request'),
         max_tools: PositiveInt('tools per chat request'),
@@ -104,14 +150,29 @@ export const ConfigSchema = Type.Object(
         max_keys: PositiveInt('API keys the gateway holds'),
         request_records_max: PositiveInt('finished request records kept in memory'),
         idempotency_keys_max: PositiveInt('bound idempotency keys kept in memory'),
-        shutdown_grace_ms: DurationMs('SIGTERM, or a failed log: time in-flight requests get to finish', 0),
-        idempotency_keys_per_key: PositiveInt('bound idempotency keys one API key may hold; its oldest goes first'),
-        request_records_per_key: PositiveInt('finished request records one API key may hold; its oldest goes first'),
-        request_read_timeout_ms: DurationMs('headers and body must arrive within this, counted before auth'),
-        stream_buffer_bytes: PositiveInt('bytes a stream may queue for a slow reader before the upstream is paused'),
-        max_upstream_body_bytes: PositiveInt('largest upstream answer (a JSON body, or all text of a stream)'),
+        shutdown_grace_ms: DurationMs(
+          'SIGTERM, or a failed log: time in-flight requests get to finish',
+          0,
+        ),
+        idempotency_keys_per_key: PositiveInt(
+          'bound idempotency keys one API key may hold; its oldest goes first',
+        ),
+        request_records_per_key: PositiveInt(
+          'finished request records one API key may hold; its oldest goes first',
+        ),
+        request_read_timeout_ms: DurationMs(
+          'headers and body must arrive within this, counted before auth',
+        ),
+        stream_buffer_bytes: PositiveInt(
+          'bytes a stream may queue for a slow reader before the upstream is paused',
+        ),
+        max_upstream_body_bytes: PositiveInt(
+          'largest upstream answer (a JSON body, or all text of a stream)',
+        ),
         max_upstream_event_bytes: PositiveInt('largest single SSE event from an upstream'),
-        simulator_tool_arguments_bytes: PositiveInt('largest tool-call arguments the simulator generates'),
+        simulator_tool_arguments_bytes: PositiveInt(
+          'largest tool-call arguments the simulator generates',
+        ),
       },
       { additionalProperties: false },
     ),
@@ -125,7 +186,9 @@ export const ConfigSchema = Type.Object(
         fsync: Type.Union([Type.Literal('always'), Type.Literal('interval'), Type.Literal('off')]),
         fsync_interval_ms: DurationMs('fsync period of the interval policy'),
         segment_bytes: PositiveInt('a segment rolls over past this size'),
-        snapshot_every_records: PositiveInt('records between snapshots (then old segments are removed)'),
+        snapshot_every_records: PositiveInt(
+          'records between snapshots (then old segments are removed)',
+        ),
       },
       { additionalProperties: false },
     ),

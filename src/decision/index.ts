@@ -1,21 +1,30 @@
-// The decision controller (/decision/v1): decide, and the lookup of any decision request by its dec_ id.
+// The decision controller (/decision/v1): decide, and the lookup of any decision request by its
+// dec_ id.
 import { Elysia } from 'elysia';
-import { measureDecision, measureLargeDecision, OFFLOAD_BODY_CHARS, type DecisionMeasure } from '../billing/offload.ts';
+import {
+  type DecisionMeasure,
+  measureDecision,
+  measureLargeDecision,
+  OFFLOAD_BODY_CHARS,
+} from '../billing/offload.ts';
 import type { Gateway } from '../gateway.ts';
 import { parseJsonBody, readBodyText } from '../http/body.ts';
 import { asGatewayError, errorResponse, GatewayError } from '../http/errors.ts';
-import { nativePost, type NativeRoutes } from '../http/routes.ts';
+import { type NativeRoutes, nativePost } from '../http/routes.ts';
 import { parseIdempotencyKey } from '../idempotency/store.ts';
 import { authenticate, microToCredits } from '../keys/store.ts';
 import type { RequestRecord } from '../state/apply.ts';
 import { unavailableError } from '../state/store.ts';
 import { newDecisionRequestId } from '../util/ids.ts';
-import { validateDecisionRequest, type DecisionRequest } from './model.ts';
+import { type DecisionRequest, validateDecisionRequest } from './model.ts';
 import { admitDecision, runDecision } from './service.ts';
 
 const PREFIX = '/decision/v1';
 const DECIDE_ROUTE = '/decide';
-/** The path in Idempotency-Key fingerprints (with its slash: bindings already stored were made with it). */
+/**
+ * The path in Idempotency-Key fingerprints (with its slash: bindings already stored were made with
+ * it).
+ */
 const DECIDE_PATH = '/decision/v1/decide/';
 const JSON_HEADERS = { 'content-type': 'application/json' };
 
@@ -24,30 +33,73 @@ async function decide(gateway: Gateway, request: Request): Promise<Response> {
   const idHeader = { 'x-request-id': requestId };
   let admitted = false;
   try {
-    if (gateway.draining) throw new GatewayError('service_unavailable', 'The decision service is shutting down; retry shortly.');
-    if (gateway.store.unavailableReason) throw new GatewayError('service_unavailable', 'The decision service cannot record requests right now; retry later.');
-    const text = await readBodyText(request, gateway.config.limits.max_body_bytes, gateway.config.limits.request_read_timeout_ms);
+    if (gateway.draining)
+      throw new GatewayError(
+        'service_unavailable',
+        'The decision service is shutting down; retry shortly.',
+      );
+    if (gateway.store.unavailableReason)
+      throw new GatewayError(
+        'service_unavailable',
+        'The decision service cannot record requests right now; retry later.',
+      );
+    const text = await readBodyText(
+      request,
+      gateway.config.limits.max_body_bytes,
+      gateway.config.limits.request_read_timeout_ms,
+    );
     const account = authenticate(gateway.store, request.headers.get('authorization'), 'decision');
     let decision: DecisionRequest;
     let prepared: DecisionMeasure;
     if (text.length > OFFLOAD_BODY_CHARS) {
-      // Parsed, validated, fingerprinted and counted off the event loop, whatever its shape (CONTRACT §8).
-      const large = await measureLargeDecision(gateway, account, text, DECIDE_PATH, request.headers.has('idempotency-key'), request.signal);
+      // Parsed, validated, fingerprinted and counted off the event loop, whatever its shape
+      // (CONTRACT §8).
+      const large = await measureLargeDecision(
+        gateway,
+        account,
+        text,
+        DECIDE_PATH,
+        request.headers.has('idempotency-key'),
+        request.signal,
+      );
       decision = large.decision;
       const idempotencyKey = parseIdempotencyKey(request.headers.get('idempotency-key'));
-      prepared = { idempotency: idempotencyKey ? { key: idempotencyKey, fingerprint: large.fingerprint! } : null, prompt: large.prompt, promptTokens: large.promptTokens };
+      prepared = {
+        idempotency: idempotencyKey
+          ? { key: idempotencyKey, fingerprint: large.fingerprint! }
+          : null,
+        prompt: large.prompt,
+        promptTokens: large.promptTokens,
+      };
     } else {
       const json = parseJsonBody(text, gateway.config.limits.max_body_json_values);
       decision = validateDecisionRequest(json, gateway.config);
       const idempotencyKey = parseIdempotencyKey(request.headers.get('idempotency-key'));
-      // Fingerprint, prompt and its tokens: here for the usual request, off the loop when its prompt is long.
-      const measuring = measureDecision(gateway, account, decision, json, idempotencyKey, DECIDE_PATH, request.signal);
+      // Fingerprint, prompt and its tokens: here for the usual request, off the loop when its
+      // prompt is long.
+      const measuring = measureDecision(
+        gateway,
+        account,
+        decision,
+        json,
+        idempotencyKey,
+        DECIDE_PATH,
+        request.signal,
+      );
       prepared = measuring instanceof Promise ? await measuring : measuring;
     }
-    const admission = admitDecision(gateway, account, requestId, decision, prepared.idempotency, prepared);
+    const admission = admitDecision(
+      gateway,
+      account,
+      requestId,
+      decision,
+      prepared.idempotency,
+      prepared,
+    );
     admitted = true;
     const { actor } = admission;
-    // The actor listens itself (handleEvent: the client went away); once it is over, that is a no-op.
+    // The actor listens itself (handleEvent: the client went away); once it is over, that is a
+    // no-op.
     const clientSignal = request.signal;
     clientSignal.addEventListener('abort', actor);
     // A client that left while the body was read is gone already: cancel before the model is asked.
@@ -61,9 +113,15 @@ async function decide(gateway: Gateway, request: Request): Promise<Response> {
       model: decision.modelName,
       answers: result.value.answers,
       usage: result.value.usage,
-      charged: { tokens: result.value.charged.tokens, credits: microToCredits(result.value.charged.credits_micro) },
+      charged: {
+        tokens: result.value.charged.tokens,
+        credits: microToCredits(result.value.charged.credits_micro),
+      },
     };
-    return new Response(JSON.stringify(body), { status: 200, headers: { ...JSON_HEADERS, ...idHeader } });
+    return new Response(JSON.stringify(body), {
+      status: 200,
+      headers: { ...JSON_HEADERS, ...idHeader },
+    });
   } catch (thrown) {
     let error = asGatewayError(gateway, thrown, requestId);
     if (error.settleFirst) {
@@ -71,7 +129,8 @@ async function decide(gateway: Gateway, request: Request): Promise<Response> {
       // What the 409 reports may be what the log just failed to record.
       if (gateway.store.unavailableReason) error = unavailableError();
     }
-    // A refusal leaves no trace but a counter (§8: refusals are cheap): nothing logged, nothing kept.
+    // A refusal leaves no trace but a counter (§8: refusals are cheap): nothing logged, nothing
+    // kept.
     if (!admitted) gateway.metrics.requestRefused('decision', error.code);
     return errorResponse(error, idHeader);
   }
@@ -93,7 +152,10 @@ function lookupView(record: RequestRecord): Record<string, unknown> {
   };
 }
 
-/** The decide endpoint for Bun's own router (server.ts), like `chatNativeRoutes`: the same function as the Elysia route. */
+/**
+ * The decide endpoint for Bun's own router (server.ts), like `chatNativeRoutes`: the same function
+ * as the Elysia route.
+ */
 export function decisionNativeRoutes(gateway: Gateway): NativeRoutes {
   return nativePost(PREFIX + DECIDE_ROUTE, (request) => decide(gateway, request));
 }
@@ -104,18 +166,27 @@ export function decisionController(gateway: Gateway) {
     .get('/requests/:id', async ({ request, params }) => {
       const headers = { ...JSON_HEADERS, 'x-request-id': newDecisionRequestId() };
       try {
-        const account = authenticate(gateway.store, request.headers.get('authorization'), 'decision');
+        const account = authenticate(
+          gateway.store,
+          request.headers.get('authorization'),
+          'decision',
+        );
         gateway.store.checkAvailable();
         // Memory may be ahead of the disk by one commit; report only what a crash cannot take back.
         await gateway.registry.get(params.id)?.durable;
         gateway.store.checkAvailable();
         const record = gateway.store.state.request(params.id);
         if (!record || record.keyId !== account.id || record.service !== 'decision') {
-          throw new GatewayError('request_not_found', `No decision request ${params.id} for this API key.`, { param: null });
+          throw new GatewayError(
+            'request_not_found',
+            `No decision request ${params.id} for this API key.`,
+            { param: null },
+          );
         }
         return new Response(JSON.stringify(lookupView(record)), { status: 200, headers });
       } catch (error) {
-        if (error instanceof GatewayError) return errorResponse(error, { 'x-request-id': headers['x-request-id'] });
+        if (error instanceof GatewayError)
+          return errorResponse(error, { 'x-request-id': headers['x-request-id'] });
         throw error;
       }
     });

@@ -1,5 +1,6 @@
-// Decision request schemas and validation; every shape error names the question and what was expected.
-import { Type, type Static } from '@sinclair/typebox';
+// Decision request schemas and validation; every shape error names the question and what was
+// expected.
+import { type Static, Type } from '@sinclair/typebox';
 import type { Config, ModelConfig } from '../config/model.ts';
 import { GatewayError } from '../http/errors.ts';
 
@@ -19,25 +20,36 @@ export type DecisionModelName = (typeof DECISION_MODELS)[number];
 export const ChoiceQuestionSchema = Type.Object({
   type: Type.Literal('choice'),
   prompt: Type.String({ minLength: 1, maxLength: PROMPT_CHARS_MAX }),
-  criteria: Type.Record(Type.String({ minLength: 1, maxLength: LABEL_CHARS_MAX }), Type.String({ minLength: 1, maxLength: DESCRIPTION_CHARS_MAX }), {
-    minProperties: CHOICE_LABELS_MIN,
-    maxProperties: CHOICE_LABELS_MAX,
-  }),
+  criteria: Type.Record(
+    Type.String({ minLength: 1, maxLength: LABEL_CHARS_MAX }),
+    Type.String({ minLength: 1, maxLength: DESCRIPTION_CHARS_MAX }),
+    {
+      minProperties: CHOICE_LABELS_MIN,
+      maxProperties: CHOICE_LABELS_MAX,
+    },
+  ),
 });
 
 export const ScoreQuestionSchema = Type.Object({
   type: Type.Literal('score'),
   prompt: Type.String({ minLength: 1, maxLength: PROMPT_CHARS_MAX }),
-  criteria: Type.Array(Type.String({ minLength: 1, maxLength: DESCRIPTION_CHARS_MAX }), { minItems: SCORE_LEVELS_MIN, maxItems: SCORE_LEVELS_MAX }),
+  criteria: Type.Array(Type.String({ minLength: 1, maxLength: DESCRIPTION_CHARS_MAX }), {
+    minItems: SCORE_LEVELS_MIN,
+    maxItems: SCORE_LEVELS_MAX,
+  }),
 });
 
 export const DecisionRequestSchema = Type.Object({
   model: Type.Union(DECISION_MODELS.map((name) => Type.Literal(name))),
   state: Type.Unknown(),
-  questions: Type.Record(Type.String({ pattern: QUESTION_ID_RE.source }), Type.Union([ChoiceQuestionSchema, ScoreQuestionSchema]), {
-    minProperties: 1,
-    maxProperties: QUESTIONS_MAX,
-  }),
+  questions: Type.Record(
+    Type.String({ pattern: QUESTION_ID_RE.source }),
+    Type.Union([ChoiceQuestionSchema, ScoreQuestionSchema]),
+    {
+      minProperties: 1,
+      maxProperties: QUESTIONS_MAX,
+    },
+  ),
 });
 
 export type ChoiceQuestion = Static<typeof ChoiceQuestionSchema>;
@@ -45,7 +57,9 @@ export type ScoreQuestion = Static<typeof ScoreQuestionSchema>;
 export type Question = ChoiceQuestion | ScoreQuestion;
 export type DecisionRequestBody = Static<typeof DecisionRequestSchema>;
 
-export type Answer = { type: 'choice'; label: string } | { type: 'score'; score: number; level: string };
+export type Answer =
+  | { type: 'choice'; label: string }
+  | { type: 'score'; score: number; level: string };
 
 export interface DecisionRequest {
   body: DecisionRequestBody;
@@ -73,41 +87,95 @@ function describe(value: unknown): string {
 function checkQuestion(id: string, raw: unknown): Question {
   const param = `questions.${id}`;
   if (!isObject(raw)) {
-    throw invalid(`question ${id} is not an object`, param, `question "${id}": expected an object with type, prompt and criteria, got ${describe(raw)}`);
+    throw invalid(
+      `question ${id} is not an object`,
+      param,
+      `question "${id}": expected an object with type, prompt and criteria, got ${describe(raw)}`,
+    );
   }
   const { type, prompt, criteria } = raw;
   if (type !== 'choice' && type !== 'score') {
-    throw invalid(`question ${id} has an unknown type`, `${param}.type`, `question "${id}": type must be "choice" or "score"`);
+    throw invalid(
+      `question ${id} has an unknown type`,
+      `${param}.type`,
+      `question "${id}": type must be "choice" or "score"`,
+    );
   }
   if (typeof prompt !== 'string' || prompt.length === 0 || prompt.length > PROMPT_CHARS_MAX) {
-    throw invalid(`question ${id} needs a prompt`, `${param}.prompt`, `question "${id}": prompt must be a non-empty string of at most ${PROMPT_CHARS_MAX} characters`);
+    throw invalid(
+      `question ${id} needs a prompt`,
+      `${param}.prompt`,
+      `question "${id}": prompt must be a non-empty ` +
+        `string of at most ${PROMPT_CHARS_MAX} characters`,
+    );
   }
   if (type === 'choice') {
-    const shape = `a choice question's criteria must be an object mapping ${CHOICE_LABELS_MIN}-${CHOICE_LABELS_MAX} labels to non-empty descriptions`;
-    if (!isObject(criteria)) throw invalid(`question ${id}: criteria has the wrong shape`, `${param}.criteria`, `question "${id}": ${shape}, got ${describe(criteria)}`);
+    const shape =
+      `a choice question's criteria must be an object mapping ` +
+      `${CHOICE_LABELS_MIN}-${CHOICE_LABELS_MAX} labels to non-empty descriptions`;
+    if (!isObject(criteria))
+      throw invalid(
+        `question ${id}: criteria has the wrong shape`,
+        `${param}.criteria`,
+        `question "${id}": ${shape}, got ${describe(criteria)}`,
+      );
     const labels = Object.entries(criteria);
     if (labels.length < CHOICE_LABELS_MIN || labels.length > CHOICE_LABELS_MAX) {
-      throw invalid(`question ${id}: criteria has ${labels.length} labels`, `${param}.criteria`, `question "${id}": ${shape}, got ${labels.length} labels`);
+      throw invalid(
+        `question ${id}: criteria has ${labels.length} labels`,
+        `${param}.criteria`,
+        `question "${id}": ${shape}, got ${labels.length} labels`,
+      );
     }
     for (const [label, description] of labels) {
-      if (label.length === 0 || label.length > LABEL_CHARS_MAX || typeof description !== 'string' || description.trim().length === 0 || description.length > DESCRIPTION_CHARS_MAX) {
+      if (
+        label.length === 0 ||
+        label.length > LABEL_CHARS_MAX ||
+        typeof description !== 'string' ||
+        description.trim().length === 0 ||
+        description.length > DESCRIPTION_CHARS_MAX
+      ) {
         throw invalid(
           `question ${id}: criteria label ${JSON.stringify(label)} is invalid`,
           `${param}.criteria`,
-          `question "${id}": ${shape}; label ${JSON.stringify(label)} has ${typeof description === 'string' ? 'an empty or oversized description' : `a description that is ${describe(description)}`}`,
+          `question "${id}": ${shape}; label ${JSON.stringify(label)} has ${
+            typeof description === 'string'
+              ? 'an empty or oversized description'
+              : `a ` + `description that is ${describe(description)}`
+          }`,
         );
       }
     }
     return { type, prompt, criteria: criteria as Record<string, string> };
   }
-  const shape = `a score question's criteria must be an array of ${SCORE_LEVELS_MIN}-${SCORE_LEVELS_MAX} non-empty level descriptions, lowest first`;
-  if (!Array.isArray(criteria)) throw invalid(`question ${id}: criteria has the wrong shape`, `${param}.criteria`, `question "${id}": ${shape}, got ${describe(criteria)}`);
+  const shape =
+    `a score question's criteria must be an array of ` +
+    `${SCORE_LEVELS_MIN}-${SCORE_LEVELS_MAX} non-empty level descriptions, lowest first`;
+  if (!Array.isArray(criteria))
+    throw invalid(
+      `question ${id}: criteria has the wrong shape`,
+      `${param}.criteria`,
+      `question "${id}": ${shape}, got ${describe(criteria)}`,
+    );
   if (criteria.length < SCORE_LEVELS_MIN || criteria.length > SCORE_LEVELS_MAX) {
-    throw invalid(`question ${id}: criteria has ${criteria.length} levels`, `${param}.criteria`, `question "${id}": ${shape}, got ${criteria.length} levels`);
+    throw invalid(
+      `question ${id}: criteria has ${criteria.length} levels`,
+      `${param}.criteria`,
+      `question "${id}": ${shape}, got ${criteria.length} levels`,
+    );
   }
   criteria.forEach((level, index) => {
-    if (typeof level !== 'string' || level.trim().length === 0 || level.length > DESCRIPTION_CHARS_MAX) {
-      throw invalid(`question ${id}: level ${index} is invalid`, `${param}.criteria[${index}]`, `question "${id}": ${shape}; level ${index} is ${typeof level === 'string' ? 'empty or oversized' : describe(level)}`);
+    if (
+      typeof level !== 'string' ||
+      level.trim().length === 0 ||
+      level.length > DESCRIPTION_CHARS_MAX
+    ) {
+      throw invalid(
+        `question ${id}: level ${index} is invalid`,
+        `${param}.criteria[${index}]`,
+        `question "${id}": ${shape}; level ${index} is ` +
+          `${typeof level === 'string' ? 'empty or oversized' : describe(level)}`,
+      );
     }
   });
   return { type, prompt, criteria: criteria as string[] };
@@ -115,27 +183,60 @@ function checkQuestion(id: string, raw: unknown): Question {
 
 /** Shape (400 with detail), then the model (404): the contract's order. */
 export function validateDecisionRequest(json: unknown, config: Config): DecisionRequest {
-  if (!isObject(json)) throw invalid('The body must be a JSON object.', null, `expected a JSON object with model, state and questions, got ${describe(json)}`);
-  if (typeof json.model !== 'string') throw invalid('model is required', 'model', 'model must be "decision-fast" or "decision-accurate"');
-  if (!Object.hasOwn(json, 'state')) throw invalid('state is required', 'state', 'state is required: the JSON value the questions are about');
+  if (!isObject(json))
+    throw invalid(
+      'The body must be a JSON object.',
+      null,
+      `expected a JSON object with model, state and questions, got ${describe(json)}`,
+    );
+  if (typeof json.model !== 'string')
+    throw invalid(
+      'model is required',
+      'model',
+      'model must be "decision-fast" or "decision-accurate"',
+    );
+  if (!Object.hasOwn(json, 'state'))
+    throw invalid(
+      'state is required',
+      'state',
+      'state is required: the JSON value the questions are about',
+    );
   const questions = json.questions;
-  if (!isObject(questions)) throw invalid('questions must be an object', 'questions', `questions must be an object keyed by question id, got ${describe(questions)}`);
+  if (!isObject(questions))
+    throw invalid(
+      'questions must be an object',
+      'questions',
+      `questions must be an object keyed by question id, got ${describe(questions)}`,
+    );
   const entries = Object.entries(questions);
   if (entries.length < 1 || entries.length > QUESTIONS_MAX) {
-    throw invalid(`questions holds ${entries.length} questions`, 'questions', `questions must hold 1-${QUESTIONS_MAX} questions, got ${entries.length}`);
+    throw invalid(
+      `questions holds ${entries.length} questions`,
+      'questions',
+      `questions must hold 1-${QUESTIONS_MAX} questions, got ${entries.length}`,
+    );
   }
   const checked: Array<[string, Question]> = [];
   for (const [id, raw] of entries) {
     if (!QUESTION_ID_RE.test(id)) {
-      throw invalid(`question id ${JSON.stringify(id)} is invalid`, 'questions', `question "${id}": a question id must be 1-64 characters of A-Z a-z 0-9 _ -`);
+      throw invalid(
+        `question id ${JSON.stringify(id)} is invalid`,
+        'questions',
+        `question "${id}": a question id must be 1-64 characters of A-Z a-z 0-9 _ -`,
+      );
     }
     checked.push([id, checkQuestion(id, raw)]);
   }
   const modelName = json.model as DecisionModelName;
   if (!(DECISION_MODELS as readonly string[]).includes(modelName)) {
-    throw new GatewayError('model_not_found', `The decision model ${JSON.stringify(json.model)} does not exist; use decision-fast or decision-accurate.`, {
-      param: 'model',
-    });
+    throw new GatewayError(
+      'model_not_found',
+      `The decision model ${JSON.stringify(json.model)} does ` +
+        `not exist; use decision-fast or decision-accurate.`,
+      {
+        param: 'model',
+      },
+    );
   }
   const modelId = config.decision.models[modelName];
   const model = config.models[modelId]!;

@@ -1,18 +1,29 @@
-// Questions ⇄ model messages: the prompt, the answer schema, and the check of what the model answered.
+// Questions ⇄ model messages: the prompt, the answer schema, and the check of what the model
+// answered.
 import { canonicalJson } from '../idempotency/fingerprint.ts';
-import { JSON_SCHEMA_MARKER, type ProviderMessage, type ToolChoice, type ToolDefinition } from '../providers/provider.ts';
+import {
+  JSON_SCHEMA_MARKER,
+  type ProviderMessage,
+  type ToolChoice,
+  type ToolDefinition,
+} from '../providers/provider.ts';
 import type { Answer, Question } from './model.ts';
 
 export const DECISION_TOOL_NAME = 'submit_decision';
 
 const SYSTEM_PROMPT =
   'You are a careful decision engine. Read the state, then answer every question. ' +
-  'For a choice question give exactly one of its labels; for a score question give the index of one level ' +
+  'For a choice question give exactly one of its labels; for a score question give the index ' +
+  'of one level ' +
   '(0 is the lowest). Use nothing but the allowed labels and levels.';
 
-/** The JSON Schema of a complete answer: one property per question, labels and level indexes enumerated. */
+/**
+ * The JSON Schema of a complete answer: one property per question, labels and level indexes
+ * enumerated.
+ */
 export function answerSchema(questions: Array<[string, Question]>): Record<string, unknown> {
-  // Null-prototype maps: a question id like "__proto__" is a plain key here, not the object's prototype.
+  // Null-prototype maps: a question id like "__proto__" is a plain key here, not the object's
+  // prototype.
   const properties: Record<string, unknown> = Object.create(null);
   for (const [id, question] of questions) {
     properties[id] =
@@ -20,7 +31,12 @@ export function answerSchema(questions: Array<[string, Question]>): Record<strin
         ? { type: 'string', enum: Object.keys(question.criteria) }
         : { type: 'integer', minimum: 0, maximum: question.criteria.length - 1 };
   }
-  return { type: 'object', properties, required: questions.map(([id]) => id), additionalProperties: false };
+  return {
+    type: 'object',
+    properties,
+    required: questions.map(([id]) => id),
+    additionalProperties: false,
+  };
 }
 
 export interface DecisionPrompt {
@@ -29,31 +45,54 @@ export interface DecisionPrompt {
   toolChoice: ToolChoice | null;
 }
 
-/** Builds what the model sees. The state is re-serialized canonically, so the body's whitespace never counts. */
-export function buildPrompt(state: unknown, questions: Array<[string, Question]>, useTools: boolean): DecisionPrompt {
+/**
+ * Builds what the model sees. The state is re-serialized canonically, so the body's whitespace
+ * never counts.
+ */
+export function buildPrompt(
+  state: unknown,
+  questions: Array<[string, Question]>,
+  useTools: boolean,
+): DecisionPrompt {
   let user = `State (JSON):\n${canonicalJson(state)}\n\nQuestions:\n`;
   for (const [id, question] of questions) {
     user += `\n- ${id} (${question.type}): ${question.prompt}\n`;
     if (question.type === 'choice') {
-      for (const [label, description] of Object.entries(question.criteria)) user += `  - ${label}: ${description}\n`;
+      for (const [label, description] of Object.entries(question.criteria))
+        user += `  - ${label}: ${description}\n`;
     } else {
-      question.criteria.forEach((level, index) => (user += `  ${index}: ${level}\n`));
+      for (const [index, level] of question.criteria.entries()) user += `  ${index}: ${level}\n`;
     }
   }
   const schema = answerSchema(questions);
   if (useTools) {
     return {
       messages: [
-        { role: 'system', content: `${SYSTEM_PROMPT} Call ${DECISION_TOOL_NAME} once with all answers.` },
+        {
+          role: 'system',
+          content: `${SYSTEM_PROMPT} Call ${DECISION_TOOL_NAME} once with all answers.`,
+        },
         { role: 'user', content: user },
       ],
-      tools: [{ type: 'function', function: { name: DECISION_TOOL_NAME, description: 'Submit one answer per question.', parameters: schema } }],
+      tools: [
+        {
+          type: 'function',
+          function: {
+            name: DECISION_TOOL_NAME,
+            description: 'Submit one answer per question.',
+            parameters: schema,
+          },
+        },
+      ],
       toolChoice: { type: 'function', function: { name: DECISION_TOOL_NAME } },
     };
   }
   return {
     messages: [
-      { role: 'system', content: `${SYSTEM_PROMPT}\n${JSON_SCHEMA_MARKER}\n${JSON.stringify(schema)}` },
+      {
+        role: 'system',
+        content: `${SYSTEM_PROMPT}\n${JSON_SCHEMA_MARKER}\n${JSON.stringify(schema)}`,
+      },
       { role: 'user', content: user },
     ],
     tools: null,
@@ -61,7 +100,9 @@ export function buildPrompt(state: unknown, questions: Array<[string, Question]>
   };
 }
 
-/** The first balanced JSON object in a text answer (models like to wrap JSON in prose or fences). */
+/**
+ * The first balanced JSON object in a text answer (models like to wrap JSON in prose or fences).
+ */
 export function extractJsonObject(text: string): unknown {
   const start = text.indexOf('{');
   if (start < 0) return undefined;
@@ -85,19 +126,30 @@ export function extractJsonObject(text: string): unknown {
   return undefined;
 }
 
-/** Checks a raw answer object against the questions; null when any answer is missing or not allowed. */
-export function readAnswers(raw: unknown, questions: Array<[string, Question]>): Record<string, Answer> | null {
+/**
+ * Checks a raw answer object against the questions; null when any answer is missing or not allowed.
+ */
+export function readAnswers(
+  raw: unknown,
+  questions: Array<[string, Question]>,
+): Record<string, Answer> | null {
   if (typeof raw !== 'object' || raw === null || Array.isArray(raw)) return null;
   const answers: Record<string, Answer> = Object.create(null);
   for (const [id, question] of questions) {
-    // Own keys only: a missing answer to question "toString" must not read Object.prototype.toString.
+    // Own keys only: a missing answer to question "toString" must not read
+    // Object.prototype.toString.
     const value = Object.hasOwn(raw, id) ? (raw as Record<string, unknown>)[id] : undefined;
     if (question.type === 'choice') {
       if (typeof value !== 'string' || !Object.hasOwn(question.criteria, value)) return null;
       answers[id] = { type: 'choice', label: value };
     } else {
       // A level index, or (leniently) the level's own text.
-      const index = typeof value === 'number' ? value : typeof value === 'string' ? question.criteria.indexOf(value) : -1;
+      const index =
+        typeof value === 'number'
+          ? value
+          : typeof value === 'string'
+            ? question.criteria.indexOf(value)
+            : -1;
       if (!Number.isInteger(index) || index < 0 || index >= question.criteria.length) return null;
       answers[id] = { type: 'score', score: index, level: question.criteria[index]! };
     }

@@ -1,21 +1,37 @@
-// Decisions: admission (idempotency, rate, input size, daily budget, quota), the hold, asking the model.
+// Decisions: admission (idempotency, rate, input size, daily budget, quota), the hold, asking the
+// model.
 import { countAnswerTokens } from '../billing/offload.ts';
 import { costMicro, ratesFor } from '../billing/pricing.ts';
-import { actorSettled, statusUrl, type Gateway } from '../gateway.ts';
+import { actorSettled, type Gateway, statusUrl } from '../gateway.ts';
 import { GatewayError, internalError } from '../http/errors.ts';
 import { checkIdempotency } from '../idempotency/store.ts';
 import { collectAnswer, type ProviderRequest } from '../providers/provider.ts';
-import { abortError, abortOnTimer, notRecordedError, RequestActor, statusForAbort, type Outcome } from '../requests/actor.ts';
+import {
+  abortError,
+  abortOnTimer,
+  notRecordedError,
+  type Outcome,
+  RequestActor,
+  statusForAbort,
+} from '../requests/actor.ts';
 import { DAY_MS, type KeyAccount } from '../state/apply.ts';
 import type { Amount, Event, Usage } from '../state/events.ts';
 import { assert } from '../util/assert.ts';
 import { RESOLVED } from '../util/promise.ts';
 import type { Answer, DecisionRequest } from './model.ts';
-import { DECISION_TOOL_NAME, extractJsonObject, readAnswers, type DecisionPrompt } from './prompt.ts';
+import {
+  DECISION_TOOL_NAME,
+  type DecisionPrompt,
+  extractJsonObject,
+  readAnswers,
+} from './prompt.ts';
 
 /** A model answer that is not a valid label or level is asked again this many times, then 502. */
 const ANSWER_RETRIES = 1;
-/** The longest answer text (or tool arguments) read as an answer: 64 questions' labels fit many times over. */
+/**
+ * The longest answer text (or tool arguments) read as an answer: 64 questions' labels fit many
+ * times over.
+ */
 const ANSWER_CHARS_MAX = 256 * 1024;
 
 export interface DecisionAdmission {
@@ -52,43 +68,76 @@ export function admitDecision(
   const { config, store, registry } = gateway;
   const nowMs = Date.now();
   if (idempotency) {
-    checkIdempotency(store.state, registry, account.id, idempotency.key, idempotency.fingerprint, nowMs, (id) => statusUrl(config, 'decision', id));
+    checkIdempotency(
+      store.state,
+      registry,
+      account.id,
+      idempotency.key,
+      idempotency.fingerprint,
+      nowMs,
+      (id) => statusUrl(config, 'decision', id),
+    );
   }
-  gateway.rateLimiter.take(account.id, account.rateLimitRpm ?? config.limits.default_rate_limit_rpm, nowMs);
+  gateway.rateLimiter.take(
+    account.id,
+    account.rateLimitRpm ?? config.limits.default_rate_limit_rpm,
+    nowMs,
+  );
 
   const { promptTokens } = prepared;
   if (promptTokens > config.decision.context_tokens) {
     throw new GatewayError(
       'input_too_large',
-      `The decision input is over ${config.decision.context_tokens} tokens. Split the state; nothing is truncated.`,
-      { param: 'state', detail: `input is over the ${config.decision.context_tokens}-token context; split the state or ask fewer questions` },
+      `The decision input is over ${config.decision.context_tokens} tokens. Split the state; ` +
+        `nothing is truncated.`,
+      {
+        param: 'state',
+        detail:
+          `input is over the ${config.decision.context_tokens}-token context; split the ` +
+          `state or ask fewer questions`,
+      },
     );
   }
 
   const answerTokens = config.decision.answer_tokens;
   const estimateTokens = promptTokens + answerTokens;
-  const estimateMicro = costMicro(ratesFor(decision.model, promptTokens), promptTokens, answerTokens);
+  const estimateMicro = costMicro(
+    ratesFor(decision.model, promptTokens),
+    promptTokens,
+    answerTokens,
+  );
   if (account.dailyDecisionBudgetMicro !== null) {
     const today = Math.floor(nowMs / DAY_MS);
     const spentMicro = account.budgetDay === today ? account.budgetSpentMicro : 0;
     if (spentMicro + account.budgetHeldMicro + estimateMicro > account.dailyDecisionBudgetMicro) {
       const resetAt = nextUtcMidnight(nowMs);
-      throw new GatewayError('api_key_spend_limit_exceeded', `The key's daily decision budget is used up; it resets at ${resetAt}.`, {
-        fields: { reset_at: resetAt },
-      });
+      throw new GatewayError(
+        'api_key_spend_limit_exceeded',
+        `The key's daily decision budget is used up; it resets at ${resetAt}.`,
+        {
+          fields: { reset_at: resetAt },
+        },
+      );
     }
   }
 
   let hold: Amount;
   if (account.tokenWallet >= estimateTokens) hold = { credits_micro: 0, tokens: estimateTokens };
-  else if (account.balanceMicro >= estimateMicro) hold = { credits_micro: estimateMicro, tokens: 0 };
+  else if (account.balanceMicro >= estimateMicro)
+    hold = { credits_micro: estimateMicro, tokens: 0 };
   else {
     throw new GatewayError(
       'insufficient_quota',
-      `Neither the token wallet (${account.tokenWallet} tokens) nor the credits (${account.balanceMicro / 1e6}) cover this decision's estimate of ${estimateTokens} tokens.`,
+      `Neither the token wallet (${account.tokenWallet} tokens) nor the credits ` +
+        `(${account.balanceMicro / 1e6}) cover this ` +
+        `decision's estimate of ${estimateTokens} tokens.`,
     );
   }
-  if (!registry.admits(account.id)) throw new GatewayError('service_unavailable', 'The gateway is at its limit of requests in flight for this key\'s share; retry shortly.');
+  if (!registry.admits(account.id))
+    throw new GatewayError(
+      'service_unavailable',
+      "The gateway is at its limit of requests in flight for this key's share; retry shortly.",
+    );
 
   const started: Event[] = [
     {
@@ -100,29 +149,50 @@ export function admitDecision(
       stream: false,
       hold,
       idempotency: idempotency
-        ? { key: idempotency.key, fingerprint: idempotency.fingerprint, expires_at_ms: nowMs + config.idempotency_ttl_s * 1000 }
+        ? {
+            key: idempotency.key,
+            fingerprint: idempotency.fingerprint,
+            expires_at_ms: nowMs + config.idempotency_ttl_s * 1000,
+          }
         : null,
       budget_hold_micro: account.dailyDecisionBudgetMicro === null ? 0 : estimateMicro,
       at_ms: nowMs,
     },
   ];
-  // Without an Idempotency-Key nobody can name this request before its answer (which carries the id),
-  // so its start is logged with its finish in one record; with one, the binding is durable first.
+  // Without an Idempotency-Key nobody can name this request before its answer (which carries the
+  // id), so its start is logged with its finish in one record; with one, the binding is durable
+  // first.
   let durable: Promise<void> = RESOLVED;
   if (idempotency) durable = store.commit(started);
   else store.applyUnlogged(requestId, started);
   const actor = new RequestActor(
-    { id: requestId, keyId: account.id, service: 'decision', model: decision.modelName, stream: false, hold },
+    {
+      id: requestId,
+      keyId: account.id,
+      service: 'decision',
+      model: decision.modelName,
+      stream: false,
+      hold,
+    },
     store,
     actorSettled(gateway),
     gateway.logger,
   );
   actor.started(durable);
   registry.add(actor);
-  return { actor, prompt: prepared.prompt, promptTokens, durable, createdS: Math.floor(nowMs / 1000) };
+  return {
+    actor,
+    prompt: prepared.prompt,
+    promptTokens,
+    durable,
+    createdS: Math.floor(nowMs / 1000),
+  };
 }
 
-/** One call to the model, collected; returns the raw answer object (or undefined) and the tokens it took. */
+/**
+ * One call to the model, collected; returns the raw answer object (or undefined) and the tokens it
+ * took.
+ */
 async function askOnce(
   gateway: Gateway,
   decision: DecisionRequest,
@@ -161,13 +231,22 @@ async function askOnce(
   return {
     raw,
     promptTokens: usage?.promptTokens ?? request.promptTokens,
-    completionTokens: usage?.completionTokens ?? (await countAnswerTokens(keyId, [text, args], request.maxOutputTokens ?? Number.POSITIVE_INFINITY, signal, gateway.logger)),
+    completionTokens:
+      usage?.completionTokens ??
+      (await countAnswerTokens(
+        keyId,
+        [text, args],
+        request.maxOutputTokens ?? Number.POSITIVE_INFINITY,
+        signal,
+        gateway.logger,
+      )),
   };
 }
 
 /**
- * The actor's run loop for one decision: ask, check, ask once more if the answer was not valid; charge
- * only a 200 (the wallet or credits that were held, at actual tokens); release the hold on any failure.
+ * The actor's run loop for one decision: ask, check, ask once more if the answer was not valid;
+ * charge only a 200 (the wallet or credits that were held, at actual tokens); release the hold on
+ * any failure.
  */
 export async function runDecision(
   gateway: Gateway,
@@ -204,17 +283,41 @@ export async function runDecision(
       promptTokens += reply.promptTokens;
       completionTokens += reply.completionTokens;
       answers = readAnswers(reply.raw, decision.questions);
-      if (answers === null) actor.logger.warn({ attempt }, 'decision: the model answered outside the allowed labels or levels');
+      if (answers === null)
+        actor.logger.warn(
+          { attempt },
+          'decision: the model answered outside the allowed labels or levels',
+        );
     }
     if (actor.signal.aborted) throw actor.signal.reason;
-    if (answers === null) throw new GatewayError('upstream_invalid_response', 'The model did not give a valid answer for every question, twice.');
-    const usage: Usage = { prompt_tokens: promptTokens, completion_tokens: completionTokens, total_tokens: promptTokens + completionTokens };
-    const costCreditsMicro = costMicro(ratesFor(decision.model, promptTokens), promptTokens, completionTokens);
+    if (answers === null)
+      throw new GatewayError(
+        'upstream_invalid_response',
+        'The model did not give a valid answer for every question, twice.',
+      );
+    const usage: Usage = {
+      prompt_tokens: promptTokens,
+      completion_tokens: completionTokens,
+      total_tokens: promptTokens + completionTokens,
+    };
+    const costCreditsMicro = costMicro(
+      ratesFor(decision.model, promptTokens),
+      promptTokens,
+      completionTokens,
+    );
     const charge: Amount =
       hold.tokens > 0
         ? { credits_micro: 0, tokens: Math.min(hold.tokens, usage.total_tokens) }
         : { credits_micro: Math.min(hold.credits_micro, costCreditsMicro), tokens: 0 };
-    outcome = { status: 'completed', error: null, usage, charge, budgetSpendMicro: costCreditsMicro, answers, httpStatus: 200 };
+    outcome = {
+      status: 'completed',
+      error: null,
+      usage,
+      charge,
+      budgetSpendMicro: costCreditsMicro,
+      answers,
+      httpStatus: 200,
+    };
     if (!(await actor.finish(outcome))) return { ok: false, error: notRecordedError() };
     return { ok: true, value: { answers, usage, charged: charge } };
   } catch (thrown) {
@@ -223,7 +326,10 @@ export async function runDecision(
     if (kind !== null) error = abortError(kind === 'stream_timeout' ? 'upstream_timeout' : kind);
     else if (thrown instanceof GatewayError) error = thrown;
     else {
-      actor.logger.error({ err: (thrown as Error)?.stack ?? String(thrown) }, 'decision: run failed');
+      actor.logger.error(
+        { err: (thrown as Error)?.stack ?? String(thrown) },
+        'decision: run failed',
+      );
       error = internalError();
     }
     // No error is ever charged: every failure releases the hold.
@@ -240,7 +346,15 @@ export async function runDecision(
   } finally {
     clearTimeout(timer);
     if (!outcome) {
-      await actor.finish({ status: 'error', error: internalError(), usage: null, charge: released, budgetSpendMicro: 0, answers: null, httpStatus: 500 });
+      await actor.finish({
+        status: 'error',
+        error: internalError(),
+        usage: null,
+        charge: released,
+        budgetSpendMicro: 0,
+        answers: null,
+        httpStatus: 500,
+      });
     }
   }
 }

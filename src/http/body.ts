@@ -1,37 +1,57 @@
-// Request bodies: the size limit and the read deadline are enforced while reading (413 or 400 before
-// parsing), chunked bodies too; a client that goes away mid-body is a 499, never an internal error.
+// Request bodies: the size limit and the read deadline are enforced while reading (413 or 400
+// before parsing), chunked bodies too; a client that goes away mid-body is a 499, never an internal
+// error.
 import { GatewayError } from './errors.ts';
 
 const DECODER = new TextDecoder('utf-8');
 
 function tooLarge(maxBytes: number): GatewayError {
-  return new GatewayError('request_too_large', `The request body is larger than ${maxBytes} bytes.`);
+  return new GatewayError(
+    'request_too_large',
+    `The request body is larger than ${maxBytes} bytes.`,
+  );
 }
 
 /**
- * Past the read deadline the answer closes the connection (`connection: close`, which Bun honours once
- * the answer is written): a client that trickles its body must not keep the socket, whatever it sends.
+ * Past the read deadline the answer closes the connection (`connection: close`, which Bun honours
+ * once the answer is written): a client that trickles its body must not keep the socket, whatever
+ * it sends.
  */
 function tooSlow(timeoutMs: number): GatewayError {
-  return new GatewayError('invalid_request_error', `The request body did not arrive within ${timeoutMs} ms.`, {
-    param: null,
-    headers: { connection: 'close' },
-  });
+  return new GatewayError(
+    'invalid_request_error',
+    `The request body did not arrive within ${timeoutMs} ms.`,
+    {
+      param: null,
+      headers: { connection: 'close' },
+    },
+  );
 }
 
-/** The body stream failed: the connection closed (or broke) before the body was in. The client is gone. */
+/**
+ * The body stream failed: the connection closed (or broke) before the body was in. The client is
+ * gone.
+ */
 function readFailed(thrown: unknown): GatewayError {
   if (thrown instanceof GatewayError) return thrown;
-  return new GatewayError('request_cancelled', 'The client went away before its request body arrived.', { cause: thrown });
+  return new GatewayError(
+    'request_cancelled',
+    'The client went away before its request body arrived.',
+    { cause: thrown },
+  );
 }
 
 /**
  * Reads the whole body as text within `timeoutMs`, refusing it as soon as it passes `maxBytes`. The
- * deadline counts from here, once the headers are in: Bun calls a handler only then, and its own idle
- * timer (server.ts) bounds the headers. Not an async function: the usual body, sized by Content-Length,
- * is the runtime's own read with one timer beside it.
+ * deadline counts from here, once the headers are in: Bun calls a handler only then, and its own
+ * idle timer (server.ts) bounds the headers. Not an async function: the usual body, sized by
+ * Content-Length, is the runtime's own read with one timer beside it.
  */
-export function readBodyText(request: Request, maxBytes: number, timeoutMs: number): Promise<string> {
+export function readBodyText(
+  request: Request,
+  maxBytes: number,
+  timeoutMs: number,
+): Promise<string> {
   const declared = request.headers.get('content-length');
   if (declared !== null) {
     const length = Number(declared);
@@ -43,7 +63,10 @@ export function readBodyText(request: Request, maxBytes: number, timeoutMs: numb
   return readChunked(request, maxBytes, timeoutMs);
 }
 
-/** `reading`, or the 400 that closes the connection once `timeoutMs` has passed; a failed read is a 499. */
+/**
+ * `reading`, or the 400 that closes the connection once `timeoutMs` has passed; a failed read is a
+ * 499.
+ */
 function withDeadline(reading: Promise<string>, timeoutMs: number): Promise<string> {
   return new Promise<string>((resolve, reject) => {
     const timer = setTimeout(rejectTooSlow, timeoutMs, reject, timeoutMs);
@@ -65,7 +88,9 @@ function rejectTooSlow(reject: (error: GatewayError) => void, timeoutMs: number)
   reject(tooSlow(timeoutMs));
 }
 
-/** A body without a length (chunked): read piece by piece, stopped at the limit or at the deadline. */
+/**
+ * A body without a length (chunked): read piece by piece, stopped at the limit or at the deadline.
+ */
 async function readChunked(request: Request, maxBytes: number, timeoutMs: number): Promise<string> {
   const body = request.body;
   if (!body) return '';
@@ -110,32 +135,47 @@ async function readChunked(request: Request, maxBytes: number, timeoutMs: number
   return DECODER.decode(all);
 }
 
-/** Objects and arrays may nest this deep in a request body; deeper is refused before anything recurses. */
+/**
+ * Objects and arrays may nest this deep in a request body; deeper is refused before anything
+ * recurses.
+ */
 export const JSON_DEPTH_MAX = 256;
 
-/** Bodies shorter than this cannot pass either bound of `scanJson` (each value or level takes 2 characters). */
+/**
+ * Bodies shorter than this cannot pass either bound of `scanJson` (each value or level takes 2
+ * characters).
+ */
 const SCAN_FROM_CHARS = 2 * JSON_DEPTH_MAX;
 
 /**
- * 400 invalid_request_error for malformed JSON, for JSON nested deeper than JSON_DEPTH_MAX (every later
- * step may recurse, and a stack overflow there would be a 500 for what is the client's mistake), and for
- * JSON holding more than `valuesMax` values (limits.max_body_json_values). Both bounds are checked on
- * the text before it is parsed: JSON.parse of 4 MB of tiny values (600,000 keys) holds the event loop
- * for 150-200 ms, which no request may (CONTRACT §8), and its cost grows faster than its size.
+ * 400 invalid_request_error for malformed JSON, for JSON nested deeper than JSON_DEPTH_MAX (every
+ * later step may recurse, and a stack overflow there would be a 500 for what is the client's
+ * mistake), and for JSON holding more than `valuesMax` values (limits.max_body_json_values). Both
+ * bounds are checked on the text before it is parsed: JSON.parse of 4 MB of tiny values (600,000
+ * keys) holds the event loop for 150-200 ms, which no request may (CONTRACT §8), and its cost grows
+ * faster than its size.
  */
 export function parseJsonBody(text: string, valuesMax: number): unknown {
   const over = text.length > SCAN_FROM_CHARS ? scanJson(text, valuesMax, JSON_DEPTH_MAX) : null;
   if (over === 'depth') {
-    throw new GatewayError('invalid_request_error', `The JSON body nests deeper than ${JSON_DEPTH_MAX} levels.`, {
-      param: null,
-      detail: `JSON values may nest at most ${JSON_DEPTH_MAX} levels deep`,
-    });
+    throw new GatewayError(
+      'invalid_request_error',
+      `The JSON body nests deeper than ${JSON_DEPTH_MAX} levels.`,
+      {
+        param: null,
+        detail: `JSON values may nest at most ${JSON_DEPTH_MAX} levels deep`,
+      },
+    );
   }
   if (over === 'values') {
-    throw new GatewayError('invalid_request_error', `The JSON body holds more than ${valuesMax} values.`, {
-      param: null,
-      detail: `a request body may hold at most ${valuesMax} JSON values`,
-    });
+    throw new GatewayError(
+      'invalid_request_error',
+      `The JSON body holds more than ${valuesMax} values.`,
+      {
+        param: null,
+        detail: `a request body may hold at most ${valuesMax} JSON values`,
+      },
+    );
   }
   try {
     return JSON.parse(text);
@@ -145,11 +185,15 @@ export function parseJsonBody(text: string, valuesMax: number): unknown {
 }
 
 /**
- * Counts a JSON text's values (containers and the elements after each comma) and its nesting, outside
- * strings, stopping at the first bound passed. Linear: strings are skipped with indexOf. A malformed
- * text gives some answer; JSON.parse then refuses it anyway.
+ * Counts a JSON text's values (containers and the elements after each comma) and its nesting,
+ * outside strings, stopping at the first bound passed. Linear: strings are skipped with indexOf. A
+ * malformed text gives some answer; JSON.parse then refuses it anyway.
  */
-export function scanJson(text: string, valuesMax: number, depthMax: number): 'values' | 'depth' | null {
+export function scanJson(
+  text: string,
+  valuesMax: number,
+  depthMax: number,
+): 'values' | 'depth' | null {
   let values = 1;
   let depth = 0;
   const length = text.length;
@@ -180,7 +224,10 @@ export function scanJson(text: string, valuesMax: number, depthMax: number): 'va
   return null;
 }
 
-/** Whether objects and arrays in `value` nest more than `levels` deep; iterative, so it cannot overflow. */
+/**
+ * Whether objects and arrays in `value` nest more than `levels` deep; iterative, so it cannot
+ * overflow.
+ */
 export function nestsDeeperThan(value: unknown, levels: number): boolean {
   if (value === null || typeof value !== 'object') return false;
   const pending: object[] = [value];

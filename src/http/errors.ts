@@ -1,4 +1,5 @@
-// Operating errors: one code table fixes each code's status and type; one envelope renders them all.
+// Operating errors: one code table fixes each code's status and type; one envelope renders them
+// all.
 
 const TYPE_BY_STATUS = {
   400: 'invalid_request_error',
@@ -44,7 +45,8 @@ export const ERROR_CODES = {
   upstream_error: 502,
   service_unavailable: 503,
   upstream_timeout: 504,
-  // Only ever inside a stream (after 200) or in a request record; the status is what a record reports.
+  // Only ever inside a stream (after 200) or in a request record; the status is what a record
+  // reports.
   stream_timeout: 504,
   interrupted: 503,
 } as const satisfies Record<string, ErrorStatus>;
@@ -57,7 +59,10 @@ export interface GatewayErrorOptions {
   detail?: string;
   /** Fields placed inside the error object (`reason`, `reset_at`). */
   fields?: Record<string, unknown>;
-  /** Fields placed beside `error` at the top level (the 409s' request_id, request_status, status_url). */
+  /**
+   * Fields placed beside `error` at the top level (the 409s' request_id, request_status,
+   * status_url).
+   */
   topLevel?: Record<string, unknown>;
   headers?: Record<string, string>;
   /** The answer must wait for this (a durable commit the error reports on) before it is sent. */
@@ -112,9 +117,9 @@ export function errorBody(error: GatewayError): Record<string, unknown> {
 
 /**
  * CONTRACT §8 "Retry advice", the `x-should-retry` header the official OpenAI SDKs obey (they retry
- * 408/409/429/5xx on their own otherwise, so a kept hold would be paid again and a 409 retried): worth
- * retrying are a rate limit, a cancel, an unavailable gateway, and an upstream failure that charged
- * nothing; never a client error, a spent budget, or a failure whose hold was kept.
+ * 408/409/429/5xx on their own otherwise, so a kept hold would be paid again and a 409 retried):
+ * worth retrying are a rate limit, a cancel, an unavailable gateway, and an upstream failure that
+ * charged nothing; never a client error, a spent budget, or a failure whose hold was kept.
  */
 export function shouldRetry(error: GatewayError, charged: boolean): boolean {
   switch (error.status) {
@@ -132,8 +137,14 @@ export function shouldRetry(error: GatewayError, charged: boolean): boolean {
   }
 }
 
-/** The error as an HTTP answer; `charged`: the request's hold was kept (billing.on_error "keep"). */
-export function errorResponse(error: GatewayError, extraHeaders?: Record<string, string>, charged = false): Response {
+/**
+ * The error as an HTTP answer; `charged`: the request's hold was kept (billing.on_error "keep").
+ */
+export function errorResponse(
+  error: GatewayError,
+  extraHeaders?: Record<string, string>,
+  charged = false,
+): Response {
   const headers: Record<string, string> = {
     'content-type': 'application/json',
     'x-should-retry': shouldRetry(error, charged) ? 'true' : 'false',
@@ -145,12 +156,16 @@ export function errorResponse(error: GatewayError, extraHeaders?: Record<string,
 
 /** A bug or an unknown failure: a 500 that never carries a stack, a key or a prompt. */
 export function internalError(): GatewayError {
-  return new GatewayError('internal_error', 'The gateway failed unexpectedly; the failure was logged.');
+  return new GatewayError(
+    'internal_error',
+    'The gateway failed unexpectedly; the failure was logged.',
+  );
 }
 
 /**
- * A handler's catch: operating errors pass through; anything else is a bug, logged with its stack and
- * answered as a 500 that still carries the request's id. A broken invariant also stops the process.
+ * A handler's catch: operating errors pass through; anything else is a bug, logged with its stack
+ * and answered as a 500 that still carries the request's id. A broken invariant also stops the
+ * process.
  */
 export function asGatewayError(
   context: { logger: { error(obj: object, msg: string): void }; onFatal?: (error: Error) => void },
@@ -158,7 +173,11 @@ export function asGatewayError(
   requestId: string,
 ): GatewayError {
   if (thrown instanceof GatewayError) return thrown;
-  context.logger.error({ requestId, err: (thrown as Error)?.stack ?? String(thrown) }, 'http: unhandled error');
-  if ((thrown as Error)?.name === 'AssertionError') queueMicrotask(() => context.onFatal?.(thrown as Error));
+  context.logger.error(
+    { requestId, err: (thrown as Error)?.stack ?? String(thrown) },
+    'http: unhandled error',
+  );
+  if ((thrown as Error)?.name === 'AssertionError')
+    queueMicrotask(() => context.onFatal?.(thrown as Error));
   return internalError();
 }

@@ -2,7 +2,10 @@
 // connection a request came on. Each native route is the same handler as its Elysia route.
 import type { Server } from 'bun';
 
-/** Bun's router passes its server; `app.handle` (the tests) passes none, and then there is no connection to time. */
+/**
+ * Bun's router passes its server; `app.handle` (the tests) passes none, and then there is no
+ * connection to time.
+ */
 export type NativeHandler = (request: Request, server?: Server<unknown>) => Promise<Response>;
 
 export type NativeRoutes = Record<string, { POST: NativeHandler }>;
@@ -17,10 +20,10 @@ export function nativePost(path: string, handler: NativeHandler): NativeRoutes {
 const IDLE_S_MAX = 255;
 
 /**
- * The idle timeout Bun.serve gets: the read deadline in whole seconds (at least 1, at most Bun's 255).
- * Bun arms it at each request and after each answer, so it bounds a keep-alive connection's idle time
- * and the headers of its next request; the headers of a connection's first request have uWS's own
- * fixed 10 s. The timer is swept every 4 s, so it fires up to 4 s late.
+ * The idle timeout Bun.serve gets: the read deadline in whole seconds (at least 1, at most Bun's
+ * 255). Bun arms it at each request and after each answer, so it bounds a keep-alive connection's
+ * idle time and the headers of its next request; the headers of a connection's first request have
+ * uWS's own fixed 10 s. The timer is swept every 4 s, so it fires up to 4 s late.
  */
 export function readIdleSeconds(readTimeoutMs: number): number {
   return Math.min(IDLE_S_MAX, Math.max(1, Math.ceil(readTimeoutMs / 1000)));
@@ -30,22 +33,34 @@ export function readIdleSeconds(readTimeoutMs: number): number {
  * Lifts the idle timer of `request`'s connection for a stream. uWS stops the timer once a request's
  * body is in, so a provider may take its time before the answer starts; but each write of an answer
  * re-arms it, so a stream silent between tokens for longer than the read deadline would be cut.
- * `waitMs` is the stream's own time limit, enforced by the actor: the socket timer is only a backstop
- * behind it, off when that limit is past Bun's maximum. What is set lasts for the connection, not the
- * request, so every lift needs its `settleIdle` when the answer ends (a connection dropped needs none).
+ * `waitMs` is the stream's own time limit, enforced by the actor: the socket timer is only a
+ * backstop behind it, off when that limit is past Bun's maximum. What is set lasts for the
+ * connection, not the request, so every lift needs its `settleIdle` when the answer ends (a
+ * connection dropped needs none).
  */
-export function liftIdle(request: Request, server: Server<unknown> | undefined, waitMs: number): void {
+export function liftIdle(
+  request: Request,
+  server: Server<unknown> | undefined,
+  waitMs: number,
+): void {
   if (server === undefined) return;
   const seconds = Math.ceil(waitMs / 1000) + 1;
   server.timeout(request, seconds > IDLE_S_MAX ? 0 : seconds);
 }
 
 /** The connection idles under the read deadline (`readTimeoutMs`) again, after `liftIdle`. */
-export function settleIdle(request: Request, server: Server<unknown> | undefined, readTimeoutMs: number): void {
+export function settleIdle(
+  request: Request,
+  server: Server<unknown> | undefined,
+  readTimeoutMs: number,
+): void {
   server?.timeout(request, readIdleSeconds(readTimeoutMs));
 }
 
-/** The path of a request URL, whatever its form (Bun gives a bare path when the Host header is unusable); never throws. */
+/**
+ * The path of a request URL, whatever its form (Bun gives a bare path when the Host header is
+ * unusable); never throws.
+ */
 export function urlPath(url: string): string {
   let start = 0;
   if (url.charCodeAt(0) !== 47 /* '/' */) {

@@ -11,7 +11,8 @@ export function parseIdempotencyKey(value: string | null): string | null {
   if (!IDEMPOTENCY_KEY_RE.test(value)) {
     throw new GatewayError(
       'invalid_idempotency_key',
-      'Idempotency-Key must be 8 to 255 characters of A-Z, a-z, 0-9, dot, underscore, colon, hyphen.',
+      'Idempotency-Key must be 8 to 255 characters of ' +
+        'A-Z, a-z, 0-9, dot, underscore, colon, hyphen.',
       { param: 'Idempotency-Key' },
     );
   }
@@ -34,17 +35,21 @@ export function checkIdempotency(
   const binding = state.binding(keyId, idempotencyKey, nowMs);
   if (!binding) return;
   if (binding.fingerprint !== fingerprint) {
-    throw new GatewayError('idempotency_key_reused', 'This Idempotency-Key was used with a different request body.', {
-      param: 'Idempotency-Key',
-    });
+    throw new GatewayError(
+      'idempotency_key_reused',
+      'This Idempotency-Key was used with a different request body.',
+      {
+        param: 'Idempotency-Key',
+      },
+    );
   }
   const record = state.request(binding.requestId);
   // A bound key whose record was evicted still names its request; it is finished by then.
   const status = record?.status ?? 'completed';
   const url = statusUrl(binding.requestId);
   const inProgress = status === 'in_progress';
-  // The 409 names the original: it must not be answered before what it reports is durable, or a crash
-  // in between would leave the client holding an id the restarted gateway has never heard of.
+  // The 409 names the original: it must not be answered before what it reports is durable, or a
+  // crash in between would leave the client holding an id the restarted gateway has never heard of.
   const settleFirst = live.get(binding.requestId)?.durable;
   throw new GatewayError(
     inProgress ? 'request_in_progress' : 'request_already_completed',
@@ -54,7 +59,8 @@ export function checkIdempotency(
     {
       param: 'Idempotency-Key',
       topLevel: { request_id: binding.requestId, request_status: status, status_url: url },
-      // The answer is about the original request: its id, not this refused attempt's, is the one to look up.
+      // The answer is about the original request: its id, not this refused attempt's, is the one to
+      // look up.
       headers: { 'x-service-request-status': url, 'x-request-id': binding.requestId },
       ...(settleFirst ? { settleFirst } : {}),
     },

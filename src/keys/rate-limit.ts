@@ -17,7 +17,9 @@ export class RateLimiter {
     this.buckets = new LRUCache({ max: keysMax, ttl: MINUTE_MS, updateAgeOnGet: true });
   }
 
-  /** Takes one request from the key's bucket, or throws 429 with Retry-After in whole seconds (≥ 1). */
+  /**
+   * Takes one request from the key's bucket, or throws 429 with Retry-After in whole seconds (≥ 1).
+   */
   take(keyId: string, ratePerMinute: number, nowMs: number): void {
     let bucket = this.buckets.get(keyId);
     if (!bucket) {
@@ -36,8 +38,9 @@ export class RateLimiter {
   }
 
   /**
-   * Throws the 429 that `take` would throw now, but takes nothing and changes nothing: a request that
-   * must do expensive work before it reaches `take` (counting a large prompt) is refused before it.
+   * Throws the 429 that `take` would throw now, but takes nothing and changes nothing: a request
+   * that must do expensive work before it reaches `take` (counting a large prompt) is refused
+   * before it.
    */
   peek(keyId: string, ratePerMinute: number, nowMs: number): void {
     const bucket = this.buckets.peek(keyId);
@@ -52,7 +55,11 @@ export class RateLimiter {
 function limited(tokens: number, ratePerMinute: number): GatewayError {
   const waitMs = ((1 - tokens) * MINUTE_MS) / ratePerMinute;
   const retryAfterS = Math.max(1, Math.ceil(waitMs / 1000));
-  return new GatewayError('rate_limit_exceeded', `Rate limit of ${ratePerMinute} requests per minute reached; retry after ${retryAfterS} s.`, {
-    headers: { 'retry-after': String(retryAfterS) },
-  });
+  return new GatewayError(
+    'rate_limit_exceeded',
+    `Rate limit of ${ratePerMinute} requests per minute reached; retry after ${retryAfterS} s.`,
+    {
+      headers: { 'retry-after': String(retryAfterS) },
+    },
+  );
 }

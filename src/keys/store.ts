@@ -1,4 +1,5 @@
-// API keys: creation (secret shown once, SHA-256 stored), import, revoke, top-up, and authentication.
+// API keys: creation (secret shown once, SHA-256 stored), import, revoke, top-up, and
+// authentication.
 import { GatewayError } from '../http/errors.ts';
 import type { KeyAccount } from '../state/apply.ts';
 import type { Service } from '../state/events.ts';
@@ -8,7 +9,9 @@ import { newKeyId, randomBase62, sha256Hex } from '../util/ids.ts';
 export const KEY_PREFIX = 'tg-';
 const KEY_RANDOM_CHARS = 43; // ≈ 256 bits of base62
 const MICRO_PER_CREDIT = 1_000_000;
-/** An imported secret: any printable token of a sane length (clients migrate with what they have). */
+/**
+ * An imported secret: any printable token of a sane length (clients migrate with what they have).
+ */
 const IMPORTED_SECRET_RE = /^[A-Za-z0-9._~+/=:-]{20,256}$/;
 
 export interface CreateKeyInput {
@@ -28,11 +31,21 @@ export function generateSecret(): string {
 
 /** Credits as the API shows them (a JSON number) to whole µcr, refusing what cannot be exact. */
 export function creditsToMicro(credits: number, param: string): number {
-  // Credits arrive as JSON numbers; they must name whole µcr (0.1 is fine: its float error is far below
-  // 1 µcr), so nothing is silently rounded away.
+  // Credits arrive as JSON numbers; they must name whole µcr (0.1 is fine: its float error is far
+  // below 1 µcr), so nothing is silently rounded away.
   const micro = Math.round(credits * MICRO_PER_CREDIT);
-  if (!Number.isFinite(credits) || credits < 0 || !Number.isSafeInteger(micro) || Math.abs(credits * MICRO_PER_CREDIT - micro) > 1e-6) {
-    throw new GatewayError('invalid_request_error', `${param} must be a non-negative number of credits in whole micro-credits (at most 6 decimals)`, { param });
+  if (
+    !Number.isFinite(credits) ||
+    credits < 0 ||
+    !Number.isSafeInteger(micro) ||
+    Math.abs(credits * MICRO_PER_CREDIT - micro) > 1e-6
+  ) {
+    throw new GatewayError(
+      'invalid_request_error',
+      `${param} must be a non-negative number of credits ` +
+        `in whole micro-credits (at most 6 decimals)`,
+      { param },
+    );
   }
   return micro;
 }
@@ -47,15 +60,24 @@ export async function createKey(
   keysMax: number,
 ): Promise<{ account: KeyAccount; secret: string }> {
   if (store.state.keys.size >= keysMax) {
-    throw new GatewayError('invalid_request_error', `the gateway holds its maximum of ${keysMax} keys`);
+    throw new GatewayError(
+      'invalid_request_error',
+      `the gateway holds its maximum of ${keysMax} keys`,
+    );
   }
   if (input.secret !== undefined && !IMPORTED_SECRET_RE.test(input.secret)) {
-    throw new GatewayError('invalid_request_error', 'key must be 20-256 characters of A-Z a-z 0-9 . _ ~ + / = : -', { param: 'key' });
+    throw new GatewayError(
+      'invalid_request_error',
+      'key must be 20-256 characters of A-Z a-z 0-9 . _ ~ + / = : -',
+      { param: 'key' },
+    );
   }
   const secret = input.secret ?? generateSecret();
   const secretSha256 = sha256Hex(secret);
   if (store.state.keysBySecret.has(secretSha256)) {
-    throw new GatewayError('invalid_request_error', 'that key is already registered', { param: 'key' });
+    throw new GatewayError('invalid_request_error', 'that key is already registered', {
+      param: 'key',
+    });
   }
   const id = newKeyId();
   await store.commit([
@@ -83,16 +105,29 @@ export function findKey(store: StateStore, id: string): KeyAccount {
 
 export async function revokeKey(store: StateStore, id: string): Promise<KeyAccount> {
   const account = findKey(store, id);
-  if (!account.revoked) await store.commit([{ type: 'key.revoked', key_id: id, at_ms: Date.now() }]);
+  if (!account.revoked)
+    await store.commit([{ type: 'key.revoked', key_id: id, at_ms: Date.now() }]);
   return account;
 }
 
-export async function creditKey(store: StateStore, id: string, creditsMicro: number, tokens: number): Promise<KeyAccount> {
+export async function creditKey(
+  store: StateStore,
+  id: string,
+  creditsMicro: number,
+  tokens: number,
+): Promise<KeyAccount> {
   const account = findKey(store, id);
-  if (!Number.isSafeInteger(account.creditsAddedMicro + creditsMicro) || !Number.isSafeInteger(account.tokensAdded + tokens)) {
-    throw new GatewayError('invalid_request_error', 'the top-up would overflow the balance', { param: 'credits' });
+  if (
+    !Number.isSafeInteger(account.creditsAddedMicro + creditsMicro) ||
+    !Number.isSafeInteger(account.tokensAdded + tokens)
+  ) {
+    throw new GatewayError('invalid_request_error', 'the top-up would overflow the balance', {
+      param: 'credits',
+    });
   }
-  await store.commit([{ type: 'key.credited', key_id: id, credits_micro: creditsMicro, tokens, at_ms: Date.now() }]);
+  await store.commit([
+    { type: 'key.credited', key_id: id, credits_micro: creditsMicro, tokens, at_ms: Date.now() },
+  ]);
   return account;
 }
 
@@ -100,25 +135,34 @@ export async function creditKey(store: StateStore, id: string, creditsMicro: num
  * Resolves the bearer token of a request to a key allowed to use `service`.
  * 401 invalid_api_key with `reason`: missing, unknown, revoked or wrong_type.
  */
-export function authenticate(store: StateStore, authorization: string | null, service: Service): KeyAccount {
+export function authenticate(
+  store: StateStore,
+  authorization: string | null,
+  service: Service,
+): KeyAccount {
   const token = bearerToken(authorization);
   if (token === null) throw invalidKey('missing', 'No API key: send Authorization: Bearer <key>.');
   const account = store.state.keysBySecret.get(sha256Hex(token));
   if (!account) throw invalidKey('unknown', 'The API key is not known.');
   if (account.revoked) throw invalidKey('revoked', 'The API key has been revoked.');
-  if (!account.services.includes(service)) throw invalidKey('wrong_type', `The API key is not valid for the ${service} service.`);
+  if (!account.services.includes(service))
+    throw invalidKey('wrong_type', `The API key is not valid for the ${service} service.`);
   return account;
 }
 
 export function bearerToken(authorization: string | null): string | null {
   if (!authorization) return null;
   // The scheme is case-insensitive (RFC 9110); the token is whatever follows one or more spaces.
-  if (authorization.length < 8 || authorization.slice(0, 7).toLowerCase() !== 'bearer ') return null;
+  if (authorization.length < 8 || authorization.slice(0, 7).toLowerCase() !== 'bearer ')
+    return null;
   const token = authorization.slice(7).trim();
   return token.length > 0 && token.length <= 512 ? token : null;
 }
 
-function invalidKey(reason: 'missing' | 'unknown' | 'revoked' | 'wrong_type', message: string): GatewayError {
+function invalidKey(
+  reason: 'missing' | 'unknown' | 'revoked' | 'wrong_type',
+  message: string,
+): GatewayError {
   return new GatewayError('invalid_api_key', message, { fields: { reason } });
 }
 
@@ -133,7 +177,10 @@ export function keyView(account: KeyAccount, defaultRateLimitRpm: number): Recor
     limits: {
       rate_limit_rpm: account.rateLimitRpm ?? defaultRateLimitRpm,
       rate_limit_rpm_configured: account.rateLimitRpm,
-      daily_decision_budget: account.dailyDecisionBudgetMicro === null ? null : microToCredits(account.dailyDecisionBudgetMicro),
+      daily_decision_budget:
+        account.dailyDecisionBudgetMicro === null
+          ? null
+          : microToCredits(account.dailyDecisionBudgetMicro),
     },
     balances: {
       credits: microToCredits(account.balanceMicro),

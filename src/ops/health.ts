@@ -1,23 +1,30 @@
-// Probes and metrics: /healthz (the process answers), /readyz (it can take work), /metrics (Prometheus).
+// Probes and metrics: /healthz (the process answers), /readyz (it can take work), /metrics
+// (Prometheus).
 import { Elysia } from 'elysia';
 import type { Gateway } from '../gateway.ts';
 
 export function healthController(gateway: Gateway) {
-  return new Elysia({ name: 'health' })
-    // A failed log is not a state this process can leave (§8, crash-only): both probes fail at once,
-    // so a supervisor or an orchestrator restarts it even before it exits by itself.
-    .get('/healthz', () => {
-      const reason = gateway.store.unavailableReason;
-      return reason ? Response.json({ status: 'failing', reason }, { status: 503 }) : Response.json({ status: 'ok' });
-    })
-    .get('/metrics', async () => {
-      const text = await gateway.metrics.registry.metrics();
-      return new Response(text, { headers: { 'content-type': gateway.metrics.registry.contentType } });
-    })
-    .get('/readyz', () => {
-      const reason = gateway.store.unavailableReason ?? (gateway.draining ? 'draining' : null);
-      return reason
-        ? Response.json({ status: 'unavailable', reason }, { status: 503 })
-        : Response.json({ status: 'ready', in_flight: gateway.registry.size });
-    });
+  return (
+    new Elysia({ name: 'health' })
+      // A failed log is not a state this process can leave (§8, crash-only): both probes fail at
+      // once, so a supervisor or an orchestrator restarts it even before it exits by itself.
+      .get('/healthz', () => {
+        const reason = gateway.store.unavailableReason;
+        return reason
+          ? Response.json({ status: 'failing', reason }, { status: 503 })
+          : Response.json({ status: 'ok' });
+      })
+      .get('/metrics', async () => {
+        const text = await gateway.metrics.registry.metrics();
+        return new Response(text, {
+          headers: { 'content-type': gateway.metrics.registry.contentType },
+        });
+      })
+      .get('/readyz', () => {
+        const reason = gateway.store.unavailableReason ?? (gateway.draining ? 'draining' : null);
+        return reason
+          ? Response.json({ status: 'unavailable', reason }, { status: 503 })
+          : Response.json({ status: 'ready', in_flight: gateway.registry.size });
+      })
+  );
 }

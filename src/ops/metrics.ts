@@ -1,9 +1,10 @@
 // Prometheus metrics (prom-client: the registry, exposition format and process metrics done right).
 //
 // The per-request counts are kept here as plain numbers and handed to prom-client when /metrics is
-// scraped: prom-client hashes and validates the label object on every inc() and observe(), which cost
-// ~1 µs per request on the hot path (bench/README); a scrape every few seconds does it once per series.
-import { Counter, Gauge, Registry, collectDefaultMetrics } from 'prom-client';
+// scraped: prom-client hashes and validates the label object on every inc() and observe(), which
+// cost ~1 µs per request on the hot path (bench/README); a scrape every few seconds does it once
+// per series.
+import { Counter, collectDefaultMetrics, Gauge, Registry } from 'prom-client';
 import type { Service } from '../state/events.ts';
 
 const TTFT_BUCKETS_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10] as const;
@@ -24,7 +25,9 @@ class Tally<Labels extends Record<string, string>> {
     this.series.set(key, { labels, value: amount });
   }
 
-  /** Sets `counter` to these totals (a scrape; counters only ever grow here, so resetting is safe). */
+  /**
+   * Sets `counter` to these totals (a scrape; counters only ever grow here, so resetting is safe).
+   */
   exportTo(counter: Counter<Extract<keyof Labels, string>>): void {
     counter.reset();
     for (const { labels, value } of this.series.values()) counter.inc(labels as never, value);
@@ -37,7 +40,10 @@ class TtftHistogram {
   readonly help = 'From admission to the first output relayed to the client';
   readonly type = 'histogram';
   readonly aggregator = 'sum';
-  private readonly byModel = new Map<string, { buckets: Float64Array; sum: number; count: number }>();
+  private readonly byModel = new Map<
+    string,
+    { buckets: Float64Array; sum: number; count: number }
+  >();
 
   observe(model: string, seconds: number): void {
     let cell = this.byModel.get(model);
@@ -57,18 +63,33 @@ class TtftHistogram {
   }
 
   async get() {
-    const values: { value: number; labels: Record<string, string | number>; metricName: string }[] = [];
+    const values: { value: number; labels: Record<string, string | number>; metricName: string }[] =
+      [];
     for (const [model, cell] of this.byModel) {
       let cumulative = 0;
       for (let i = 0; i < TTFT_BUCKETS_S.length; i++) {
         cumulative += cell.buckets[i]!;
-        values.push({ value: cumulative, labels: { le: TTFT_BUCKETS_S[i]!, model }, metricName: `${this.name}_bucket` });
+        values.push({
+          value: cumulative,
+          labels: { le: TTFT_BUCKETS_S[i]!, model },
+          metricName: `${this.name}_bucket`,
+        });
       }
-      values.push({ value: cell.count, labels: { le: '+Inf', model }, metricName: `${this.name}_bucket` });
+      values.push({
+        value: cell.count,
+        labels: { le: '+Inf', model },
+        metricName: `${this.name}_bucket`,
+      });
       values.push({ value: cell.sum, labels: { model }, metricName: `${this.name}_sum` });
       values.push({ value: cell.count, labels: { model }, metricName: `${this.name}_count` });
     }
-    return { name: this.name, help: this.help, type: this.type, values, aggregator: this.aggregator };
+    return {
+      name: this.name,
+      help: this.help,
+      type: this.type,
+      values,
+      aggregator: this.aggregator,
+    };
   }
 
   reset(): void {
@@ -81,9 +102,9 @@ const LOOP_DELAY_BUCKETS_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 
 const LOOP_TICK_MS = 20;
 
 /**
- * How late a 20 ms timer fires, i.e. how long the event loop was busy with something else: measured by
- * hand, because Bun's monitorEventLoopDelay (behind prom-client's nodejs_eventloop_lag_*) does not see a
- * loop blocked by JavaScript. One timer, no allocation per tick.
+ * How late a 20 ms timer fires, i.e. how long the event loop was busy with something else: measured
+ * by hand, because Bun's monitorEventLoopDelay (behind prom-client's nodejs_eventloop_lag_*) does
+ * not see a loop blocked by JavaScript. One timer, no allocation per tick.
  */
 export class LoopDelayMonitor {
   readonly name = 'tollgate_event_loop_delay_seconds';
@@ -117,7 +138,8 @@ export class LoopDelayMonitor {
     const seconds = delayMs / 1000;
     this.sumSeconds += seconds;
     let bucket = 0;
-    while (bucket < LOOP_DELAY_BUCKETS_S.length && seconds > LOOP_DELAY_BUCKETS_S[bucket]!) bucket++;
+    while (bucket < LOOP_DELAY_BUCKETS_S.length && seconds > LOOP_DELAY_BUCKETS_S[bucket]!)
+      bucket++;
     this.counts[bucket]!++;
   }
 
@@ -128,17 +150,28 @@ export class LoopDelayMonitor {
   }
 
   async get() {
-    const values: { value: number; labels: Record<string, string | number>; metricName: string }[] = [];
+    const values: { value: number; labels: Record<string, string | number>; metricName: string }[] =
+      [];
     let cumulative = 0;
     for (let i = 0; i < LOOP_DELAY_BUCKETS_S.length; i++) {
       cumulative += this.counts[i]!;
-      values.push({ value: cumulative, labels: { le: LOOP_DELAY_BUCKETS_S[i]! }, metricName: `${this.name}_bucket` });
+      values.push({
+        value: cumulative,
+        labels: { le: LOOP_DELAY_BUCKETS_S[i]! },
+        metricName: `${this.name}_bucket`,
+      });
     }
     cumulative += this.counts[LOOP_DELAY_BUCKETS_S.length]!;
     values.push({ value: cumulative, labels: { le: '+Inf' }, metricName: `${this.name}_bucket` });
     values.push({ value: this.sumSeconds, labels: {}, metricName: `${this.name}_sum` });
     values.push({ value: cumulative, labels: {}, metricName: `${this.name}_count` });
-    return { name: this.name, help: this.help, type: this.type, values, aggregator: this.aggregator };
+    return {
+      name: this.name,
+      help: this.help,
+      type: this.type,
+      values,
+      aggregator: this.aggregator,
+    };
   }
 
   reset(): void {
@@ -191,7 +224,14 @@ export class Metrics {
       },
     });
     this.registry.registerMetric(this.ttft as never);
-    new Gauge({ name: 'tollgate_requests_in_flight', help: 'Requests running now', registers, collect() { this.set(inFlight()); } });
+    new Gauge({
+      name: 'tollgate_requests_in_flight',
+      help: 'Requests running now',
+      registers,
+      collect() {
+        this.set(inFlight());
+      },
+    });
     const loopDelay = this.loopDelay;
     new Gauge({
       name: 'tollgate_event_loop_delay_max_seconds',
@@ -204,11 +244,18 @@ export class Metrics {
     this.registry.registerMetric(loopDelay as never);
   }
 
-  requestFinished(service: Service, status: string, code: string | null, chargedMicro: number): void {
+  requestFinished(
+    service: Service,
+    status: string,
+    code: string | null,
+    chargedMicro: number,
+  ): void {
     const codeLabel = code ?? '';
     const key = `${service}\u0000${status}\u0000${codeLabel}`;
-    if (!this.finished.add(key, 1)) this.finished.start(key, { service, status, code: codeLabel }, 1);
-    if (chargedMicro > 0 && !this.chargedMicro.add(service, chargedMicro)) this.chargedMicro.start(service, { service }, chargedMicro);
+    if (!this.finished.add(key, 1))
+      this.finished.start(key, { service, status, code: codeLabel }, 1);
+    if (chargedMicro > 0 && !this.chargedMicro.add(service, chargedMicro))
+      this.chargedMicro.start(service, { service }, chargedMicro);
   }
 
   requestRefused(service: Service, code: string): void {

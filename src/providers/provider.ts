@@ -1,4 +1,5 @@
-// The provider interface: every upstream (simulator, OpenAI-compatible HTTP) streams the same deltas.
+// The provider interface: every upstream (simulator, OpenAI-compatible HTTP) streams the same
+// deltas.
 
 /** A message as the gateway hands it to a provider: text parts already joined, non-text dropped. */
 export type ProviderMessage =
@@ -14,10 +15,19 @@ export interface ToolCall {
 
 export interface ToolDefinition {
   type: 'function';
-  function: { name: string; description?: string; parameters?: Record<string, unknown>; strict?: boolean };
+  function: {
+    name: string;
+    description?: string;
+    parameters?: Record<string, unknown>;
+    strict?: boolean;
+  };
 }
 
-export type ToolChoice = 'auto' | 'none' | 'required' | { type: 'function'; function: { name: string } };
+export type ToolChoice =
+  | 'auto'
+  | 'none'
+  | 'required'
+  | { type: 'function'; function: { name: string } };
 
 export interface ProviderRequest {
   /** The provider's own model id (config `upstream_model`, else the public id). */
@@ -37,8 +47,8 @@ export interface ProviderRequest {
   /** The gateway's own count of the input, for providers that do not report usage. */
   promptTokens: number;
   /**
-   * Whether the caller streams. When false, a provider may fetch the answer in one piece (cheaper than
-   * an event stream); it still yields the same deltas.
+   * Whether the caller streams. When false, a provider may fetch the answer in one piece (cheaper
+   * than an event stream); it still yields the same deltas.
    */
   stream: boolean;
 }
@@ -46,19 +56,25 @@ export interface ProviderRequest {
 export type FinishReason = 'stop' | 'length' | 'tool_calls';
 
 /**
- * What a provider yields, in order: any number of text and tool-call deltas, then exactly one `finish`.
- * A tool call's first delta carries its `id` and `name`; later deltas of the same `index` add arguments.
+ * What a provider yields, in order: any number of text and tool-call deltas, then exactly one
+ * `finish`. A tool call's first delta carries its `id` and `name`; later deltas of the same `index`
+ * add arguments.
  */
 export type Delta =
   | { type: 'text'; text: string }
   | { type: 'tool_call'; index: number; id: string | null; name: string | null; arguments: string }
-  | { type: 'finish'; reason: FinishReason; usage: { promptTokens: number; completionTokens: number } | null };
+  | {
+      type: 'finish';
+      reason: FinishReason;
+      usage: { promptTokens: number; completionTokens: number } | null;
+    };
 
 export interface Provider {
   readonly name: string;
   /**
-   * Streams the answer. Aborting `signal` must stop the upstream work within 50 ms and end the iterable
-   * by throwing the signal's reason. Failures throw `GatewayError` with an upstream_* code.
+   * Streams the answer. Aborting `signal` must stop the upstream work within 50 ms and end the
+   * iterable by throwing the signal's reason. Failures throw `GatewayError` with an upstream_*
+   * code.
    */
   stream(request: ProviderRequest, signal: AbortSignal): AsyncIterable<Delta>;
   /**
@@ -66,23 +82,38 @@ export interface Provider {
    * decision). Cheaper than iterating the stream where the provider gets the answer in one piece.
    */
   complete?(request: ProviderRequest, signal: AbortSignal): Promise<Delta[]>;
-  /** Releases what the provider keeps between calls (idle upstream connections); called at shutdown. */
+  /**
+   * Releases what the provider keeps between calls (idle upstream connections); called at shutdown.
+   */
   close?(): void;
 }
 
-/** The whole answer of `provider` as deltas: its `complete` when it has one, else its stream collected. */
-export function collectAnswer(provider: Provider, request: ProviderRequest, signal: AbortSignal): Promise<Delta[]> {
-  return provider.complete ? provider.complete(request, signal) : collectStream(provider, request, signal);
+/**
+ * The whole answer of `provider` as deltas: its `complete` when it has one, else its stream
+ * collected.
+ */
+export function collectAnswer(
+  provider: Provider,
+  request: ProviderRequest,
+  signal: AbortSignal,
+): Promise<Delta[]> {
+  return provider.complete
+    ? provider.complete(request, signal)
+    : collectStream(provider, request, signal);
 }
 
-async function collectStream(provider: Provider, request: ProviderRequest, signal: AbortSignal): Promise<Delta[]> {
+async function collectStream(
+  provider: Provider,
+  request: ProviderRequest,
+  signal: AbortSignal,
+): Promise<Delta[]> {
   const deltas: Delta[] = [];
   for await (const delta of provider.stream(request, signal)) deltas.push(delta);
   return deltas;
 }
 
 /**
- * A system message line that asks a text-only model for a JSON object satisfying the schema on the next
- * line (the decision service uses it for models without tools; the simulator honours it).
+ * A system message line that asks a text-only model for a JSON object satisfying the schema on the
+ * next line (the decision service uses it for models without tools; the simulator honours it).
  */
 export const JSON_SCHEMA_MARKER = 'Answer with only a JSON object that satisfies this JSON Schema:';

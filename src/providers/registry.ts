@@ -10,7 +10,10 @@ export function createProviders(config: Config, logger: Logger): Map<string, Pro
   for (const [name, providerConfig] of Object.entries(config.providers)) {
     switch (providerConfig.type) {
       case 'simulator':
-        providers.set(name, new SimulatorProvider(name, providerConfig, config.limits.simulator_tool_arguments_bytes));
+        providers.set(
+          name,
+          new SimulatorProvider(name, providerConfig, config.limits.simulator_tool_arguments_bytes),
+        );
         break;
       case 'openai':
         providers.set(

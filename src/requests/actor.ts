@@ -1,5 +1,6 @@
-// The request actor: one per accepted request; owns its state machine, AbortController and credit hold.
-import { GatewayError, type ErrorCode } from '../http/errors.ts';
+// The request actor: one per accepted request; owns its state machine, AbortController and credit
+// hold.
+import { type ErrorCode, GatewayError } from '../http/errors.ts';
 import type { Amount, RequestStatus, Service, Usage } from '../state/events.ts';
 import type { StateStore } from '../state/store.ts';
 import { assert } from '../util/assert.ts';
@@ -9,7 +10,12 @@ import { ignore, RESOLVED } from '../util/promise.ts';
 export type TerminalStatus = Exclude<RequestStatus, 'in_progress'>;
 
 /** Why an actor's AbortController fired; the run loop turns it into the terminal state. */
-export type AbortKind = 'cancelled' | 'disconnected' | 'upstream_timeout' | 'stream_timeout' | 'interrupted';
+export type AbortKind =
+  | 'cancelled'
+  | 'disconnected'
+  | 'upstream_timeout'
+  | 'stream_timeout'
+  | 'interrupted';
 
 export class AbortReason extends Error {
   override name = 'AbortReason';
@@ -54,7 +60,10 @@ const LEGAL: Record<RequestStatus, readonly RequestStatus[]> = {
 export class RequestActor {
   private current: RequestStatus = 'in_progress';
   readonly controller = new AbortController();
-  /** Made when someone waits for the end (cancel, shutdown, a status read): most requests have nobody. */
+  /**
+   * Made when someone waits for the end (cancel, shutdown, a status read): most requests have
+   * nobody.
+   */
   private done: PromiseWithResolvers<void> | null = null;
   private over = false;
   private finishing = false;
@@ -69,9 +78,16 @@ export class RequestActor {
     private readonly rootLogger: Logger,
   ) {}
 
-  /** A logger bound to this request; made on first use, since most requests never log (a pino child costs µs). */
+  /**
+   * A logger bound to this request; made on first use, since most requests never log (a pino child
+   * costs µs).
+   */
   get logger(): Logger {
-    this.childLogger ??= this.rootLogger.child({ requestId: this.init.id, keyId: this.init.keyId, model: this.init.model });
+    this.childLogger ??= this.rootLogger.child({
+      requestId: this.init.id,
+      keyId: this.init.keyId,
+      model: this.init.model,
+    });
     return this.childLogger;
   }
 
@@ -94,7 +110,8 @@ export class RequestActor {
 
   /**
    * Resolves when what is known of this request in memory is durable: its start, or once it is
-   * finishing, its finish (whoever reads it from then on, even re-entrantly inside the commit, waits).
+   * finishing, its finish (whoever reads it from then on, even re-entrantly inside the commit,
+   * waits).
    */
   get durable(): Promise<void> {
     return this.finishing ? this.settled : this.startCommit;
@@ -107,20 +124,30 @@ export class RequestActor {
     return this.done.promise;
   }
 
-  /** An event listener (request.signal's abort): the client went away. An object, so no closure per request. */
+  /**
+   * An event listener (request.signal's abort): the client went away. An object, so no closure per
+   * request.
+   */
   handleEvent(): void {
     this.abort('disconnected');
   }
 
   /** The one way the state changes; terminal states are one-way. */
   transition(next: TerminalStatus): void {
-    assert(LEGAL[this.current].includes(next), `illegal transition ${this.current} → ${next} for ${this.id}`);
+    assert(
+      LEGAL[this.current].includes(next),
+      `illegal transition ${this.current} → ${next} for ${this.id}`,
+    );
     this.current = next;
   }
 
-  /** Aborts the provider call (the only thing that closes the upstream socket). False when already over. */
+  /**
+   * Aborts the provider call (the only thing that closes the upstream socket). False when already
+   * over.
+   */
   abort(kind: AbortKind): boolean {
-    if (this.current !== 'in_progress' || this.finishing || this.controller.signal.aborted) return false;
+    if (this.current !== 'in_progress' || this.finishing || this.controller.signal.aborted)
+      return false;
     this.controller.abort(new AbortReason(kind));
     return true;
   }
@@ -132,9 +159,10 @@ export class RequestActor {
   }
 
   /**
-   * Moves to the terminal state and commits it: the hold is settled (charge) or released. Called exactly
-   * once, from the run loop's `finally`. Resolves with whether the finish is durable: a failing log is
-   * logged, not thrown, and the caller must then not answer as if it were (§8: 503 instead of a 200).
+   * Moves to the terminal state and commits it: the hold is settled (charge) or released. Called
+   * exactly once, from the run loop's `finally`. Resolves with whether the finish is durable: a
+   * failing log is logged, not thrown, and the caller must then not answer as if it were (§8: 503
+   * instead of a 200).
    */
   async finish(outcome: Outcome): Promise<boolean> {
     assert(!this.finishing, `finish twice for ${this.id}`);
@@ -159,7 +187,10 @@ export class RequestActor {
       await commit;
       durable = true;
     } catch (error) {
-      this.logger.error({ err: (error as Error).message }, 'request: could not record the terminal state');
+      this.logger.error(
+        { err: (error as Error).message },
+        'request: could not record the terminal state',
+      );
     } finally {
       this.over = true;
       this.onSettled(this, outcome);
@@ -171,7 +202,10 @@ export class RequestActor {
 
 /** What a caller gets instead of its answer when the request's end could not be made durable. */
 export function notRecordedError(): GatewayError {
-  return new GatewayError('service_unavailable', 'The gateway could not record the end of this request; retry later.');
+  return new GatewayError(
+    'service_unavailable',
+    'The gateway could not record the end of this request; retry later.',
+  );
 }
 
 /** The error a caller sees for an abort of `kind`. */
@@ -180,7 +214,10 @@ export function abortError(kind: AbortKind): GatewayError {
     case 'cancelled':
       return new GatewayError('request_cancelled', 'The request was cancelled.');
     case 'disconnected':
-      return new GatewayError('request_cancelled', 'The client went away; the request was cancelled.');
+      return new GatewayError(
+        'request_cancelled',
+        'The client went away; the request was cancelled.',
+      );
     case 'upstream_timeout':
       return new GatewayError('upstream_timeout', 'The provider did not answer in time.');
     case 'stream_timeout':

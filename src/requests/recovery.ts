@@ -21,6 +21,9 @@ export async function finishInterrupted(store: StateStore, logger: Logger): Prom
       at_ms: atMs,
     })),
   );
-  logger.warn({ requests: ids.length }, 'recovery: requests in flight at the last stop ended as interrupted; holds released');
+  logger.warn(
+    { requests: ids.length },
+    'recovery: requests in flight at the last stop ended as interrupted; holds released',
+  );
   return ids.length;
 }

@@ -14,9 +14,9 @@ export class ActorRegistry {
 
   /**
    * Whether `keyId` may start one more request (CONTRACT §8: one key cannot take every slot). Below
-   * `inFlightMax` anyone may; at it, only a key running fewer than its fair share (the bound divided
-   * among the keys running requests, this one included). Keys within their share can only add up to
-   * the bound again, so at most twice the bound ever run at once.
+   * `inFlightMax` anyone may; at it, only a key running fewer than its fair share (the bound
+   * divided among the keys running requests, this one included). Keys within their share can only
+   * add up to the bound again, so at most twice the bound ever run at once.
    */
   admits(keyId: string): boolean {
     if (this.actors.size < this.inFlightMax) return true;

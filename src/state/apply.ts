@@ -1,8 +1,18 @@
-// The in-memory state and the one `apply` that changes it; live commands and replay both go through here.
-import { assert, AssertionError } from '../util/assert.ts';
+// The in-memory state and the one `apply` that changes it; live commands and replay both go through
+// here.
+import { AssertionError, assert } from '../util/assert.ts';
 import { BindingTable, type IdempotencyBinding } from './bindings.ts';
+import type {
+  Amount,
+  Event,
+  RequestFinished,
+  RequestRecorded,
+  RequestStarted,
+  RequestStatus,
+  Service,
+  Usage,
+} from './events.ts';
 import { RecordTable } from './records.ts';
-import type { Amount, Event, RequestFinished, RequestRecorded, RequestStarted, RequestStatus, Service, Usage } from './events.ts';
 
 export const DAY_MS = 86_400_000;
 
@@ -25,7 +35,8 @@ export interface KeyAccount {
   tokenWallet: number;
   tokensHeld: number;
   tokensCharged: number;
-  // Daily decision budget: spend of UTC day `budgetDay` (days since the epoch) and what is held now.
+  // Daily decision budget: spend of UTC day `budgetDay` (days since the epoch) and what is held
+  // now.
   budgetDay: number;
   budgetSpentMicro: number;
   budgetHeldMicro: number;
@@ -69,7 +80,11 @@ export class GatewayState {
   readonly idempotency: BindingTable;
 
   constructor(readonly limits: StateLimits) {
-    this.finished = new RecordTable(limits.requestRecordsMax, limits.requestRecordTtlMs, limits.requestRecordsPerKey);
+    this.finished = new RecordTable(
+      limits.requestRecordsMax,
+      limits.requestRecordTtlMs,
+      limits.requestRecordsPerKey,
+    );
     this.idempotency = new BindingTable(limits.idempotencyKeysMax, limits.idempotencyKeysPerKey);
   }
 
@@ -125,16 +140,20 @@ export class GatewayState {
         return;
       }
       case 'request.started':
-        return this.applyStarted(event);
+        this.applyStarted(event);
+        return;
       case 'request.finished':
-        return this.applyFinished(event);
+        this.applyFinished(event);
+        return;
       case 'request.recorded':
-        return this.applyRecorded(event);
+        this.applyRecorded(event);
+        return;
     }
   }
 
   private applyStarted(event: RequestStarted): void {
-    if (this.inFlight.has(event.request_id) || this.finished.has(event.request_id)) throw new AssertionError(`request ${event.request_id} exists`);
+    if (this.inFlight.has(event.request_id) || this.finished.has(event.request_id))
+      throw new AssertionError(`request ${event.request_id} exists`);
     const account = this.account(event.key_id);
     assert(account.balanceMicro >= event.hold.credits_micro, 'hold exceeds the balance');
     assert(account.tokenWallet >= event.hold.tokens, 'hold exceeds the token wallet');
@@ -163,12 +182,16 @@ export class GatewayState {
       idempotencyKey: event.idempotency?.key ?? null,
     });
     if (event.idempotency) {
-      // Bound even when replayed after its TTL: what the table holds must not depend on when the log
-      // is read. An expired binding is never found, and it is the first to make room.
+      // Bound even when replayed after its TTL: what the table holds must not depend on when the
+      // log is read. An expired binding is never found, and it is the first to make room.
       this.idempotency.set(
         event.key_id,
         event.idempotency.key,
-        { requestId: event.request_id, fingerprint: event.idempotency.fingerprint, expiresAtMs: event.idempotency.expires_at_ms },
+        {
+          requestId: event.request_id,
+          fingerprint: event.idempotency.fingerprint,
+          expiresAtMs: event.idempotency.expires_at_ms,
+        },
         event.at_ms,
       );
     }
@@ -176,7 +199,8 @@ export class GatewayState {
 
   private applyFinished(event: RequestFinished): void {
     const record = this.inFlight.get(event.request_id);
-    if (!record) throw new AssertionError(`finish of unknown or finished request ${event.request_id}`);
+    if (!record)
+      throw new AssertionError(`finish of unknown or finished request ${event.request_id}`);
     const account = this.account(record.keyId);
     const { hold } = record;
     assert(event.charge.credits_micro <= hold.credits_micro, 'charge exceeds the credit hold');
@@ -207,14 +231,19 @@ export class GatewayState {
     this.inFlight.delete(record.id);
     this.finished.add(record);
     // Decision: an original that ended without a decision frees its Idempotency-Key for the retry.
-    if (record.service === 'decision' && event.status !== 'completed' && record.idempotencyKey !== null) {
+    if (
+      record.service === 'decision' &&
+      event.status !== 'completed' &&
+      record.idempotencyKey !== null
+    ) {
       this.idempotency.deleteIfBoundTo(record.keyId, record.idempotencyKey, record.id);
     }
   }
 
   private applyRecorded(event: RequestRecorded): void {
     this.account(event.key_id);
-    // A refused request never held anything; an id seen again (cannot happen) keeps its first record.
+    // A refused request never held anything; an id seen again (cannot happen) keeps its first
+    // record.
     if (this.inFlight.has(event.request_id) || this.finished.has(event.request_id)) return;
     const nothing = { credits_micro: 0, tokens: 0 };
     this.finished.add({
@@ -252,14 +281,19 @@ function safeAdd(a: number, b: number): number {
 
 /** The ledger invariant, checked after every change to an account. */
 export function checkLedger(account: KeyAccount): void {
-  // Conditions first: the messages (with the key id) are built only when one fails; this runs per commit.
+  // Conditions first: the messages (with the key id) are built only when one fails; this runs per
+  // commit.
   if (!(account.balanceMicro >= 0 && account.heldMicro >= 0 && account.chargedMicro >= 0)) {
     throw new AssertionError(`negative ledger on ${account.id}`);
   }
-  if (account.creditsAddedMicro !== account.balanceMicro + account.heldMicro + account.chargedMicro) {
+  if (
+    account.creditsAddedMicro !==
+    account.balanceMicro + account.heldMicro + account.chargedMicro
+  ) {
     throw new AssertionError(`ledger invariant broken on ${account.id}`);
   }
-  if (!(account.tokenWallet >= 0 && account.tokensHeld >= 0)) throw new AssertionError(`negative token wallet on ${account.id}`);
+  if (!(account.tokenWallet >= 0 && account.tokensHeld >= 0))
+    throw new AssertionError(`negative token wallet on ${account.id}`);
   if (account.tokensAdded !== account.tokenWallet + account.tokensHeld + account.tokensCharged) {
     throw new AssertionError(`token ledger broken on ${account.id}`);
   }

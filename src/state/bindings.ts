@@ -1,9 +1,10 @@
-// Idempotency-Key bindings: (API key, Idempotency-Key) → the request it created, bounded per key (§8).
+// Idempotency-Key bindings: (API key, Idempotency-Key) → the request it created, bounded per key
+// (§8).
 //
-// A binding lives `idempotency_ttl_s`. Room is made by FairSlots (a key past its own bound loses its
-// own oldest binding; at the total bound an expired binding goes first, else the oldest of the key
-// holding the most), so no key's traffic can evict the binding of a key within its share: its retry
-// always finds the original and is never charged twice.
+// A binding lives `idempotency_ttl_s`. Room is made by FairSlots (a key past its own bound loses
+// its own oldest binding; at the total bound an expired binding goes first, else the oldest of the
+// key holding the most), so no key's traffic can evict the binding of a key within its share: its
+// retry always finds the original and is never charged twice.
 import { FairSlots } from './fair-slots.ts';
 
 export interface IdempotencyBinding {
@@ -22,14 +23,19 @@ export class BindingTable {
   /** Per slot: its scope (to forget it on eviction) and its binding. */
   private scopes: string[] = [];
   private bindings: IdempotencyBinding[] = [];
-  /** API key ids as small integers, the owners of FairSlots; bounded by the keys the gateway holds. */
+  /**
+   * API key ids as small integers, the owners of FairSlots; bounded by the keys the gateway holds.
+   */
   private readonly owners = new Map<string, number>();
   private readonly ownerKeyIds: string[] = [];
   private readonly slots: FairSlots;
-  private readonly expiredAt = (slot: number, nowMs: number): boolean => this.bindings[slot]!.expiresAtMs <= nowMs;
+  private readonly expiredAt = (slot: number, nowMs: number): boolean =>
+    this.bindings[slot]!.expiresAtMs <= nowMs;
 
   constructor(capacity: number, perKeyMax: number) {
-    this.slots = new FairSlots(capacity, perKeyMax, (slot) => this.slotOf.delete(this.scopes[slot]!));
+    this.slots = new FairSlots(capacity, perKeyMax, (slot) =>
+      this.slotOf.delete(this.scopes[slot]!),
+    );
   }
 
   get size(): number {
@@ -51,9 +57,9 @@ export class BindingTable {
   }
 
   /**
-   * Binds the pair (a binding it had, live or expired, is replaced and counts as new). `nowMs` is the
-   * binding event's own time: whether the oldest binding has expired is judged by it, so a replay of
-   * the log makes the same choices as the live gateway did.
+   * Binds the pair (a binding it had, live or expired, is replaced and counts as new). `nowMs` is
+   * the binding event's own time: whether the oldest binding has expired is judged by it, so a
+   * replay of the log makes the same choices as the live gateway did.
    */
   set(keyId: string, idempotencyKey: string, binding: IdempotencyBinding, nowMs: number): void {
     const scope = idempotencyScope(keyId, idempotencyKey);
@@ -74,7 +80,9 @@ export class BindingTable {
     this.bindings[slot] = binding;
   }
 
-  /** Frees the pair if it is bound to `requestId` (a decision that ended without one frees its key). */
+  /**
+   * Frees the pair if it is bound to `requestId` (a decision that ended without one frees its key).
+   */
   deleteIfBoundTo(keyId: string, idempotencyKey: string, requestId: string): void {
     const scope = idempotencyScope(keyId, idempotencyKey);
     const slot = this.slotOf.get(scope);
@@ -83,7 +91,10 @@ export class BindingTable {
     this.slots.release(slot);
   }
 
-  /** Every binding still within its TTL as [scope, binding], oldest first (a snapshot restores in this order). */
+  /**
+   * Every binding still within its TTL as [scope, binding], oldest first (a snapshot restores in
+   * this order).
+   */
   *entries(nowMs: number): Generator<[string, IdempotencyBinding]> {
     for (const slot of this.slots.inOrder()) {
       const binding = this.bindings[slot]!;

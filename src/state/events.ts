@@ -1,5 +1,5 @@
 // The event union: every durable fact of the gateway, as appended to the log and replayed on start.
-import { Type, type Static } from '@sinclair/typebox';
+import { type Static, Type } from '@sinclair/typebox';
 import { TypeCompiler } from '@sinclair/typebox/compiler';
 
 const Id = Type.String({ minLength: 1, maxLength: 128 });
@@ -13,8 +13,14 @@ export const RequestStatusSchema = Type.Union([
   Type.Literal('cancelled'),
   Type.Literal('error'),
 ]);
-export const UsageSchema = Type.Object({ prompt_tokens: Count, completion_tokens: Count, total_tokens: Count });
-/** What a hold or a charge takes: credits in µcr, and (decision only) tokens from the token wallet. */
+export const UsageSchema = Type.Object({
+  prompt_tokens: Count,
+  completion_tokens: Count,
+  total_tokens: Count,
+});
+/**
+ * What a hold or a charge takes: credits in µcr, and (decision only) tokens from the token wallet.
+ */
 export const AmountSchema = Type.Object({ credits_micro: Micro, tokens: Count });
 
 export const KeyCreatedSchema = Type.Object({
@@ -30,7 +36,11 @@ export const KeyCreatedSchema = Type.Object({
   at_ms: TimeMs,
 });
 
-export const KeyRevokedSchema = Type.Object({ type: Type.Literal('key.revoked'), key_id: Id, at_ms: TimeMs });
+export const KeyRevokedSchema = Type.Object({
+  type: Type.Literal('key.revoked'),
+  key_id: Id,
+  at_ms: TimeMs,
+});
 
 export const KeyCreditedSchema = Type.Object({
   type: Type.Literal('key.credited'),
@@ -50,7 +60,11 @@ export const RequestStartedSchema = Type.Object({
   hold: AmountSchema,
   idempotency: Type.Union([
     Type.Null(),
-    Type.Object({ key: Type.String({ maxLength: 255 }), fingerprint: Type.String({ maxLength: 64 }), expires_at_ms: TimeMs }),
+    Type.Object({
+      key: Type.String({ maxLength: 255 }),
+      fingerprint: Type.String({ maxLength: 64 }),
+      expires_at_ms: TimeMs,
+    }),
   ]),
   /** Decision only: credits-equivalent of the hold, reserved against the key's daily budget. */
   budget_hold_micro: Micro,
@@ -65,14 +79,19 @@ export const RequestFinishedSchema = Type.Object({
   http_status: Type.Union([Type.Null(), Type.Integer({ minimum: 100, maximum: 599 })]),
   usage: Type.Union([Type.Null(), UsageSchema]),
   charge: AmountSchema,
-  /** Decision only: credits-equivalent spend counted against the daily budget of the UTC day `day`. */
+  /**
+   * Decision only: credits-equivalent spend counted against the daily budget of the UTC day `day`.
+   */
   budget_spend_micro: Micro,
   /** Decision only: the answers of a completed decision, for the lookup endpoint. */
   answers: Type.Union([Type.Null(), Type.Record(Type.String(), Type.Unknown())]),
   at_ms: TimeMs,
 });
 
-/** A refused decision request, recorded by releases before CONTRACT §8 (refusals now write nothing); still replayed from their logs. */
+/**
+ * A refused decision request, recorded by releases before CONTRACT §8 (refusals now write nothing);
+ * still replayed from their logs.
+ */
 export const RequestRecordedSchema = Type.Object({
   type: Type.Literal('request.recorded'),
   request_id: Id,
@@ -110,7 +129,10 @@ const EventCheck = TypeCompiler.Compile(EventSchema);
 export function checkEvent(event: unknown): Event {
   if (!EventCheck.Check(event)) {
     const first = EventCheck.Errors(event).First();
-    throw new Error(`invalid event ${(event as { type?: string })?.type ?? '?'}: ${first?.path} ${first?.message}`);
+    throw new Error(
+      `invalid event ${(event as { type?: string })?.type ?? '?'}: ` +
+        `${first?.path} ${first?.message}`,
+    );
   }
   return event;
 }

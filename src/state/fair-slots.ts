@@ -1,10 +1,10 @@
 // Slots shared by many owners (API keys) under a total and a per-owner bound, evicted fairly.
 //
-// CONTRACT §8: a key past its own bound loses its own oldest entry; at the total bound the entry that
-// goes is the oldest one of the key that holds the most (after an expired one, if the oldest of all
-// has expired), so a key at or under its fair share (total ÷ keys holding entries) never loses one to
-// another key's traffic. The heaviest holder always holds at least the average, so it is never a key
-// under its share.
+// CONTRACT §8: a key past its own bound loses its own oldest entry; at the total bound the entry
+// that goes is the oldest one of the key that holds the most (after an expired one, if the oldest
+// of all has expired), so a key at or under its fair share (total ÷ keys holding entries) never
+// loses one to another key's traffic. The heaviest holder always holds at least the average, so it
+// is never a key under its share.
 //
 // Everything is integers in typed arrays, found in O(1): each slot is linked into the list of all
 // slots (oldest first) and into its owner's list; owners are linked into buckets by how many slots
@@ -12,7 +12,8 @@
 //
 // Every decision is a function of the calls made and of the `nowMs` they pass (a log event's own
 // time, never the wall clock), so replaying the same events rebuilds the same table. The one thing
-// that history alone sets, the order of owners tied in a bucket, travels with a snapshot (ownerOrder).
+// that history alone sets, the order of owners tied in a bucket, travels with a snapshot
+// (ownerOrder).
 import { assert } from '../util/assert.ts';
 
 const NONE = -1;
@@ -51,7 +52,10 @@ export class FairSlots {
     private readonly onEvict: (slot: number) => void,
   ) {
     assert(Number.isSafeInteger(capacity) && capacity > 0, 'capacity must be a positive integer');
-    assert(Number.isSafeInteger(perOwnerMax) && perOwnerMax > 0, 'the per-owner bound must be a positive integer');
+    assert(
+      Number.isSafeInteger(perOwnerMax) && perOwnerMax > 0,
+      'the per-owner bound must be a positive integer',
+    );
     const slots = Math.min(capacity, INITIAL_SLOTS);
     this.allPrev = new Int32Array(slots);
     this.allNext = new Int32Array(slots);
@@ -70,12 +74,16 @@ export class FairSlots {
     return this.count;
   }
 
-  /** The highest slot number ever handed out, plus one: a user sizes its own per-slot columns by it. */
+  /**
+   * The highest slot number ever handed out, plus one: a user sizes its own per-slot columns by it.
+   */
   get slotsUsed(): number {
     return this.fresh;
   }
 
-  /** Whether the next `take` hands out a slot never used before (the user may need to grow first). */
+  /**
+   * Whether the next `take` hands out a slot never used before (the user may need to grow first).
+   */
   get nextTakeIsFresh(): boolean {
     return this.count < this.capacity && this.freeSlots.length === 0;
   }
@@ -86,8 +94,9 @@ export class FairSlots {
   }
 
   /**
-   * A slot for a new entry of `owner` (a small non-negative integer), the newest of both lists. Room is
-   * made by the rules above; `expired(slot, nowMs)` says whether the oldest entry of all may go first.
+   * A slot for a new entry of `owner` (a small non-negative integer), the newest of both lists.
+   * Room is made by the rules above; `expired(slot, nowMs)` says whether the oldest entry of all
+   * may go first.
    */
   take(owner: number, expired: (slot: number, nowMs: number) => boolean, nowMs: number): number {
     assert(Number.isSafeInteger(owner) && owner >= 0, 'an owner is a non-negative integer');
@@ -98,8 +107,12 @@ export class FairSlots {
     } else if (this.count >= this.capacity) {
       if (expired(this.allHead, nowMs)) slot = this.allHead;
       else {
-        // A tie with the owner asking for room is settled against that owner: it is the one growing.
-        const heaviest = this.ownCount[owner] === this.heaviestCount ? owner : this.bucketHead[this.heaviestCount]!;
+        // A tie with the owner asking for room is settled against that owner: it is the one
+        // growing.
+        const heaviest =
+          this.ownCount[owner] === this.heaviestCount
+            ? owner
+            : this.bucketHead[this.heaviestCount]!;
         slot = this.ownHead[heaviest]!;
       }
     } else {
@@ -134,26 +147,35 @@ export class FairSlots {
     for (let slot = this.allHead; slot !== NONE; slot = this.allNext[slot]!) yield slot;
   }
 
-  /** Every owner holding slots, in bucket order (count, then place in the bucket): a snapshot keeps it. */
+  /**
+   * Every owner holding slots, in bucket order (count, then place in the bucket): a snapshot keeps
+   * it.
+   */
   ownerOrder(): number[] {
     const owners: number[] = [];
     for (let count = 1; count <= this.heaviestCount; count++) {
-      for (let owner = this.bucketHead[count]!; owner !== NONE; owner = this.bucketNext[owner]!) owners.push(owner);
+      for (let owner = this.bucketHead[count]!; owner !== NONE; owner = this.bucketNext[owner]!)
+        owners.push(owner);
     }
     return owners;
   }
 
   /**
    * Puts the owners of each bucket back in the order of `ownerOrder` (after a restore re-took every
-   * entry, which orders them by the restore's own history). Ignored unless it names every owner holding
-   * slots exactly once (a snapshot from before the order was kept).
+   * entry, which orders them by the restore's own history). Ignored unless it names every owner
+   * holding slots exactly once (a snapshot from before the order was kept).
    */
   restoreOwnerOrder(owners: readonly number[]): void {
     let holders = 0;
-    for (let owner = 0; owner < this.ownCount.length; owner++) if (this.ownCount[owner]! > 0) holders++;
+    for (let owner = 0; owner < this.ownCount.length; owner++)
+      if (this.ownCount[owner]! > 0) holders++;
     const seen = new Set<number>();
     for (const owner of owners) {
-      if (seen.has(owner) || !(owner >= 0 && owner < this.ownCount.length && this.ownCount[owner]! > 0)) return;
+      if (
+        seen.has(owner) ||
+        !(owner >= 0 && owner < this.ownCount.length && this.ownCount[owner]! > 0)
+      )
+        return;
       seen.add(owner);
     }
     if (seen.size !== holders) return;
@@ -245,7 +267,11 @@ export class FairSlots {
     this.ownCount[owner] = next;
     if (next > 0) {
       if (next >= this.bucketHead.length) {
-        this.bucketHead = grown(this.bucketHead, Math.min(this.maxCount(), this.bucketHead.length * 2) + 1, NONE);
+        this.bucketHead = grown(
+          this.bucketHead,
+          Math.min(this.maxCount(), this.bucketHead.length * 2) + 1,
+          NONE,
+        );
       }
       const head = this.bucketHead[next]!;
       this.bucketPrev[owner] = NONE;
@@ -255,7 +281,8 @@ export class FairSlots {
     }
     if (next > this.heaviestCount) this.heaviestCount = next;
     // Counts move by one, so the bucket below the emptied top one holds the owner that just moved.
-    else if (current === this.heaviestCount && this.bucketHead[current] === NONE) this.heaviestCount = next;
+    else if (current === this.heaviestCount && this.bucketHead[current] === NONE)
+      this.heaviestCount = next;
   }
 }
 

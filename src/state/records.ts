@@ -1,25 +1,28 @@
-// Finished request records for the status endpoints: typed columns, bounded per key and in all (§8).
+// Finished request records for the status endpoints: typed columns, bounded per key and in all
+// (§8).
 //
 // Why columns and not a map of objects: the garbage collector walks whatever the heap references. A
-// table of 100,000 records as objects is half a million old-generation cells, and as strings in arrays
-// and a Map it is still 100,000 strings plus arrays and a hash table that every new record writes into,
-// so every young collection rescans them. Measured on the gateway at capacity: ~20 µs per request as
-// objects, ~6 µs as strings (bench/README). Here nothing per record is visible to the collector: ids
-// are bytes in a column and are found through an open-addressing hash table of slot numbers; strings
-// shared by many records (key id, model, error code) are numbers into a small table.
+// table of 100,000 records as objects is half a million old-generation cells, and as strings in
+// arrays and a Map it is still 100,000 strings plus arrays and a hash table that every new record
+// writes into, so every young collection rescans them. Measured on the gateway at capacity: ~20 µs
+// per request as objects, ~6 µs as strings (bench/README). Here nothing per record is visible to
+// the collector: ids are bytes in a column and are found through an open-addressing hash table of
+// slot numbers; strings shared by many records (key id, model, error code) are numbers into a small
+// table.
 //
-// Which record makes room is FairSlots' decision (a key past its own bound loses its own oldest; at the
-// total bound, an expired record first, else the oldest of the key holding the most), so one key's
-// traffic cannot push another key's records out.
+// Which record makes room is FairSlots' decision (a key past its own bound loses its own oldest; at
+// the total bound, an expired record first, else the oldest of the key holding the most), so one
+// key's traffic cannot push another key's records out.
 import { assert } from '../util/assert.ts';
-import { FairSlots } from './fair-slots.ts';
 import type { RequestRecord } from './apply.ts';
 import type { RequestStatus, Service } from './events.ts';
+import { FairSlots } from './fair-slots.ts';
 
 const SERVICES: readonly Service[] = ['chat', 'decision'];
 const STATUSES: readonly RequestStatus[] = ['in_progress', 'completed', 'cancelled', 'error'];
 
-// Numeric columns, one Float64Array slot each (µcr and counts are safe integers; -1 stands for null).
+// Numeric columns, one Float64Array slot each (µcr and counts are safe integers; -1 stands for
+// null).
 const CREATED_MS = 0;
 const FINISHED_MS = 1;
 const HOLD_CREDITS = 2;
@@ -42,7 +45,10 @@ const MODEL = 4;
 const ERROR_CODE = 5; // -1: none
 const SMALL = 6;
 
-/** Ids are ASCII of at most this many bytes (ours are 28–33); any other id is kept aside as a string. */
+/**
+ * Ids are ASCII of at most this many bytes (ours are 28–33); any other id is kept aside as a
+ * string.
+ */
 const ID_BYTES = 40;
 /** `idLengths` value of an id kept in `otherIds`. */
 const ID_ELSEWHERE = 255;
@@ -58,12 +64,15 @@ export interface ColumnsMeta {
   strings: string[];
   otherIds: Record<number, string>;
   answers: Record<number, Record<string, unknown>>;
-  /** The key ids holding records, in FairSlots' bucket order (absent in snapshots made before it). */
+  /**
+   * The key ids holding records, in FairSlots' bucket order (absent in snapshots made before it).
+   */
   owners?: string[];
 }
 
 export class RecordTable {
-  // Grown by doubling up to `capacity`, so a small gateway does not pay for the largest table up front.
+  // Grown by doubling up to `capacity`, so a small gateway does not pay for the largest table up
+  // front.
   private allocated: number;
   private numbers: Float64Array;
   private small: Int32Array;
@@ -73,7 +82,9 @@ export class RecordTable {
   private readonly otherIds = new Map<number, string>();
   /** Answers of completed decisions, by slot (chat records have none). */
   private readonly answers = new Map<number, Record<string, unknown>>();
-  /** Open addressing with linear probing: slot + 1 of the record whose id hashes here, 0 when empty. */
+  /**
+   * Open addressing with linear probing: slot + 1 of the record whose id hashes here, 0 when empty.
+   */
   private index: Int32Array;
   private indexMask: number;
   /** Key ids, models and error codes, each stored once; records refer to them by position. */
@@ -88,7 +99,10 @@ export class RecordTable {
     private readonly ttlMs: number,
     perKeyMax = capacity,
   ) {
-    assert(Number.isSafeInteger(capacity) && capacity > 0, 'record capacity must be a positive integer');
+    assert(
+      Number.isSafeInteger(capacity) && capacity > 0,
+      'record capacity must be a positive integer',
+    );
     this.slots = new FairSlots(capacity, perKeyMax, (slot) => this.forget(slot));
     this.allocated = Math.min(capacity, INITIAL_SLOTS);
     this.numbers = new Float64Array(this.allocated * NUMBERS);
@@ -121,14 +135,20 @@ export class RecordTable {
     return this.read(slot, id);
   }
 
-  /** Adds a finished record; when a bound is reached, FairSlots picks the record that makes room. */
+  /**
+   * Adds a finished record; when a bound is reached, FairSlots picks the record that makes room.
+   */
   add(record: RequestRecord): void {
     assert(record.status !== 'in_progress', `record ${record.id} is not finished`);
     assert(this.find(record.id) === -1, `record ${record.id} exists`);
     if (this.slots.nextTakeIsFresh && this.slots.slotsUsed === this.allocated) this.grow();
-    // The record's own finish is "now" for the eviction (never the wall clock): replaying the log makes
-    // the same choices the live gateway made.
-    const slot = this.slots.take(this.intern(record.keyId), this.expiredAt, record.finishedAtMs ?? record.createdAtMs);
+    // The record's own finish is "now" for the eviction (never the wall clock): replaying the log
+    // makes the same choices the live gateway made.
+    const slot = this.slots.take(
+      this.intern(record.keyId),
+      this.expiredAt,
+      record.finishedAtMs ?? record.createdAtMs,
+    );
     this.writeId(slot, record.id);
     this.indexSlot(slot, record.id);
     if (record.answers !== null) this.answers.set(slot, record.answers);
@@ -170,10 +190,11 @@ export class RecordTable {
   }
 
   /**
-   * Every record, oldest first, for a snapshot: the columns themselves as bytes (in age order, in this
-   * machine's byte order, little-endian everywhere tollgate runs), and beside them, as JSON, the shared
-   * strings, the ids kept aside and the answers by position. No record objects and no text per record:
-   * 100,000 records take a few milliseconds and ~15 MB. Expired records are dropped on restore.
+   * Every record, oldest first, for a snapshot: the columns themselves as bytes (in age order, in
+   * this machine's byte order, little-endian everywhere tollgate runs), and beside them, as JSON,
+   * the shared strings, the ids kept aside and the answers by position. No record objects and no
+   * text per record: 100,000 records take a few milliseconds and ~15 MB. Expired records are
+   * dropped on restore.
    */
   serializeColumns(): { meta: ColumnsMeta; blobs: Uint8Array[] } {
     const count = this.slots.size;
@@ -184,8 +205,8 @@ export class RecordTable {
     const otherIds: Record<number, string> = {};
     const answers: Record<number, Record<string, unknown>> = {};
     let at = 0;
-    // In age order, which follows the slots in runs (records go to the next slot until one is freed or
-    // taken back): each run is copied in one go per column, as the ring's two runs were.
+    // In age order, which follows the slots in runs (records go to the next slot until one is freed
+    // or taken back): each run is copied in one go per column, as the ring's two runs were.
     for (let first = this.slots.oldest; first !== -1; ) {
       let last = first;
       let next = this.slots.newerThan(last);
@@ -206,28 +227,47 @@ export class RecordTable {
       at += rows;
       first = next;
     }
-    const bytes = (array: Float64Array | Int32Array | Uint8Array) => new Uint8Array(array.buffer, array.byteOffset, array.byteLength);
+    const bytes = (array: Float64Array | Int32Array | Uint8Array) =>
+      new Uint8Array(array.buffer, array.byteOffset, array.byteLength);
     const owners = this.slots.ownerOrder().map((owner) => this.strings[owner]!);
-    return { meta: { count, strings: [...this.strings], otherIds, answers, owners }, blobs: COLUMNS.map((name) => bytes({ numbers, small, idBytes, idLengths }[name])) };
+    return {
+      meta: { count, strings: [...this.strings], otherIds, answers, owners },
+      blobs: COLUMNS.map((name) => bytes({ numbers, small, idBytes, idLengths }[name])),
+    };
   }
 
   /**
-   * Adds the records of `serializeColumns` (its meta parsed back, its blobs in order), oldest first,
-   * expired ones too (reads skip them; keeping them keeps the table the log's own, see FairSlots), and
-   * puts the keys' order back.
+   * Adds the records of `serializeColumns` (its meta parsed back, its blobs in order), oldest
+   * first, expired ones too (reads skip them; keeping them keeps the table the log's own, see
+   * FairSlots), and puts the keys' order back.
    */
   restoreColumns(raw: unknown, blobs: readonly Uint8Array[]): void {
     const snapshot = raw as Record<string, unknown>;
     const count = snapshot.count;
-    assert(typeof count === 'number' && Number.isSafeInteger(count) && count >= 0, 'snapshot records: bad count');
+    assert(
+      typeof count === 'number' && Number.isSafeInteger(count) && count >= 0,
+      'snapshot records: bad count',
+    );
     const strings = snapshot.strings;
-    assert(Array.isArray(strings) && strings.every((text) => typeof text === 'string'), 'snapshot records: bad strings');
-    const column = <T extends Float64Array | Int32Array | Uint8Array>(name: (typeof COLUMNS)[number], Type: { new (b: ArrayBuffer): T; BYTES_PER_ELEMENT: number }, width: number): T => {
+    assert(
+      Array.isArray(strings) && strings.every((text) => typeof text === 'string'),
+      'snapshot records: bad strings',
+    );
+    const column = <T extends Float64Array | Int32Array | Uint8Array>(
+      name: (typeof COLUMNS)[number],
+      Type: { new (b: ArrayBuffer): T; BYTES_PER_ELEMENT: number },
+      width: number,
+    ): T => {
       const bytes = blobs[COLUMNS.indexOf(name)];
       assert(bytes !== undefined, `snapshot records: ${name} missing`);
-      assert(bytes.length === count * width * Type.BYTES_PER_ELEMENT, `snapshot records: ${name} has the wrong size`);
+      assert(
+        bytes.length === count * width * Type.BYTES_PER_ELEMENT,
+        `snapshot records: ${name} has the wrong size`,
+      );
       // Copied into a fresh, aligned buffer of its own.
-      return new Type(bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length) as ArrayBuffer);
+      return new Type(
+        bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length) as ArrayBuffer,
+      );
     };
     const numbers = column('numbers', Float64Array, NUMBERS);
     const small = column('small', Int32Array, SMALL);
@@ -249,15 +289,27 @@ export class RecordTable {
         assert(typeof id === 'string', 'snapshot records: an id kept aside is missing');
       } else {
         assert(length <= ID_BYTES, 'snapshot records: bad id length');
-        id = String.fromCharCode.apply(null, idBytes.subarray(row * ID_BYTES, row * ID_BYTES + length) as unknown as number[]);
+        id = String.fromCharCode.apply(
+          null,
+          idBytes.subarray(row * ID_BYTES, row * ID_BYTES + length) as unknown as number[],
+        );
       }
-      assert(SERVICES[small[f + SERVICE]!] !== undefined && STATUSES[small[f + STATUS]!] !== undefined, 'snapshot records: bad service or status');
+      assert(
+        SERVICES[small[f + SERVICE]!] !== undefined && STATUSES[small[f + STATUS]!] !== undefined,
+        'snapshot records: bad service or status',
+      );
       const answer = answers[row] ?? null;
-      assert(answer === null || (typeof answer === 'object' && !Array.isArray(answer)), 'snapshot records: bad answers');
+      assert(
+        answer === null || (typeof answer === 'object' && !Array.isArray(answer)),
+        'snapshot records: bad answers',
+      );
       this.add(recordOf(numbers, n, small, f, id, text, answer as Record<string, unknown> | null));
     }
     const owners = snapshot.owners;
-    if (Array.isArray(owners)) this.slots.restoreOwnerOrder(owners.map((keyId) => (typeof keyId === 'string' ? (this.stringAt.get(keyId) ?? -1) : -1)));
+    if (Array.isArray(owners))
+      this.slots.restoreOwnerOrder(
+        owners.map((keyId) => (typeof keyId === 'string' ? (this.stringAt.get(keyId) ?? -1) : -1)),
+      );
   }
 
   private grow(): void {
@@ -278,12 +330,22 @@ export class RecordTable {
   }
 
   private read(slot: number, id: string): RequestRecord {
-    return recordOf(this.numbers, slot * NUMBERS, this.small, slot * SMALL, id, this.textAt, this.answers.get(slot) ?? null);
+    return recordOf(
+      this.numbers,
+      slot * NUMBERS,
+      this.small,
+      slot * SMALL,
+      id,
+      this.textAt,
+      this.answers.get(slot) ?? null,
+    );
   }
 
   private readonly textAt = (position: number): string => this.strings[position]!;
 
-  /** The position of `text` in `strings`, adding it once. Bounded by keys, models and error codes. */
+  /**
+   * The position of `text` in `strings`, adding it once. Bounded by keys, models and error codes.
+   */
   private intern(text: string): number {
     const known = this.stringAt.get(text);
     if (known !== undefined) return known;
@@ -311,7 +373,10 @@ export class RecordTable {
     const length = this.idLengths[slot]!;
     if (length === ID_ELSEWHERE) return this.otherIds.get(slot)!;
     const base = slot * ID_BYTES;
-    return String.fromCharCode.apply(null, this.idBytes.subarray(base, base + length) as unknown as number[]);
+    return String.fromCharCode.apply(
+      null,
+      this.idBytes.subarray(base, base + length) as unknown as number[],
+    );
   }
 
   private idEquals(slot: number, id: string): boolean {
@@ -402,11 +467,16 @@ function recordOf(
     usage:
       promptTokens < 0
         ? null
-        : { prompt_tokens: promptTokens, completion_tokens: numbers[n + COMPLETION_TOKENS]!, total_tokens: numbers[n + TOTAL_TOKENS]! },
+        : {
+            prompt_tokens: promptTokens,
+            completion_tokens: numbers[n + COMPLETION_TOKENS]!,
+            total_tokens: numbers[n + TOTAL_TOKENS]!,
+          },
     errorCode: errorCode < 0 ? null : text(errorCode),
     httpStatus: httpStatus < 0 ? null : httpStatus,
     answers,
-    // Only an in-flight request needs its key (an unfinished decision frees it); a finished one never does.
+    // Only an in-flight request needs its key (an unfinished decision frees it); a finished one
+    // never does.
     idempotencyKey: null,
   };
 }

@@ -5,10 +5,10 @@ import type { GatewayState, KeyAccount, RequestRecord } from './apply.ts';
 import type { IdempotencyBinding } from './bindings.ts';
 
 /**
- * Version 2 keeps finished records as the record table's columns (RecordTable.serializeColumns): their
- * bytes travel beside the JSON, which holds the rest. Serialized in milliseconds instead of ~160 ms for
- * 100,000 records of version 1, while the gateway waits. Version 1 (no `version`, `finished` as
- * objects) is still read.
+ * Version 2 keeps finished records as the record table's columns (RecordTable.serializeColumns):
+ * their bytes travel beside the JSON, which holds the rest. Serialized in milliseconds instead of
+ * ~160 ms for 100,000 records of version 1, while the gateway waits. Version 1 (no `version`,
+ * `finished` as objects) is still read.
  */
 interface SnapshotV2 {
   version: 2;
@@ -43,7 +43,12 @@ export function serializeState(state: GatewayState): SnapshotContent {
 }
 
 /** Restores `raw` (the parsed JSON) and `blobs` (the bytes beside it; none for version 1). */
-export function restoreState(state: GatewayState, raw: unknown, nowMs: number, blobs: readonly Uint8Array[] | null = null): void {
+export function restoreState(
+  state: GatewayState,
+  raw: unknown,
+  _nowMs: number,
+  blobs: readonly Uint8Array[] | null = null,
+): void {
   const snapshot = raw as SnapshotV2 | SnapshotV1;
   for (const account of snapshot.keys) {
     state.keys.set(account.id, account);
@@ -53,9 +58,9 @@ export function restoreState(state: GatewayState, raw: unknown, nowMs: number, b
   if ('version' in snapshot) {
     assert(blobs !== null, 'snapshot version 2 without its record columns');
     state.finished.restoreColumns(snapshot.finished, blobs);
-  }
-  else for (const record of snapshot.finished) state.finished.add(record);
+  } else for (const record of snapshot.finished) state.finished.add(record);
   // Oldest first (as written), so the per-key order of eviction survives the restart.
   for (const [scope, binding] of snapshot.idempotency) state.idempotency.restore(scope, binding);
-  if ('idempotencyOwners' in snapshot && Array.isArray(snapshot.idempotencyOwners)) state.idempotency.restoreOwnerOrder(snapshot.idempotencyOwners);
+  if ('idempotencyOwners' in snapshot && Array.isArray(snapshot.idempotencyOwners))
+    state.idempotency.restoreOwnerOrder(snapshot.idempotencyOwners);
 }

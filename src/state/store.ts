@@ -1,9 +1,10 @@
-// The only path that changes durable state: check events, apply them in order, append them to the log.
+// The only path that changes durable state: check events, apply them in order, append them to the
+// log.
 import { GatewayError } from '../http/errors.ts';
 import { assert } from '../util/assert.ts';
 import type { Logger } from '../util/log.ts';
 import { ignore } from '../util/promise.ts';
-import { WriteAheadLog, type FsyncPolicy } from '../wal/log.ts';
+import { type FsyncPolicy, WriteAheadLog } from '../wal/log.ts';
 import { GatewayState, type StateLimits } from './apply.ts';
 import { checkEvent, type Event } from './events.ts';
 import { restoreState, serializeState } from './snapshot.ts';
@@ -16,14 +17,23 @@ export interface StoreOptions {
   snapshotEveryRecords: number;
   limits: StateLimits;
   logger: Logger;
-  /** Requests in flight now (each will commit its finish): lets an fsync wait for them (see WalOptions). */
+  /**
+   * Requests in flight now (each will commit its finish): lets an fsync wait for them (see
+   * WalOptions).
+   */
   expectedCommits?: () => number;
-  /** Called once when the log fails: nothing can be made durable any more (§8: the process goes down). */
+  /**
+   * Called once when the log fails: nothing can be made durable any more (§8: the process goes
+   * down).
+   */
   onFailure?: (error: Error) => void;
 }
 
 export function unavailableError(): GatewayError {
-  return new GatewayError('service_unavailable', 'The gateway cannot record state right now (its write-ahead log failed); retry later.');
+  return new GatewayError(
+    'service_unavailable',
+    'The gateway cannot record state right now (its write-ahead log failed); retry later.',
+  );
 }
 
 export class StateStore {
@@ -31,14 +41,19 @@ export class StateStore {
   private readonly wal: WriteAheadLog;
   private snapshotting: Promise<void> | null = null;
   /**
-   * Starts applied in memory but not yet logged, by request id. A request nobody outside can name yet
-   * (a non-stream call without an Idempotency-Key: its id is first sent with its answer) needs no
-   * durable start: its start is logged together with its finish, in one record and one fsync. A crash
-   * before that loses nothing anyone was told, and the hold vanishes with the memory that held it.
+   * Starts applied in memory but not yet logged, by request id. A request nobody outside can name
+   * yet (a non-stream call without an Idempotency-Key: its id is first sent with its answer) needs
+   * no durable start: its start is logged together with its finish, in one record and one fsync. A
+   * crash before that loses nothing anyone was told, and the hold vanishes with the memory that
+   * held it.
    */
   private readonly unlogged = new Map<string, Event[]>();
 
-  private constructor(state: GatewayState, wal: WriteAheadLog, private readonly options: StoreOptions) {
+  private constructor(
+    state: GatewayState,
+    wal: WriteAheadLog,
+    private readonly options: StoreOptions,
+  ) {
     this.state = state;
     this.wal = wal;
   }
@@ -67,7 +82,10 @@ export class StateStore {
         },
       },
     );
-    options.logger.info({ records, seq: wal.lastSeq, keys: state.keys.size, inFlight: state.inFlight.size }, 'state: replayed');
+    options.logger.info(
+      { records, seq: wal.lastSeq, keys: state.keys.size, inFlight: state.inFlight.size },
+      'state: replayed',
+    );
     return new StateStore(state, wal, options);
   }
 
@@ -77,8 +95,9 @@ export class StateStore {
   }
 
   /**
-   * 503 once the log has failed, for reads too: memory may then hold what the log never will (a top-up
-   * or a finish whose write failed), and nothing may be reported that a restart would take back.
+   * 503 once the log has failed, for reads too: memory may then hold what the log never will (a
+   * top-up or a finish whose write failed), and nothing may be reported that a restart would take
+   * back.
    */
   checkAvailable(): void {
     if (this.wal.failure) throw unavailableError();
@@ -86,7 +105,8 @@ export class StateStore {
 
   /**
    * Applies `events` at once (so the next command sees them) and returns when they are durable.
-   * Callers check and commit without an `await` in between; that is what makes check-then-act atomic.
+   * Callers check and commit without an `await` in between; that is what makes check-then-act
+   * atomic.
    */
   commit(events: Event[]): Promise<void> {
     if (this.wal.failure) throw unavailableError();
@@ -102,7 +122,8 @@ export class StateStore {
         record = [...start, ...record];
       }
     }
-    // A failed log throws or rejects with the store's own 503 (the `unavailable` option), so no wrapper here.
+    // A failed log throws or rejects with the store's own 503 (the `unavailable` option), so no
+    // wrapper here.
     const durable = this.wal.append(record);
     this.maybeSnapshot();
     return durable;
@@ -119,7 +140,9 @@ export class StateStore {
     this.unlogged.set(requestId, events);
   }
 
-  /** Logs every start still waiting for its finish (before a snapshot, which must match the log). */
+  /**
+   * Logs every start still waiting for its finish (before a snapshot, which must match the log).
+   */
   private logUnlogged(): void {
     if (this.unlogged.size === 0) return;
     const record = [...this.unlogged.values()].flat();
@@ -128,23 +151,28 @@ export class StateStore {
   }
 
   private maybeSnapshot(): void {
-    if (this.snapshotting || this.wal.recordsSinceSnapshotCount < this.options.snapshotEveryRecords) return;
+    if (this.snapshotting || this.wal.recordsSinceSnapshotCount < this.options.snapshotEveryRecords)
+      return;
     this.snapshotting = this.snapshot().finally(() => (this.snapshotting = null));
   }
 
   /** Writes a snapshot of the current state and drops the log segments it covers. */
   async snapshot(): Promise<void> {
-    // The snapshot holds every in-flight request, so every start it holds must be in the log by `seq`.
+    // The snapshot holds every in-flight request, so every start it holds must be in the log by
+    // `seq`.
     this.logUnlogged();
     const seq = this.wal.lastSeq;
     const content = serializeState(this.state);
     try {
       await this.wal.snapshot(content, seq);
     } catch (error) {
-      // Tried again after as many records as the policy leaves between snapshots, not at every commit:
-      // each attempt serializes the whole state on the event loop and rolls a segment.
+      // Tried again after as many records as the policy leaves between snapshots, not at every
+      // commit: each attempt serializes the whole state on the event loop and rolls a segment.
       this.wal.deferSnapshot();
-      this.options.logger.error({ err: (error as Error).message }, 'state: snapshot failed; the next one after snapshot_every_records more records');
+      this.options.logger.error(
+        { err: (error as Error).message },
+        'state: snapshot failed; the next one after snapshot_every_records more records',
+      );
     }
   }
 

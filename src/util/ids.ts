@@ -1,9 +1,13 @@
-// Random identifiers and secrets: base62 from the system CSPRNG, rejection-sampled so there is no bias.
+// Random identifiers and secrets: base62 from the system CSPRNG, rejection-sampled so there is no
+// bias.
 import { assert } from './assert.ts';
 
 const ALPHABET = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789';
 
-/** CSPRNG bytes drawn in bulk (one getRandomValues per 4 KiB instead of one per id); each byte is used once. */
+/**
+ * CSPRNG bytes drawn in bulk (one getRandomValues per 4 KiB instead of one per id); each byte is
+ * used once.
+ */
 const POOL = new Uint8Array(4096);
 let poolAt = POOL.length;
 
@@ -48,6 +52,7 @@ export function newToolCallId(): string {
 }
 
 export function sha256Hex(text: string): string {
-  // The one-shot form: a third of the cost of a CryptoHasher object, and it runs once per request (auth).
+  // The one-shot form: a third of the cost of a CryptoHasher object, and it runs once per request
+  // (auth).
   return Bun.SHA256.hash(text, 'hex') as string;
 }

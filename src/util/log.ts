@@ -1,4 +1,5 @@
-// The one pino root logger (JSON to stdout, no transports under Bun); children carry request context.
+// The one pino root logger (JSON to stdout, no transports under Bun); children carry request
+// context.
 import pino, { type Logger } from 'pino';
 
 export type { Logger };
@@ -9,8 +10,12 @@ export function createLogger(level: string, fd: 1 | 2 = 1): Logger {
     {
       level,
       base: { service: 'tollgate' },
-      // Secrets never reach a log line: redact anything that might hold one even if passed by mistake.
-      redact: { paths: ['authorization', 'headers.authorization', 'key', 'secret', 'admin_token'], censor: '[redacted]' },
+      // Secrets never reach a log line: redact anything that might hold one even if passed by
+      // mistake.
+      redact: {
+        paths: ['authorization', 'headers.authorization', 'key', 'secret', 'admin_token'],
+        censor: '[redacted]',
+      },
     },
     pino.destination({ fd, sync: true }),
   );

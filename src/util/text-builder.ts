@@ -21,8 +21,8 @@ export class TextBuilder {
   }
 
   build(): string {
-    if (this.groups.length === 0) return this.pieces.length === 1 ? this.pieces[0]! : this.pieces.join('');
+    if (this.groups.length === 0)
+      return this.pieces.length === 1 ? this.pieces[0]! : this.pieces.join('');
     return this.groups.join('') + this.pieces.join('');
   }
 }
-

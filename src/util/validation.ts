@@ -1,6 +1,7 @@
-// Turns the first TypeBox error into words that name the field and the bound ("temperature must be ≤ 2").
+// Turns the first TypeBox error into words that name the field and the bound ("temperature must be
+// ≤ 2").
 import { Kind, type TSchema } from '@sinclair/typebox';
-import { ValueErrorType, type ValueError, type ValueErrorIterator } from '@sinclair/typebox/errors';
+import { type ValueError, type ValueErrorIterator, ValueErrorType } from '@sinclair/typebox/errors';
 
 /** One problem of a value: where it is and what is wrong there. */
 export interface FieldProblem {
@@ -13,16 +14,20 @@ export interface FieldProblem {
 }
 
 /**
- * The first error of `errors`, in words. TypeBox reports a union as "Expected union value"; this descends
- * into the branch the value was meant for (the one whose kind and discriminating literals it matches,
- * e.g. the number branch of `Nullable(Number)` for 5), so the bound of that branch is what gets named.
+ * The first error of `errors`, in words. TypeBox reports a union as "Expected union value"; this
+ * descends into the branch the value was meant for (the one whose kind and discriminating literals
+ * it matches, e.g. the number branch of `Nullable(Number)` for 5), so the bound of that branch is
+ * what gets named.
  */
 export function firstProblem(errors: ValueErrorIterator): FieldProblem | null {
   const first = errors.First();
   return first === undefined ? null : describe(first);
 }
 
-/** `segments` as a field path: `messages[2].tool_call_id`; array indexes in brackets (decided by `root`'s shape). */
+/**
+ * `segments` as a field path: `messages[2].tool_call_id`; array indexes in brackets (decided by
+ * `root`'s shape).
+ */
 export function fieldPath(root: unknown, segments: readonly string[], prefix = ''): string {
   let out = prefix;
   let node: unknown = root;
@@ -39,8 +44,8 @@ export function fieldPath(root: unknown, segments: readonly string[], prefix = '
 }
 
 /**
- * What a value that missed every alternative must be: `must be one of "a", "b" or null` when they are all
- * literal values, `must be a number or null` when some are kinds.
+ * What a value that missed every alternative must be: `must be one of "a", "b" or null` when they
+ * are all literal values, `must be a number or null` when some are kinds.
  */
 export function mustBe(alternatives: readonly string[]): string {
   if (alternatives.length === 1) return `must be ${alternatives[0]}`;
@@ -49,7 +54,13 @@ export function mustBe(alternatives: readonly string[]): string {
 }
 
 function isLiteralText(text: string): boolean {
-  return text.startsWith('"') || text === 'null' || text === 'true' || text === 'false' || /^-?\d/.test(text);
+  return (
+    text.startsWith('"') ||
+    text === 'null' ||
+    text === 'true' ||
+    text === 'false' ||
+    /^-?\d/.test(text)
+  );
 }
 
 function isPlainObject(value: unknown): value is Record<string, unknown> {
@@ -81,19 +92,24 @@ function describeUnion(error: ValueError): FieldProblem {
   // Objects told apart by a literal field (a provider's `type`): name that field and its choices.
   const discriminator = isPlainObject(error.value) ? sharedLiteralKey(branches) : null;
   if (discriminator !== null) {
-    const literals = branches.map((branch) => JSON.stringify(branch.properties[discriminator].const));
-    const value = Object.hasOwn(error.value as object, discriminator) ? (error.value as Record<string, unknown>)[discriminator] : undefined;
+    const literals = branches.map((branch) =>
+      JSON.stringify(branch.properties[discriminator].const),
+    );
+    const value = Object.hasOwn(error.value as object, discriminator)
+      ? (error.value as Record<string, unknown>)[discriminator]
+      : undefined;
     return { segments: [...segments, discriminator], problem: mustBe(literals), value };
   }
-  // The right kind with a wrong or missing literal field (tool_choice {"function": ...} without its type).
+  // The right kind with a wrong or missing literal field (tool_choice {"function": ...} without its
+  // type).
   const sameKind = inBranch(branches.findIndex((branch) => fits(branch, error.value, false)));
   if (sameKind !== null) return sameKind;
   return { segments, problem: mustBe(branches.flatMap(alternativesOf)), value: error.value };
 }
 
 /**
- * Whether `value` is of the kind `schema` describes, so that schema's own error is the one to report;
- * `strict` also asks an object's literal fields (a discriminator such as `type`) to match.
+ * Whether `value` is of the kind `schema` describes, so that schema's own error is the one to
+ * report; `strict` also asks an object's literal fields (a discriminator such as `type`) to match.
  */
 function fits(schema: TSchema, value: unknown, strict: boolean): boolean {
   switch (schema[Kind]) {
@@ -122,21 +138,37 @@ function fits(schema: TSchema, value: unknown, strict: boolean): boolean {
   }
 }
 
-/** An object's literal fields (a `type` discriminator) that the value carries must hold those literals. */
+/**
+ * An object's literal fields (a `type` discriminator) that the value carries must hold those
+ * literals.
+ */
 function literalsMatch(schema: TSchema, value: Record<string, unknown>): boolean {
   for (const key of Object.keys(schema.properties)) {
     const property = schema.properties[key] as TSchema;
     if (property[Kind] !== 'Literal') continue;
-    if (Object.hasOwn(value, key) ? value[key] !== property.const : (schema.required ?? []).includes(key)) return false;
+    if (
+      Object.hasOwn(value, key)
+        ? value[key] !== property.const
+        : (schema.required ?? []).includes(key)
+    )
+      return false;
   }
   return true;
 }
 
-/** The literal-typed field every branch has, when all branches are objects (a discriminated union). */
+/**
+ * The literal-typed field every branch has, when all branches are objects (a discriminated union).
+ */
 function sharedLiteralKey(branches: TSchema[]): string | null {
   if (branches.length === 0 || !branches.every((branch) => branch[Kind] === 'Object')) return null;
   for (const key of Object.keys(branches[0]!.properties)) {
-    if (branches.every((branch) => Object.hasOwn(branch.properties, key) && branch.properties[key][Kind] === 'Literal')) return key;
+    if (
+      branches.every(
+        (branch) =>
+          Object.hasOwn(branch.properties, key) && branch.properties[key][Kind] === 'Literal',
+      )
+    )
+      return key;
   }
   return null;
 }
@@ -203,7 +235,9 @@ function problemOf(error: ValueError): string {
     case ValueErrorType.Literal:
       return `must be ${JSON.stringify(schema.const)}`;
     case ValueErrorType.StringMinLength:
-      return schema.minLength === 1 ? 'must not be empty' : `must be at least ${plural(schema.minLength, 'character')}`;
+      return schema.minLength === 1
+        ? 'must not be empty'
+        : `must be at least ${plural(schema.minLength, 'character')}`;
     case ValueErrorType.StringMaxLength:
       return `must be at most ${plural(schema.maxLength, 'character')}`;
     case ValueErrorType.StringPattern:
@@ -223,7 +257,9 @@ function problemOf(error: ValueError): string {
     case ValueErrorType.ObjectRequiredProperty:
       return 'is required';
     case ValueErrorType.ObjectAdditionalProperties:
-      return schema[Kind] === 'Record' ? `is not an allowed name (names must match ${Object.keys(schema.patternProperties)[0]})` : 'is not a known field';
+      return schema[Kind] === 'Record'
+        ? `is not an allowed name (names must match ${Object.keys(schema.patternProperties)[0]})`
+        : 'is not a known field';
     case ValueErrorType.ObjectMinProperties:
       return `must have at least ${plural(schema.minProperties, 'field')}`;
     case ValueErrorType.ObjectMaxProperties:

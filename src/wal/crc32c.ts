@@ -1,4 +1,5 @@
-// CRC-32C (Castagnoli), the checksum of every WAL frame; slicing-by-8 tables (a third faster than by-4 here).
+// CRC-32C (Castagnoli), the checksum of every WAL frame; slicing-by-8 tables (a third faster than
+// by-4 here).
 const POLY = 0x82f63b78;
 /** Eight 256-entry tables, one after the other: table t at t * 256. */
 const T = new Uint32Array(256 * 8);
@@ -19,8 +20,10 @@ export function crc32c(bytes: Uint8Array, start = 0, end = bytes.length, seed = 
   let crc = ~seed >>> 0;
   let i = start;
   for (; i + 8 <= end; i += 8) {
-    const low = crc ^ (bytes[i]! | (bytes[i + 1]! << 8) | (bytes[i + 2]! << 16) | (bytes[i + 3]! << 24));
-    const high = bytes[i + 4]! | (bytes[i + 5]! << 8) | (bytes[i + 6]! << 16) | (bytes[i + 7]! << 24);
+    const low =
+      crc ^ (bytes[i]! | (bytes[i + 1]! << 8) | (bytes[i + 2]! << 16) | (bytes[i + 3]! << 24));
+    const high =
+      bytes[i + 4]! | (bytes[i + 5]! << 8) | (bytes[i + 6]! << 16) | (bytes[i + 7]! << 24);
     crc =
       T[1792 + (low & 0xff)]! ^
       T[1536 + ((low >>> 8) & 0xff)]! ^

@@ -1,12 +1,17 @@
-// Spare file descriptors held for the log, so that running out of them elsewhere never fails it (§8).
+// Spare file descriptors held for the log, so that running out of them elsewhere never fails it
+// (§8).
 //
 // The process shares one descriptor table with every client connection: a flood of idle sockets can
-// use it up, and then opening the next segment or a snapshot fails with EMFILE, which used to fail the
-// log for good. A few descriptors opened at start (on /dev/null) are given up one at a time when an
-// open of the log's hits EMFILE/ENFILE, and taken back once the log has closed one of its own.
+// use it up, and then opening the next segment or a snapshot fails with EMFILE, which used to fail
+// the log for good. A few descriptors opened at start (on /dev/null) are given up one at a time
+// when an open of the log's hits EMFILE/ENFILE, and taken back once the log has closed one of its
+// own.
 import { closeSync, openSync } from 'node:fs';
 
-/** Enough for the log's worst moment: a new segment opened while a snapshot's file is open, plus one. */
+/**
+ * Enough for the log's worst moment: a new segment opened while a snapshot's file is open, plus
+ * one.
+ */
 export const RESERVED_FDS = 3;
 
 function outOfDescriptors(error: unknown): boolean {
@@ -27,9 +32,9 @@ export class FdReserve {
   }
 
   /**
-   * openSync that, when the process is out of descriptors, frees a spare and tries again. Our own code
-   * runs on one thread and opens nothing between the close and the open, and the sockets are accepted
-   * on this same thread, so the freed number is the one this open gets.
+   * openSync that, when the process is out of descriptors, frees a spare and tries again. Our own
+   * code runs on one thread and opens nothing between the close and the open, and the sockets are
+   * accepted on this same thread, so the freed number is the one this open gets.
    */
   openSync(path: string, flags: string, mode?: number): number {
     for (;;) {

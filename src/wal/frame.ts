@@ -12,7 +12,9 @@ export function encodeFrame(seq: number, payload: Uint8Array): Uint8Array {
   return frame;
 }
 
-/** The most bytes the frame of `text` can take: UTF-8 needs at most 3 bytes per UTF-16 code unit. */
+/**
+ * The most bytes the frame of `text` can take: UTF-8 needs at most 3 bytes per UTF-16 code unit.
+ */
 export function textFrameBytesMax(text: string): number {
   return FRAME_HEADER_BYTES + text.length * 3;
 }
@@ -34,12 +36,19 @@ export function encodeTextFrame(seq: number, text: string): Uint8Array {
   return new Uint8Array(out.subarray(0, writeTextFrame(out, 0, seq, text)));
 }
 
-/** Writes the header of the frame at `offset` whose payload is in place; byte by byte, without a DataView. */
+/**
+ * Writes the header of the frame at `offset` whose payload is in place; byte by byte, without a
+ * DataView.
+ */
 function sealFrame(frame: Uint8Array, offset: number, seq: number, payloadBytes: number): void {
   writeU32(frame, offset, payloadBytes);
   writeU32(frame, offset + 8, seq % 0x1_0000_0000);
   writeU32(frame, offset + 12, Math.floor(seq / 0x1_0000_0000));
-  writeU32(frame, offset + 4, crc32c(frame, offset + 8, offset + FRAME_HEADER_BYTES + payloadBytes));
+  writeU32(
+    frame,
+    offset + 4,
+    crc32c(frame, offset + 8, offset + FRAME_HEADER_BYTES + payloadBytes),
+  );
 }
 
 function writeU32(bytes: Uint8Array, offset: number, value: number): void {
@@ -59,11 +68,18 @@ export function decodeFrame(bytes: Uint8Array, offset: number): DecodedFrame {
   if (bytes.length - offset < FRAME_HEADER_BYTES) return { kind: 'incomplete' };
   const view = new DataView(bytes.buffer, bytes.byteOffset + offset, FRAME_HEADER_BYTES);
   const length = view.getUint32(0, true);
-  if (length === 0 || length > FRAME_PAYLOAD_BYTES_MAX) return { kind: 'corrupt', why: `implausible length ${length}` };
+  if (length === 0 || length > FRAME_PAYLOAD_BYTES_MAX)
+    return { kind: 'corrupt', why: `implausible length ${length}` };
   const end = offset + FRAME_HEADER_BYTES + length;
   if (end > bytes.length) return { kind: 'incomplete' };
   const expected = view.getUint32(4, true);
-  if (crc32c(bytes, offset + 8, end) !== expected) return { kind: 'corrupt', why: 'checksum mismatch' };
+  if (crc32c(bytes, offset + 8, end) !== expected)
+    return { kind: 'corrupt', why: 'checksum mismatch' };
   const seq = view.getUint32(8, true) + view.getUint32(12, true) * 0x1_0000_0000;
-  return { kind: 'ok', seq, payload: bytes.subarray(offset + FRAME_HEADER_BYTES, end), nextOffset: end };
+  return {
+    kind: 'ok',
+    seq,
+    payload: bytes.subarray(offset + FRAME_HEADER_BYTES, end),
+    nextOffset: end,
+  };
 }

@@ -1,4 +1,5 @@
-// The admin API (/admin/v1) through app.handle: auth, key creation and import, views, top-ups, revoke, bad bodies.
+// The admin API (/admin/v1) through app.handle: auth, key creation and import, views, top-ups,
+// revoke, bad bodies.
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test';
 import { createHash } from 'node:crypto';
 import { rmSync } from 'node:fs';
@@ -28,7 +29,9 @@ function admin(path: string, method: 'GET' | 'POST' = 'GET', body?: unknown): Pr
   });
 }
 
-async function create(body: Record<string, unknown>): Promise<{ id: string; key: string } & Record<string, any>> {
+async function create(
+  body: Record<string, unknown>,
+): Promise<{ id: string; key: string } & Record<string, any>> {
   const response = await admin('/keys', 'POST', body);
   expect(response.status).toBe(201);
   return (await response.json()) as any;
@@ -42,7 +45,10 @@ function sha256(text: string): string {
   return createHash('sha256').update(text).digest('hex');
 }
 
-/** The key view of CONTRACT §6 with the fields this gateway adds (`created`, `limits.rate_limit_rpm_configured`). */
+/**
+ * The key view of CONTRACT §6 with the fields this gateway adds (`created`,
+ * `limits.rate_limit_rpm_configured`).
+ */
 function view(fields: {
   id: string;
   name: string;
@@ -79,7 +85,15 @@ function view(fields: {
 }
 
 function invalidKeyBody(reason: string) {
-  return { error: { message: expect.any(String), type: 'authentication_error', code: 'invalid_api_key', param: null, reason } };
+  return {
+    error: {
+      message: expect.any(String),
+      type: 'authentication_error',
+      code: 'invalid_api_key',
+      param: null,
+      reason,
+    },
+  };
 }
 
 describe('admin auth', () => {
@@ -90,14 +104,18 @@ describe('admin auth', () => {
   });
 
   test('a non-bearer scheme counts as missing', async () => {
-    const response = await t.request('/admin/v1/keys', { headers: { authorization: `Basic ${ADMIN_TOKEN}` } });
+    const response = await t.request('/admin/v1/keys', {
+      headers: { authorization: `Basic ${ADMIN_TOKEN}` },
+    });
     expect(response.status).toBe(401);
     expect(await response.json()).toEqual(invalidKeyBody('missing'));
   });
 
   test('a wrong token → 401 invalid_api_key', async () => {
     for (const token of ['wrong', `${ADMIN_TOKEN}x`, ADMIN_TOKEN.slice(0, -1)]) {
-      const response = await t.request('/admin/v1/keys', { headers: { authorization: `Bearer ${token}` } });
+      const response = await t.request('/admin/v1/keys', {
+        headers: { authorization: `Bearer ${token}` },
+      });
       expect(response.status).toBe(401);
       expect(await response.json()).toEqual(invalidKeyBody('unknown'));
     }
@@ -109,23 +127,29 @@ describe('admin auth', () => {
     expect(response.status).toBe(401);
   });
 
-  test('every admin route needs the token, POSTs included, and creates nothing without it', async () => {
-    const before = t.gateway.store.state.keys.size;
-    const { id } = await create({ name: 'guarded' });
-    const calls: Array<[string, string]> = [
-      ['GET', '/admin/v1/keys'],
-      ['POST', '/admin/v1/keys'],
-      ['GET', `/admin/v1/keys/${id}`],
-      ['POST', `/admin/v1/keys/${id}/credits`],
-      ['POST', `/admin/v1/keys/${id}/revoke`],
-    ];
-    for (const [method, path] of calls) {
-      const response = await t.request(path, { method, body: method === 'POST' ? JSON.stringify({ name: 'x', credits: 5 }) : undefined });
-      expect({ method, path, status: response.status }).toEqual({ method, path, status: 401 });
-    }
-    expect(t.gateway.store.state.keys.size).toBe(before + 1);
-    expect(await (await admin(`/keys/${id}`)).json()).toEqual(view({ id, name: 'guarded' }));
-  });
+  test(
+    'every admin route needs the token, POSTs ' + 'included, and creates nothing without it',
+    async () => {
+      const before = t.gateway.store.state.keys.size;
+      const { id } = await create({ name: 'guarded' });
+      const calls: Array<[string, string]> = [
+        ['GET', '/admin/v1/keys'],
+        ['POST', '/admin/v1/keys'],
+        ['GET', `/admin/v1/keys/${id}`],
+        ['POST', `/admin/v1/keys/${id}/credits`],
+        ['POST', `/admin/v1/keys/${id}/revoke`],
+      ];
+      for (const [method, path] of calls) {
+        const response = await t.request(path, {
+          method,
+          body: method === 'POST' ? JSON.stringify({ name: 'x', credits: 5 }) : undefined,
+        });
+        expect({ method, path, status: response.status }).toEqual({ method, path, status: 401 });
+      }
+      expect(t.gateway.store.state.keys.size).toBe(before + 1);
+      expect(await (await admin(`/keys/${id}`)).json()).toEqual(view({ id, name: 'guarded' }));
+    },
+  );
 });
 
 describe('POST /admin/v1/keys', () => {
@@ -150,7 +174,16 @@ describe('POST /admin/v1/keys', () => {
       rate_limit_rpm: 30,
     });
     expect(body).toEqual({
-      ...view({ id: body.id, name: 'full', services: ['decision'], credits: 2.5, tokenWallet: 7_000, dailyBudget: 0.25, rpm: 30, rpmConfigured: 30 }),
+      ...view({
+        id: body.id,
+        name: 'full',
+        services: ['decision'],
+        credits: 2.5,
+        tokenWallet: 7_000,
+        dailyBudget: 0.25,
+        rpm: 30,
+        rpmConfigured: 30,
+      }),
       key: body.key,
     });
     // A decision-only key is refused by the chat service.
@@ -169,13 +202,18 @@ describe('POST /admin/v1/keys', () => {
   test('0.000001 credits is exactly 1 µcr, and top-ups add without float drift', async () => {
     const { id } = await create({ name: 'micro', credits: 0.000001 });
     expect(t.gateway.store.state.keys.get(id)!.balanceMicro).toBe(1);
-    expect(await (await admin(`/keys/${id}`)).json()).toEqual(view({ id, name: 'micro', credits: 0.000001 }));
+    expect(await (await admin(`/keys/${id}`)).json()).toEqual(
+      view({ id, name: 'micro', credits: 0.000001 }),
+    );
 
-    // 0.1 + 0.2 in floats is 0.30000000000000004; in µcr it is 300,000 and shows as 0.300001 with the first µcr.
+    // 0.1 + 0.2 in floats is 0.30000000000000004; in µcr it is 300,000 and shows as 0.300001 with
+    // the first µcr.
     expect((await admin(`/keys/${id}/credits`, 'POST', { credits: 0.1 })).status).toBe(200);
     expect((await admin(`/keys/${id}/credits`, 'POST', { credits: 0.2 })).status).toBe(200);
     expect(t.gateway.store.state.keys.get(id)!.balanceMicro).toBe(300_001);
-    expect(await (await admin(`/keys/${id}`)).json()).toEqual(view({ id, name: 'micro', credits: 0.300001 }));
+    expect(await (await admin(`/keys/${id}`)).json()).toEqual(
+      view({ id, name: 'micro', credits: 0.300001 }),
+    );
   });
 
   test('import: an existing secret given as `key` is stored and authenticates', async () => {
@@ -195,7 +233,12 @@ describe('POST /admin/v1/keys', () => {
     const response = await admin('/keys', 'POST', { name: 'second', key: secret });
     expect(response.status).toBe(400);
     expect(await response.json()).toEqual({
-      error: { message: expect.any(String), type: 'invalid_request_error', code: 'invalid_request_error', param: 'key' },
+      error: {
+        message: expect.any(String),
+        type: 'invalid_request_error',
+        code: 'invalid_request_error',
+        param: 'key',
+      },
     });
     expect(t.gateway.store.state.keys.size).toBe(before);
     expect(t.gateway.store.state.keysBySecret.get(sha256(secret))!.id).toBe(first.id);
@@ -208,20 +251,84 @@ describe('bad bodies → 400 invalid_request_error naming the field', () => {
     { name: 'not JSON', body: '{"name": ', param: null },
     { name: 'missing name', body: {}, param: 'name', message: 'name is required' },
     { name: 'empty name', body: { name: '' }, param: 'name', message: 'name must not be empty' },
-    { name: 'name not a string', body: { name: 7 }, param: 'name', message: 'name must be a string' },
-    { name: 'negative credits', body: { name: 'x', credits: -1 }, param: 'credits', message: 'credits must be ≥ 0' },
-    { name: 'credits over their maximum', body: { name: 'x', credits: 9_000_000_001 }, param: 'credits', message: 'credits must be ≤ 9000000000' },
-    { name: 'credits as a string', body: { name: 'x', credits: '5' }, param: 'credits', message: 'credits must be a number' },
-    { name: 'unknown service', body: { name: 'x', services: ['images'] }, param: 'services[0]', message: 'services[0] must be one of "chat" or "decision"' },
-    { name: 'no services', body: { name: 'x', services: [] }, param: 'services', message: 'services must have at least 1 item' },
-    { name: 'fractional token wallet', body: { name: 'x', token_wallet: 1.5 }, param: 'token_wallet', message: 'token_wallet must be an integer' },
-    { name: 'zero rpm', body: { name: 'x', rate_limit_rpm: 0 }, param: 'rate_limit_rpm', message: 'rate_limit_rpm must be ≥ 1' },
-    { name: 'rpm over its maximum', body: { name: 'x', rate_limit_rpm: 10_000_001 }, param: 'rate_limit_rpm', message: 'rate_limit_rpm must be ≤ 10000000' },
-    { name: 'rpm a string', body: { name: 'x', rate_limit_rpm: 'fast' }, param: 'rate_limit_rpm', message: 'rate_limit_rpm must be null or an integer' },
-    { name: 'negative daily budget', body: { name: 'x', daily_decision_budget: -1 }, param: 'daily_decision_budget', message: 'daily_decision_budget must be ≥ 0' },
-    { name: 'unknown field', body: { name: 'x', colour: 'red' }, param: 'colour', message: 'colour is not a known field' },
+    {
+      name: 'name not a string',
+      body: { name: 7 },
+      param: 'name',
+      message: 'name must be a string',
+    },
+    {
+      name: 'negative credits',
+      body: { name: 'x', credits: -1 },
+      param: 'credits',
+      message: 'credits must be ≥ 0',
+    },
+    {
+      name: 'credits over their maximum',
+      body: { name: 'x', credits: 9_000_000_001 },
+      param: 'credits',
+      message: 'credits must be ≤ 9000000000',
+    },
+    {
+      name: 'credits as a string',
+      body: { name: 'x', credits: '5' },
+      param: 'credits',
+      message: 'credits must be a number',
+    },
+    {
+      name: 'unknown service',
+      body: { name: 'x', services: ['images'] },
+      param: 'services[0]',
+      message: 'services[0] must be one of "chat" or "decision"',
+    },
+    {
+      name: 'no services',
+      body: { name: 'x', services: [] },
+      param: 'services',
+      message: 'services must have at least 1 item',
+    },
+    {
+      name: 'fractional token wallet',
+      body: { name: 'x', token_wallet: 1.5 },
+      param: 'token_wallet',
+      message: 'token_wallet must be an integer',
+    },
+    {
+      name: 'zero rpm',
+      body: { name: 'x', rate_limit_rpm: 0 },
+      param: 'rate_limit_rpm',
+      message: 'rate_limit_rpm must be ≥ 1',
+    },
+    {
+      name: 'rpm over its maximum',
+      body: { name: 'x', rate_limit_rpm: 10_000_001 },
+      param: 'rate_limit_rpm',
+      message: 'rate_limit_rpm must be ≤ 10000000',
+    },
+    {
+      name: 'rpm a string',
+      body: { name: 'x', rate_limit_rpm: 'fast' },
+      param: 'rate_limit_rpm',
+      message: 'rate_limit_rpm must be null or an integer',
+    },
+    {
+      name: 'negative daily budget',
+      body: { name: 'x', daily_decision_budget: -1 },
+      param: 'daily_decision_budget',
+      message: 'daily_decision_budget must be ≥ 0',
+    },
+    {
+      name: 'unknown field',
+      body: { name: 'x', colour: 'red' },
+      param: 'colour',
+      message: 'colour is not a known field',
+    },
     { name: 'imported secret too short', body: { name: 'x', key: 'short' }, param: 'key' },
-    { name: 'imported secret with a space', body: { name: 'x', key: 'has a space 0123456789abcdef' }, param: 'key' },
+    {
+      name: 'imported secret with a space',
+      body: { name: 'x', key: 'has a space 0123456789abcdef' },
+      param: 'key',
+    },
   ];
 
   for (const c of cases) {
@@ -230,18 +337,48 @@ describe('bad bodies → 400 invalid_request_error naming the field', () => {
       const response = await admin('/keys', 'POST', c.body);
       expect(response.status).toBe(400);
       expect(await response.json()).toEqual({
-        error: { message: c.message ?? expect.any(String), type: 'invalid_request_error', code: 'invalid_request_error', param: c.param },
+        error: {
+          message: c.message ?? expect.any(String),
+          type: 'invalid_request_error',
+          code: 'invalid_request_error',
+          param: c.param,
+        },
       });
       expect(t.gateway.store.state.keys.size).toBe(before);
     });
   }
 
-  const creditCases: Array<{ name: string; body: unknown; param: string | null; message?: string }> = [
+  const creditCases: Array<{
+    name: string;
+    body: unknown;
+    param: string | null;
+    message?: string;
+  }> = [
     { name: 'neither credits nor tokens', body: {}, param: 'credits' },
-    { name: 'negative credits', body: { credits: -5 }, param: 'credits', message: 'credits must be ≥ 0' },
-    { name: 'credits as a string', body: { credits: '5' }, param: 'credits', message: 'credits must be a number' },
-    { name: 'fractional tokens', body: { tokens: 0.5 }, param: 'tokens', message: 'tokens must be an integer' },
-    { name: 'unknown field', body: { amount: 5 }, param: 'amount', message: 'amount is not a known field' },
+    {
+      name: 'negative credits',
+      body: { credits: -5 },
+      param: 'credits',
+      message: 'credits must be ≥ 0',
+    },
+    {
+      name: 'credits as a string',
+      body: { credits: '5' },
+      param: 'credits',
+      message: 'credits must be a number',
+    },
+    {
+      name: 'fractional tokens',
+      body: { tokens: 0.5 },
+      param: 'tokens',
+      message: 'tokens must be an integer',
+    },
+    {
+      name: 'unknown field',
+      body: { amount: 5 },
+      param: 'amount',
+      message: 'amount is not a known field',
+    },
     { name: 'not JSON', body: 'five', param: null },
   ];
 
@@ -251,25 +388,50 @@ describe('bad bodies → 400 invalid_request_error naming the field', () => {
       const response = await admin(`/keys/${id}/credits`, 'POST', c.body);
       expect(response.status).toBe(400);
       expect(await response.json()).toEqual({
-        error: { message: c.message ?? expect.any(String), type: 'invalid_request_error', code: 'invalid_request_error', param: c.param },
+        error: {
+          message: c.message ?? expect.any(String),
+          type: 'invalid_request_error',
+          code: 'invalid_request_error',
+          param: c.param,
+        },
       });
-      expect(await (await admin(`/keys/${id}`)).json()).toEqual(view({ id, name: 'bad-topup', credits: 1 }));
+      expect(await (await admin(`/keys/${id}`)).json()).toEqual(
+        view({ id, name: 'bad-topup', credits: 1 }),
+      );
     });
   }
 });
 
 describe('reading keys', () => {
-  test('GET /keys/<id> has exactly the contract\'s view (plus created and rate_limit_rpm_configured)', async () => {
-    const { id } = await create({ name: 'shape', credits: 12.345678, token_wallet: 9 });
-    const response = await admin(`/keys/${id}`);
-    expect(response.status).toBe(200);
-    const body = (await response.json()) as any;
-    expect(body).toEqual(view({ id, name: 'shape', credits: 12.345678, tokenWallet: 9 }));
-    expect(Object.keys(body).sort()).toEqual(['balances', 'created', 'id', 'limits', 'name', 'revoked', 'services']);
-    expect(Object.keys(body.balances).sort()).toEqual(['charged', 'credits', 'credits_added', 'held', 'token_wallet']);
-    expect(Number.isInteger(body.balances.token_wallet)).toBe(true);
-    expect(body.created).toBe(Math.floor(t.gateway.store.state.keys.get(id)!.createdAtMs / 1000));
-  });
+  test(
+    "GET /keys/<id> has exactly the contract's view " +
+      '(plus created and rate_limit_rpm_configured)',
+    async () => {
+      const { id } = await create({ name: 'shape', credits: 12.345678, token_wallet: 9 });
+      const response = await admin(`/keys/${id}`);
+      expect(response.status).toBe(200);
+      const body = (await response.json()) as any;
+      expect(body).toEqual(view({ id, name: 'shape', credits: 12.345678, tokenWallet: 9 }));
+      expect(Object.keys(body).sort()).toEqual([
+        'balances',
+        'created',
+        'id',
+        'limits',
+        'name',
+        'revoked',
+        'services',
+      ]);
+      expect(Object.keys(body.balances).sort()).toEqual([
+        'charged',
+        'credits',
+        'credits_added',
+        'held',
+        'token_wallet',
+      ]);
+      expect(Number.isInteger(body.balances.token_wallet)).toBe(true);
+      expect(body.created).toBe(Math.floor(t.gateway.store.state.keys.get(id)!.createdAtMs / 1000));
+    },
+  );
 
   test('GET /keys lists every key and no secret, hash or key field', async () => {
     const a = await create({ name: 'list-a', credits: 1 });
@@ -280,7 +442,9 @@ describe('reading keys', () => {
     const body = JSON.parse(text) as { object: string; data: any[] };
     expect(body.object).toBe('list');
     expect(body.data).toHaveLength(t.gateway.store.state.keys.size);
-    expect(body.data.find((k) => k.id === a.id)).toEqual(view({ id: a.id, name: 'list-a', credits: 1 }));
+    expect(body.data.find((k) => k.id === a.id)).toEqual(
+      view({ id: a.id, name: 'list-a', credits: 1 }),
+    );
     expect(body.data.find((k) => k.id === b.id)).toEqual(view({ id: b.id, name: 'list-b' }));
     for (const secret of [a.key, b.key]) {
       expect(text).not.toContain(secret);
@@ -306,38 +470,58 @@ describe('reading keys', () => {
       const response = await admin(path, method, body);
       expect({ path, status: response.status }).toEqual({ path, status: 404 });
       expect(await response.json()).toEqual({
-        error: { message: expect.any(String), type: 'invalid_request_error', code: 'not_found', param: null },
+        error: {
+          message: expect.any(String),
+          type: 'invalid_request_error',
+          code: 'not_found',
+          param: null,
+        },
       });
     }
   });
 });
 
 describe('POST /admin/v1/keys/<id>/credits', () => {
-  test('{credits} adds to balance and credits_added; {tokens} adds to the token wallet', async () => {
-    const { id } = await create({ name: 'topup', credits: 1, token_wallet: 10 });
-    let response = await admin(`/keys/${id}/credits`, 'POST', { credits: 4.5 });
-    expect(response.status).toBe(200);
-    expect(await response.json()).toEqual(view({ id, name: 'topup', credits: 5.5, tokenWallet: 10 }));
+  test(
+    '{credits} adds to balance and credits_added; ' + '{tokens} adds to the token wallet',
+    async () => {
+      const { id } = await create({ name: 'topup', credits: 1, token_wallet: 10 });
+      let response = await admin(`/keys/${id}/credits`, 'POST', { credits: 4.5 });
+      expect(response.status).toBe(200);
+      expect(await response.json()).toEqual(
+        view({ id, name: 'topup', credits: 5.5, tokenWallet: 10 }),
+      );
 
-    response = await admin(`/keys/${id}/credits`, 'POST', { tokens: 90 });
-    expect(response.status).toBe(200);
-    expect(await response.json()).toEqual(view({ id, name: 'topup', credits: 5.5, tokenWallet: 100 }));
+      response = await admin(`/keys/${id}/credits`, 'POST', { tokens: 90 });
+      expect(response.status).toBe(200);
+      expect(await response.json()).toEqual(
+        view({ id, name: 'topup', credits: 5.5, tokenWallet: 100 }),
+      );
 
-    response = await admin(`/keys/${id}/credits`, 'POST', { credits: 0.5, tokens: 1 });
-    expect(response.status).toBe(200);
-    expect(await response.json()).toEqual(view({ id, name: 'topup', credits: 6, tokenWallet: 101 }));
+      response = await admin(`/keys/${id}/credits`, 'POST', { credits: 0.5, tokens: 1 });
+      expect(response.status).toBe(200);
+      expect(await response.json()).toEqual(
+        view({ id, name: 'topup', credits: 6, tokenWallet: 101 }),
+      );
 
-    expect(await (await admin(`/keys/${id}`)).json()).toEqual(view({ id, name: 'topup', credits: 6, tokenWallet: 101 }));
-    const account = t.gateway.store.state.keys.get(id)!;
-    expect(account.creditsAddedMicro).toBe(6_000_000);
-    expect(account.creditsAddedMicro).toBe(account.balanceMicro + account.heldMicro + account.chargedMicro);
-  });
+      expect(await (await admin(`/keys/${id}`)).json()).toEqual(
+        view({ id, name: 'topup', credits: 6, tokenWallet: 101 }),
+      );
+      const account = t.gateway.store.state.keys.get(id)!;
+      expect(account.creditsAddedMicro).toBe(6_000_000);
+      expect(account.creditsAddedMicro).toBe(
+        account.balanceMicro + account.heldMicro + account.chargedMicro,
+      );
+    },
+  );
 
   test('a top-up of 0.000001 credits adds exactly 1 µcr', async () => {
     const { id } = await create({ name: 'one-micro', credits: 0 });
     expect((await admin(`/keys/${id}/credits`, 'POST', { credits: 0.000001 })).status).toBe(200);
     expect(t.gateway.store.state.keys.get(id)!.balanceMicro).toBe(1);
-    expect(await (await admin(`/keys/${id}`)).json()).toEqual(view({ id, name: 'one-micro', credits: 0.000001 }));
+    expect(await (await admin(`/keys/${id}`)).json()).toEqual(
+      view({ id, name: 'one-micro', credits: 0.000001 }),
+    );
   });
 });
 
@@ -348,7 +532,9 @@ describe('POST /admin/v1/keys/<id>/revoke', () => {
 
     let response = await admin(`/keys/${id}/revoke`, 'POST');
     expect(response.status).toBe(200);
-    expect(await response.json()).toEqual(view({ id, name: 'to-revoke', credits: 1, revoked: true }));
+    expect(await response.json()).toEqual(
+      view({ id, name: 'to-revoke', credits: 1, revoked: true }),
+    );
 
     response = await models(key);
     expect(response.status).toBe(401);
@@ -364,8 +550,12 @@ describe('POST /admin/v1/keys/<id>/revoke', () => {
 
     response = await admin(`/keys/${id}/revoke`, 'POST');
     expect(response.status).toBe(200);
-    expect(await response.json()).toEqual(view({ id, name: 'to-revoke', credits: 1, revoked: true }));
-    expect(await (await admin(`/keys/${id}`)).json()).toEqual(view({ id, name: 'to-revoke', credits: 1, revoked: true }));
+    expect(await response.json()).toEqual(
+      view({ id, name: 'to-revoke', credits: 1, revoked: true }),
+    );
+    expect(await (await admin(`/keys/${id}`)).json()).toEqual(
+      view({ id, name: 'to-revoke', credits: 1, revoked: true }),
+    );
   });
 
   test('an unknown secret is reason unknown, not revoked', async () => {
@@ -382,7 +572,9 @@ describe('durability', () => {
     await admin(`/keys/${id}/credits`, 'POST', { credits: 1, tokens: 5 });
     await admin(`/keys/${id}/revoke`, 'POST');
     const expected = await (await admin(`/keys/${id}`)).json();
-    expect(expected).toEqual(view({ id, name: 'durable', credits: 3, tokenWallet: 5, revoked: true }));
+    expect(expected).toEqual(
+      view({ id, name: 'durable', credits: 3, tokenWallet: 5, revoked: true }),
+    );
     const keysBefore = await (await admin('/keys')).json();
 
     await t.gateway.store.close();

@@ -1,4 +1,5 @@
-// The CLI as a process: keys and credits on the log directly, through a running server's admin API, and the generated admin token.
+// The CLI as a process: keys and credits on the log directly, through a running server's admin API,
+// and the generated admin token.
 import { afterAll, describe, expect, test } from 'bun:test';
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { join } from 'node:path';
@@ -9,11 +10,17 @@ afterAll(cleanUp);
 /** Runs the CLI and expects success with one JSON document on stdout. */
 async function cliJson(args: string[], childEnv: Record<string, string>): Promise<any> {
   const result = await cli(args, childEnv);
-  expect({ args, code: result.code, stderr: result.code === 0 ? '' : result.stderr }).toEqual({ args, code: 0, stderr: '' });
+  expect({ args, code: result.code, stderr: result.code === 0 ? '' : result.stderr }).toEqual({
+    args,
+    code: 0,
+    stderr: '',
+  });
   return JSON.parse(result.stdout);
 }
 
-/** The key view the CLI prints (CONTRACT §6 plus `created` and `limits.rate_limit_rpm_configured`). */
+/**
+ * The key view the CLI prints (CONTRACT §6 plus `created` and `limits.rate_limit_rpm_configured`).
+ */
 function view(id: string, name: string, credits: number, revoked = false) {
   return {
     id,
@@ -27,15 +34,23 @@ function view(id: string, name: string, credits: number, revoked = false) {
 }
 
 describe('help, version and usage', () => {
-  const { version } = JSON.parse(readFileSync(join(import.meta.dir, '../../package.json'), 'utf8')) as { version: string };
+  const { version } = JSON.parse(
+    readFileSync(join(import.meta.dir, '../../package.json'), 'utf8'),
+  ) as { version: string };
   // Neither needs the config: a broken one must not stop them.
-  const broken = () => env({ DATA_DIR: dataDir(), GATEWAY_CONFIG: join(dataDir(), 'missing.json'), PORT: 'not-a-port' });
+  const broken = () =>
+    env({
+      DATA_DIR: dataDir(),
+      GATEWAY_CONFIG: join(dataDir(), 'missing.json'),
+      PORT: 'not-a-port',
+    });
 
   for (const args of [['--help'], ['-h'], ['help'], ['keys', '--help'], ['credits', 'add', '-h']]) {
     test(`${args.join(' ')} prints the usage on stdout and exits 0`, async () => {
       const result = await cli(args, broken());
       expect(result).toEqual({ code: 0, stdout: expect.stringContaining('usage:'), stderr: '' });
-      for (const command of ['tollgate keys create', 'tollgate credits add', '--version']) expect(result.stdout).toContain(command);
+      for (const command of ['tollgate keys create', 'tollgate credits add', '--version'])
+        expect(result.stdout).toContain(command);
     });
   }
 
@@ -45,12 +60,24 @@ describe('help, version and usage', () => {
     });
   }
 
-  for (const args of [['bogus'], ['--bogus'], ['serve', '--port', '1'], ['serve', 'now'], ['keys', 'list', 'extra']]) {
-    test(`${args.join(' ')} is a usage error: usage on stderr, exit 64, before the config is read`, async () => {
-      const result = await cli(args, broken());
-      expect(result).toEqual({ code: 64, stdout: '', stderr: expect.stringContaining('usage:') });
-      expect(result.stderr.split('\n')[0]).toMatch(/^tollgate: (unknown command|Unknown option|unexpected argument|serve takes no option)/);
-    });
+  for (const args of [
+    ['bogus'],
+    ['--bogus'],
+    ['serve', '--port', '1'],
+    ['serve', 'now'],
+    ['keys', 'list', 'extra'],
+  ]) {
+    test(
+      `${args.join(' ')} is a usage error: usage ` +
+        `on stderr, exit 64, before the config is read`,
+      async () => {
+        const result = await cli(args, broken());
+        expect(result).toEqual({ code: 64, stdout: '', stderr: expect.stringContaining('usage:') });
+        expect(result.stderr.split('\n')[0]).toMatch(
+          /^tollgate: (unknown command|Unknown option|unexpected argument|serve takes no option)/,
+        );
+      },
+    );
   }
 
   test('a valid command with a broken config still stops on the config (exit 78)', async () => {
@@ -78,48 +105,78 @@ describe('CLI on the log directly (no server running)', () => {
     expect(JSON.stringify(list)).not.toContain(key.key);
 
     expect(await cliJson(['keys', 'show', key.id], childEnv)).toEqual(view(key.id, 'demo', 100));
-    expect(await cliJson(['credits', 'add', key.id, '--credits', '5'], childEnv)).toEqual(view(key.id, 'demo', 105));
-    expect(await cliJson(['keys', 'revoke', key.id], childEnv)).toEqual(view(key.id, 'demo', 105, true));
-    expect(await cliJson(['keys', 'show', key.id], childEnv)).toEqual(view(key.id, 'demo', 105, true));
+    expect(await cliJson(['credits', 'add', key.id, '--credits', '5'], childEnv)).toEqual(
+      view(key.id, 'demo', 105),
+    );
+    expect(await cliJson(['keys', 'revoke', key.id], childEnv)).toEqual(
+      view(key.id, 'demo', 105, true),
+    );
+    expect(await cliJson(['keys', 'show', key.id], childEnv)).toEqual(
+      view(key.id, 'demo', 105, true),
+    );
 
     // The CLI left no lock behind and the state is durable: a server on the same dir sees it.
     expect(existsSync(join(dir, 'lock'))).toBe(false);
     const server = await serve({ ...childEnv, ADMIN_TOKEN: ADMIN });
     try {
-      const response = await fetch(`${server.url}/api/v1/models`, { headers: { authorization: `Bearer ${key.key}` } });
+      const response = await fetch(`${server.url}/api/v1/models`, {
+        headers: { authorization: `Bearer ${key.key}` },
+      });
       expect(response.status).toBe(401);
       expect(((await response.json()) as any).error.reason).toBe('revoked');
-      const shown = await fetch(`${server.url}/admin/v1/keys/${key.id}`, { headers: { authorization: `Bearer ${ADMIN}` } });
+      const shown = await fetch(`${server.url}/admin/v1/keys/${key.id}`, {
+        headers: { authorization: `Bearer ${ADMIN}` },
+      });
       expect(await shown.json()).toEqual(view(key.id, 'demo', 105, true));
     } finally {
       expect(await server.stop()).toBe(0);
     }
   });
 
-  test('an unknown key id exits 1 with the error; bad usage exits 64 (EX_USAGE) with the usage on stderr', async () => {
-    const childEnv = env({ DATA_DIR: dataDir() });
-    const missing = await cli(['keys', 'show', 'key_nope'], childEnv);
-    expect(missing.code).toBe(1);
-    expect(JSON.parse(missing.stdout).error.code).toBe('not_found');
+  test(
+    'an unknown key id exits 1 with the error; bad usage exits 64 (EX_USAGE) with the usage ' +
+      'on stderr',
+    async () => {
+      const childEnv = env({ DATA_DIR: dataDir() });
+      const missing = await cli(['keys', 'show', 'key_nope'], childEnv);
+      expect(missing.code).toBe(1);
+      expect(JSON.parse(missing.stdout).error.code).toBe('not_found');
 
-    const noName = await cli(['keys', 'create'], childEnv);
-    expect(noName).toEqual({ code: 64, stdout: '', stderr: expect.stringContaining('keys create needs --name') });
-    expect(noName.stderr).toContain('usage:');
+      const noName = await cli(['keys', 'create'], childEnv);
+      expect(noName).toEqual({
+        code: 64,
+        stdout: '',
+        stderr: expect.stringContaining('keys create needs --name'),
+      });
+      expect(noName.stderr).toContain('usage:');
 
-    const unknown = await cli(['keys', 'explode'], childEnv);
-    expect(unknown).toEqual({ code: 64, stdout: '', stderr: expect.stringContaining('unknown command "keys explode"') });
-    expect(unknown.stderr).toContain('usage:');
+      const unknown = await cli(['keys', 'explode'], childEnv);
+      expect(unknown).toEqual({
+        code: 64,
+        stdout: '',
+        stderr: expect.stringContaining('unknown command "keys explode"'),
+      });
+      expect(unknown.stderr).toContain('usage:');
 
-    const badNumber = await cli(['credits', 'add', 'key_x', '--credits', 'lots'], childEnv);
-    expect(badNumber).toEqual({ code: 64, stdout: '', stderr: expect.stringContaining('--credits: expected a non-negative number') });
-  });
+      const badNumber = await cli(['credits', 'add', 'key_x', '--credits', 'lots'], childEnv);
+      expect(badNumber).toEqual({
+        code: 64,
+        stdout: '',
+        stderr: expect.stringContaining('--credits: expected a non-negative number'),
+      });
+    },
+  );
 
   test('stdout stays one JSON document even with LOG_LEVEL=info (logs go to stderr)', async () => {
-    const result = await cli(['keys', 'create', '--name', 'quiet', '--credits', '1'], env({ DATA_DIR: dataDir(), LOG_LEVEL: 'info' }));
+    const result = await cli(
+      ['keys', 'create', '--name', 'quiet', '--credits', '1'],
+      env({ DATA_DIR: dataDir(), LOG_LEVEL: 'info' }),
+    );
     expect(result.code).toBe(0);
     const key = JSON.parse(result.stdout);
     expect(key).toEqual({ ...view(key.id, 'quiet', 1), key: key.key });
-    // The info log of opening the state went somewhere: stderr, never stdout, and it carries no secret.
+    // The info log of opening the state went somewhere: stderr, never stdout, and it carries no
+    // secret.
     expect(result.stderr).toContain('state: replayed');
     expect(result.stderr).not.toContain(key.key);
   });
@@ -132,104 +189,145 @@ describe('CLI on the log directly (no server running)', () => {
 });
 
 describe('CLI against a running server', () => {
-  test('goes through the admin API: the created key works at once on the running server', async () => {
-    const dir = dataDir();
-    const server = await serve(env({ DATA_DIR: dir, ADMIN_TOKEN: ADMIN }));
-    // No PORT: the server listens on a port it chose (PORT=0); the CLI learns it from the lock file.
-    const childEnv = env({ DATA_DIR: dir, ADMIN_TOKEN: ADMIN });
-    let keyId = '';
-    try {
-      const key = await cliJson(['keys', 'create', '--name', 'live', '--credits', '1'], childEnv);
-      keyId = key.id;
-      expect(key).toEqual({ ...view(key.id, 'live', 1), key: key.key });
+  test(
+    'goes through the admin API: the created ' + 'key works at once on the running server',
+    async () => {
+      const dir = dataDir();
+      const server = await serve(env({ DATA_DIR: dir, ADMIN_TOKEN: ADMIN }));
+      // No PORT: the server listens on a port it chose (PORT=0); the CLI learns it from the lock
+      // file.
+      const childEnv = env({ DATA_DIR: dir, ADMIN_TOKEN: ADMIN });
+      let keyId = '';
+      try {
+        const key = await cliJson(['keys', 'create', '--name', 'live', '--credits', '1'], childEnv);
+        keyId = key.id;
+        expect(key).toEqual({ ...view(key.id, 'live', 1), key: key.key });
 
-      // Only the server's own state can know this key: the CLI could not have written the log while the server holds it.
-      const models = await fetch(`${server.url}/api/v1/models`, { headers: { authorization: `Bearer ${key.key}` } });
-      expect(models.status).toBe(200);
-      expect(((await models.json()) as any).data).toHaveLength(11);
+        // Only the server's own state can know this key: the CLI could not have written the log
+        // while the server holds it.
+        const models = await fetch(`${server.url}/api/v1/models`, {
+          headers: { authorization: `Bearer ${key.key}` },
+        });
+        expect(models.status).toBe(200);
+        expect(((await models.json()) as any).data).toHaveLength(11);
 
-      expect(await cliJson(['credits', 'add', key.id, '--credits', '2', '--tokens', '3'], childEnv)).toEqual({
-        ...view(key.id, 'live', 3),
+        expect(
+          await cliJson(['credits', 'add', key.id, '--credits', '2', '--tokens', '3'], childEnv),
+        ).toEqual({
+          ...view(key.id, 'live', 3),
+          balances: { credits: 3, held: 0, charged: 0, credits_added: 3, token_wallet: 3 },
+        });
+        expect(await cliJson(['keys', 'list'], childEnv)).toEqual({
+          object: 'list',
+          data: [
+            {
+              ...view(key.id, 'live', 3),
+              balances: { credits: 3, held: 0, charged: 0, credits_added: 3, token_wallet: 3 },
+            },
+          ],
+        });
+
+        expect(await cliJson(['keys', 'revoke', key.id], childEnv)).toMatchObject({
+          id: key.id,
+          revoked: true,
+        });
+        const revoked = await fetch(`${server.url}/api/v1/models`, {
+          headers: { authorization: `Bearer ${key.key}` },
+        });
+        expect(revoked.status).toBe(401);
+        expect(((await revoked.json()) as any).error.reason).toBe('revoked');
+
+        // A wrong admin token is refused by the server, and the CLI says so with exit 1.
+        const refused = await cli(['keys', 'list'], {
+          ...childEnv,
+          ADMIN_TOKEN: 'not-the-admin-token-0000',
+        });
+        expect(refused.code).toBe(1);
+        expect(JSON.parse(refused.stdout).error.code).toBe('invalid_api_key');
+      } finally {
+        expect(await server.stop()).toBe(0);
+      }
+
+      // After the server stopped, the CLI works on the log directly and sees what the server wrote.
+      expect(existsSync(join(dir, 'lock'))).toBe(false);
+      expect(await cliJson(['keys', 'show', keyId], env({ DATA_DIR: dir }))).toEqual({
+        ...view(keyId, 'live', 3, true),
         balances: { credits: 3, held: 0, charged: 0, credits_added: 3, token_wallet: 3 },
       });
-      expect(await cliJson(['keys', 'list'], childEnv)).toEqual({
-        object: 'list',
-        data: [{ ...view(key.id, 'live', 3), balances: { credits: 3, held: 0, charged: 0, credits_added: 3, token_wallet: 3 } }],
-      });
-
-      expect(await cliJson(['keys', 'revoke', key.id], childEnv)).toMatchObject({ id: key.id, revoked: true });
-      const revoked = await fetch(`${server.url}/api/v1/models`, { headers: { authorization: `Bearer ${key.key}` } });
-      expect(revoked.status).toBe(401);
-      expect(((await revoked.json()) as any).error.reason).toBe('revoked');
-
-      // A wrong admin token is refused by the server, and the CLI says so with exit 1.
-      const refused = await cli(['keys', 'list'], { ...childEnv, ADMIN_TOKEN: 'not-the-admin-token-0000' });
-      expect(refused.code).toBe(1);
-      expect(JSON.parse(refused.stdout).error.code).toBe('invalid_api_key');
-    } finally {
-      expect(await server.stop()).toBe(0);
-    }
-
-    // After the server stopped, the CLI works on the log directly and sees what the server wrote.
-    expect(existsSync(join(dir, 'lock'))).toBe(false);
-    expect(await cliJson(['keys', 'show', keyId], env({ DATA_DIR: dir }))).toEqual({
-      ...view(keyId, 'live', 3, true),
-      balances: { credits: 3, held: 0, charged: 0, credits_added: 3, token_wallet: 3 },
-    });
-  });
+    },
+  );
 });
 
 describe('generated admin token', () => {
-  test('with no ADMIN_TOKEN: DATA_DIR/admin-token, mode 0600; the log names the path, never the token', async () => {
-    const dir = dataDir();
-    const path = join(dir, 'admin-token');
-    const server = await serve(env({ DATA_DIR: dir }));
-    let token = '';
-    try {
-      expect(statSync(path).mode & 0o777).toBe(0o600);
-      token = readFileSync(path, 'utf8').trim();
-      expect(token.length).toBeGreaterThanOrEqual(32);
+  test(
+    'with no ADMIN_TOKEN: DATA_DIR/admin-token, mode ' +
+      '0600; the log names the path, never the token',
+    async () => {
+      const dir = dataDir();
+      const path = join(dir, 'admin-token');
+      const server = await serve(env({ DATA_DIR: dir }));
+      let token = '';
+      try {
+        expect(statSync(path).mode & 0o777).toBe(0o600);
+        token = readFileSync(path, 'utf8').trim();
+        expect(token.length).toBeGreaterThanOrEqual(32);
 
-      const generated = JSON.parse(await server.stdout.waitFor(logLine('admin token generated; read it from this file')));
-      expect(generated.path).toBe(path);
+        const generated = JSON.parse(
+          await server.stdout.waitFor(logLine('admin token generated; read it from this file')),
+        );
+        expect(generated.path).toBe(path);
 
-      // The token in the file is the one the server checks.
-      const ok = await fetch(`${server.url}/admin/v1/keys`, { headers: { authorization: `Bearer ${token}` } });
-      expect(ok.status).toBe(200);
-      const wrong = await fetch(`${server.url}/admin/v1/keys`, { headers: { authorization: 'Bearer tga-guess' } });
-      expect(wrong.status).toBe(401);
+        // The token in the file is the one the server checks.
+        const ok = await fetch(`${server.url}/admin/v1/keys`, {
+          headers: { authorization: `Bearer ${token}` },
+        });
+        expect(ok.status).toBe(200);
+        const wrong = await fetch(`${server.url}/admin/v1/keys`, {
+          headers: { authorization: 'Bearer tga-guess' },
+        });
+        expect(wrong.status).toBe(401);
 
-      // The CLI finds the token in the file when ADMIN_TOKEN is not set.
-      const key = await cliJson(['keys', 'create', '--name', 'via-file'], env({ DATA_DIR: dir, PORT: String(server.port) }));
-      const models = await fetch(`${server.url}/api/v1/models`, { headers: { authorization: `Bearer ${key.key}` } });
-      expect(models.status).toBe(200);
-    } finally {
-      expect(await server.stop()).toBe(0);
-    }
-    const output = [...server.stdout.all, ...server.stderr.all].join('\n');
-    expect(output).toContain(path);
-    expect(output).not.toContain(token);
+        // The CLI finds the token in the file when ADMIN_TOKEN is not set.
+        const key = await cliJson(
+          ['keys', 'create', '--name', 'via-file'],
+          env({ DATA_DIR: dir, PORT: String(server.port) }),
+        );
+        const models = await fetch(`${server.url}/api/v1/models`, {
+          headers: { authorization: `Bearer ${key.key}` },
+        });
+        expect(models.status).toBe(200);
+      } finally {
+        expect(await server.stop()).toBe(0);
+      }
+      const output = [...server.stdout.all, ...server.stderr.all].join('\n');
+      expect(output).toContain(path);
+      expect(output).not.toContain(token);
 
-    // A restart reads the same token from the file and says where it came from.
-    const again = await serve(env({ DATA_DIR: dir }));
-    try {
-      const read = JSON.parse(await again.stdout.waitFor(logLine('admin token read from file')));
-      expect(read.path).toBe(path);
-      expect(readFileSync(path, 'utf8').trim()).toBe(token);
-      const ok = await fetch(`${again.url}/admin/v1/keys`, { headers: { authorization: `Bearer ${token}` } });
-      expect(ok.status).toBe(200);
-    } finally {
-      expect(await again.stop()).toBe(0);
-    }
-    expect([...again.stdout.all, ...again.stderr.all].join('\n')).not.toContain(token);
-  });
+      // A restart reads the same token from the file and says where it came from.
+      const again = await serve(env({ DATA_DIR: dir }));
+      try {
+        const read = JSON.parse(await again.stdout.waitFor(logLine('admin token read from file')));
+        expect(read.path).toBe(path);
+        expect(readFileSync(path, 'utf8').trim()).toBe(token);
+        const ok = await fetch(`${again.url}/admin/v1/keys`, {
+          headers: { authorization: `Bearer ${token}` },
+        });
+        expect(ok.status).toBe(200);
+      } finally {
+        expect(await again.stop()).toBe(0);
+      }
+      expect([...again.stdout.all, ...again.stderr.all].join('\n')).not.toContain(token);
+    },
+  );
 
   test('with ADMIN_TOKEN set, no token file is written', async () => {
     const dir = dataDir();
     const server = await serve(env({ DATA_DIR: dir, ADMIN_TOKEN: ADMIN }));
     try {
       expect(existsSync(join(dir, 'admin-token'))).toBe(false);
-      const ok = await fetch(`${server.url}/admin/v1/keys`, { headers: { authorization: `Bearer ${ADMIN}` } });
+      const ok = await fetch(`${server.url}/admin/v1/keys`, {
+        headers: { authorization: `Bearer ${ADMIN}` },
+      });
       expect(ok.status).toBe(200);
     } finally {
       expect(await server.stop()).toBe(0);

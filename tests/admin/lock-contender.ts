@@ -1,5 +1,6 @@
-// A process that takes and releases the data dir lock in a tight loop (tests/admin/lock.test.ts runs several at once).
-// While it holds the lock it creates DATA_DIR/owner exclusively: if two processes ever own the dir together, one sees EEXIST.
+// A process that takes and releases the data dir lock in a tight loop (tests/admin/lock.test.ts
+// runs several at once). While it holds the lock it creates DATA_DIR/owner exclusively: if two
+// processes ever own the dir together, one sees EEXIST.
 import { closeSync, openSync, unlinkSync } from 'node:fs';
 import { join } from 'node:path';
 import { DataDirLock } from '../../src/admin/lock.ts';

@@ -1,4 +1,5 @@
-// Test support: `bun src/main.ts …` as a child process (CLI runs, a serving gateway, its output line by line).
+// Test support: `bun src/main.ts …` as a child process (CLI runs, a serving gateway, its output
+// line by line).
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -31,7 +32,12 @@ export async function cleanUp(): Promise<void> {
 
 /** A clean environment: nothing of the caller's GATEWAY_CONFIG, PORT or ADMIN_TOKEN leaks in. */
 export function env(extra: Record<string, string>): Record<string, string> {
-  return { PATH: process.env.PATH ?? '', HOME: process.env.HOME ?? tmpdir(), HOST: '127.0.0.1', ...extra };
+  return {
+    PATH: process.env.PATH ?? '',
+    HOME: process.env.HOME ?? tmpdir(),
+    HOST: '127.0.0.1',
+    ...extra,
+  };
 }
 
 export interface CliResult {
@@ -41,16 +47,33 @@ export interface CliResult {
 }
 
 /** Runs `bun src/main.ts …args` (or another command line) to its end. */
-export async function cli(args: string[], childEnv: Record<string, string>, command: string[] = [BUN, MAIN]): Promise<CliResult> {
-  const proc = Bun.spawn([...command, ...args], { cwd: REPO, env: childEnv, stdout: 'pipe', stderr: 'pipe' });
-  const [stdout, stderr, code] = await Promise.all([new Response(proc.stdout).text(), new Response(proc.stderr).text(), proc.exited]);
+export async function cli(
+  args: string[],
+  childEnv: Record<string, string>,
+  command: string[] = [BUN, MAIN],
+): Promise<CliResult> {
+  const proc = Bun.spawn([...command, ...args], {
+    cwd: REPO,
+    env: childEnv,
+    stdout: 'pipe',
+    stderr: 'pipe',
+  });
+  const [stdout, stderr, code] = await Promise.all([
+    new Response(proc.stdout).text(),
+    new Response(proc.stderr).text(),
+    proc.exited,
+  ]);
   return { code, stdout, stderr };
 }
 
 /** Collects a stream's lines and lets a test wait for the first line that matches. */
 export class Lines {
   readonly all: string[] = [];
-  private waiters: Array<{ match: (line: string) => boolean; resolve: (line: string) => void; reject: (error: Error) => void }> = [];
+  private waiters: Array<{
+    match: (line: string) => boolean;
+    resolve: (line: string) => void;
+    reject: (error: Error) => void;
+  }> = [];
   readonly ended: Promise<void>;
 
   constructor(stream: ReadableStream<Uint8Array>) {
@@ -69,7 +92,8 @@ export class Lines {
       }
     }
     if (buffered) this.push(buffered);
-    for (const waiter of this.waiters) waiter.reject(new Error(`stream ended without the line; saw:\n${this.all.join('\n')}`));
+    for (const waiter of this.waiters)
+      waiter.reject(new Error(`stream ended without the line; saw:\n${this.all.join('\n')}`));
     this.waiters = [];
   }
 
@@ -112,10 +136,13 @@ export interface Server {
 }
 
 /**
- * `bun src/main.ts serve` on PORT=0 (or `command`, which must exec that with its arguments); the port
- * comes from the "tollgate listening" log line.
+ * `bun src/main.ts serve` on PORT=0 (or `command`, which must exec that with its arguments); the
+ * port comes from the "tollgate listening" log line.
  */
-export async function serve(childEnv: Record<string, string>, command: string[] = [BUN, MAIN, 'serve']): Promise<Server> {
+export async function serve(
+  childEnv: Record<string, string>,
+  command: string[] = [BUN, MAIN, 'serve'],
+): Promise<Server> {
   const proc = Bun.spawn(command, {
     cwd: REPO,
     env: { ...childEnv, PORT: '0', LOG_LEVEL: 'info' },

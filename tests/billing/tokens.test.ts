@@ -2,14 +2,45 @@
 import { describe, expect, test } from 'bun:test';
 import { randomBytes } from 'node:crypto';
 import { encode } from 'gpt-tokenizer/encoding/o200k_base';
-import { countPromptTokens, countPromptTokensInline, countTextTokens, INLINE_TEXT_CHARS_MAX, rememberPromptTextTokens } from '../../src/billing/tokens.ts';
+import {
+  countPromptTokens,
+  countPromptTokensInline,
+  countTextTokens,
+  INLINE_TEXT_CHARS_MAX,
+  rememberPromptTextTokens,
+} from '../../src/billing/tokens.ts';
 
-/** The reference: the tokenizer's tokens of the text, special-token spellings included as plain text. */
+/**
+ * The reference: the tokenizer's tokens of the text, special-token spellings included as plain
+ * text.
+ */
 const reference = (text: string) => encode(text, { disallowedSpecial: new Set() }).length;
 
 /** Varied text of about `chars` characters: words, code, numbers, unicode, line breaks. */
 function mixedText(chars: number, seed: number): string {
-  const parts = ['The', 'quick', "don't", 'Zoë', '日本語', '🙂', '123', '4567', '3.14', 'x=1;', 'if (a) {', '}', '\n', '\n\n', '  ', '\t', 'CamelCase', 'end.', '"quoted"', 'http://example.com/a?b=c', '<|endoftext|>'];
+  const parts = [
+    'The',
+    'quick',
+    "don't",
+    'Zoë',
+    '日本語',
+    '🙂',
+    '123',
+    '4567',
+    '3.14',
+    'x=1;',
+    'if (a) {',
+    '}',
+    '\n',
+    '\n\n',
+    '  ',
+    '\t',
+    'CamelCase',
+    'end.',
+    '"quoted"',
+    'http://example.com/a?b=c',
+    '<|endoftext|>',
+  ];
   let state = seed;
   let text = '';
   while (text.length < chars) {
@@ -21,7 +52,12 @@ function mixedText(chars: number, seed: number): string {
 
 describe('countTextTokens', () => {
   test('counts as the tokenizer does, the first time and from the cache', () => {
-    const texts = ['hello', 'You are a helpful assistant. Answer briefly.', 'Zoë ✓ 日本語 🙂 — multi-byte text', 'quote <|endoftext|> and <|im_start|>system, as text'];
+    const texts = [
+      'hello',
+      'You are a helpful assistant. Answer briefly.',
+      'Zoë ✓ 日本語 🙂 — multi-byte text',
+      'quote <|endoftext|> and <|im_start|>system, as text',
+    ];
     for (const text of texts) {
       const expected = reference(text);
       expect(countTextTokens(text)).toBe(expected);
@@ -54,7 +90,8 @@ describe('countTextTokens', () => {
     expect(stopped).toBeGreaterThan(1_000);
     expect(stopped).toBeLessThan(full);
     expect(countTextTokens(text)).toBe(full);
-    // As a prompt: a stopped count is not cached; a full one is, and a later count with a limit finds it.
+    // As a prompt: a stopped count is not cached; a full one is, and a later count with a limit
+    // finds it.
     const messages = [{ role: 'user' as const, content: text }];
     expect(countPromptTokens(messages, null, 1_000)).toBeLessThan(full);
     expect(countPromptTokens(messages, null)).toBe(full + 6);
@@ -64,9 +101,15 @@ describe('countTextTokens', () => {
 
 describe('countPromptTokens', () => {
   test('adds framing per message and the tool definitions', () => {
-    const tools = [{ type: 'function' as const, function: { name: 'f', parameters: { type: 'object' } } }];
-    expect(countPromptTokens([{ role: 'user', content: 'hello' }], null)).toBe(3 + 3 + reference('hello'));
-    expect(countPromptTokens([{ role: 'user', content: 'hello' }], tools)).toBe(3 + 3 + reference('hello') + reference(JSON.stringify(tools)));
+    const tools = [
+      { type: 'function' as const, function: { name: 'f', parameters: { type: 'object' } } },
+    ];
+    expect(countPromptTokens([{ role: 'user', content: 'hello' }], null)).toBe(
+      3 + 3 + reference('hello'),
+    );
+    expect(countPromptTokens([{ role: 'user', content: 'hello' }], tools)).toBe(
+      3 + 3 + reference('hello') + reference(JSON.stringify(tools)),
+    );
   });
 
   test('with a limit, stops past it across messages', () => {
@@ -84,26 +127,58 @@ describe('countPromptTokens', () => {
 });
 
 describe('countPromptTokensInline', () => {
-  test('counts a small prompt here, and leaves a large one not in the cache to the worker (null)', () => {
-    const small = [{ role: 'user' as const, content: mixedText(INLINE_TEXT_CHARS_MAX - 100, 31) }];
-    expect(countPromptTokensInline(small, null, Number.POSITIVE_INFINITY)).toBe(countPromptTokens(small, null));
-    const large = [{ role: 'user' as const, content: mixedText(INLINE_TEXT_CHARS_MAX + 100, 32) }];
-    expect(countPromptTokensInline(large, null, Number.POSITIVE_INFINITY)).toBeNull();
-    // Tool definitions and tool-call arguments are text too.
-    const tools = JSON.stringify([{ type: 'function', function: { name: 'f', description: mixedText(INLINE_TEXT_CHARS_MAX, 33) } }]);
-    expect(countPromptTokensInline(small, tools, Number.POSITIVE_INFINITY)).toBeNull();
-    const call = { id: 'c1', type: 'function' as const, function: { name: 'f', arguments: mixedText(INLINE_TEXT_CHARS_MAX + 10, 34) } };
-    expect(countPromptTokensInline([{ role: 'assistant', content: null, tool_calls: [call] }], null, Number.POSITIVE_INFINITY)).toBeNull();
-  });
+  test(
+    'counts a small prompt here, and leaves a ' + 'large one not in the cache to the worker (null)',
+    () => {
+      const small = [
+        { role: 'user' as const, content: mixedText(INLINE_TEXT_CHARS_MAX - 100, 31) },
+      ];
+      expect(countPromptTokensInline(small, null, Number.POSITIVE_INFINITY)).toBe(
+        countPromptTokens(small, null),
+      );
+      const large = [
+        { role: 'user' as const, content: mixedText(INLINE_TEXT_CHARS_MAX + 100, 32) },
+      ];
+      expect(countPromptTokensInline(large, null, Number.POSITIVE_INFINITY)).toBeNull();
+      // Tool definitions and tool-call arguments are text too.
+      const tools = JSON.stringify([
+        {
+          type: 'function',
+          function: { name: 'f', description: mixedText(INLINE_TEXT_CHARS_MAX, 33) },
+        },
+      ]);
+      expect(countPromptTokensInline(small, tools, Number.POSITIVE_INFINITY)).toBeNull();
+      const call = {
+        id: 'c1',
+        type: 'function' as const,
+        function: { name: 'f', arguments: mixedText(INLINE_TEXT_CHARS_MAX + 10, 34) },
+      };
+      expect(
+        countPromptTokensInline(
+          [{ role: 'assistant', content: null, tool_calls: [call] }],
+          null,
+          Number.POSITIVE_INFINITY,
+        ),
+      ).toBeNull();
+    },
+  );
 
-  test('a large text the cache knows (counted here before, or by the worker) is counted here', () => {
-    const system = mixedText(50_000, 35);
-    const question = { role: 'user' as const, content: 'And then?' };
-    const messages = [{ role: 'system' as const, content: system }, question];
-    expect(countPromptTokensInline(messages, null, Number.POSITIVE_INFINITY)).toBeNull();
-    rememberPromptTextTokens(system, reference(system));
-    // Another string with the same text, as the next request's body gives.
-    const again = [{ role: 'system' as const, content: JSON.parse(JSON.stringify(system)) as string }, question];
-    expect(countPromptTokensInline(again, null, Number.POSITIVE_INFINITY)).toBe(3 + 3 + reference(system) + 3 + reference('And then?'));
-  });
+  test(
+    'a large text the cache knows (counted here ' + 'before, or by the worker) is counted here',
+    () => {
+      const system = mixedText(50_000, 35);
+      const question = { role: 'user' as const, content: 'And then?' };
+      const messages = [{ role: 'system' as const, content: system }, question];
+      expect(countPromptTokensInline(messages, null, Number.POSITIVE_INFINITY)).toBeNull();
+      rememberPromptTextTokens(system, reference(system));
+      // Another string with the same text, as the next request's body gives.
+      const again = [
+        { role: 'system' as const, content: JSON.parse(JSON.stringify(system)) as string },
+        question,
+      ];
+      expect(countPromptTokensInline(again, null, Number.POSITIVE_INFINITY)).toBe(
+        3 + 3 + reference(system) + 3 + reference('And then?'),
+      );
+    },
+  );
 });

@@ -1,10 +1,21 @@
-// A chat request's life through HTTP: status, cancel, disconnect, timeouts, upstream failures, billing.
+// A chat request's life through HTTP: status, cancel, disconnect, timeouts, upstream failures,
+// billing.
 import { describe, expect, test } from 'bun:test';
-import { ADMIN_TOKEN, bearer, chatBody, closedAfterEach, type TestServer } from '../support/gateway.ts';
+import {
+  ADMIN_TOKEN,
+  bearer,
+  chatBody,
+  closedAfterEach,
+  type TestServer,
+} from '../support/gateway.ts';
 import { SseReader } from '../support/sse.ts';
-import { startFakeUpstream, upstreamOverrides, type FakeUpstream } from '../support/upstream.ts';
+import { type FakeUpstream, startFakeUpstream, upstreamOverrides } from '../support/upstream.ts';
 
-const SLOW_SIMULATOR = { providers: { simulator: { type: 'simulator', ttft_ms: 0, tokens_per_second: 50, completion_tokens: 5000 } } };
+const SLOW_SIMULATOR = {
+  providers: {
+    simulator: { type: 'simulator', ttft_ms: 0, tokens_per_second: 50, completion_tokens: 5000 },
+  },
+};
 
 const cleanup = closedAfterEach();
 const server = cleanup.server;
@@ -13,8 +24,19 @@ function upstream(mode: Parameters<typeof startFakeUpstream>[0]): FakeUpstream {
   return cleanup.track(startFakeUpstream(mode));
 }
 
-function post(t: TestServer, key: string, body: unknown, headers: Record<string, string> = {}, signal?: AbortSignal): Promise<Response> {
-  return fetch(`${t.baseUrl}/api/v1/chat/completions`, { method: 'POST', headers: bearer(key, headers), body: JSON.stringify(body), signal });
+function post(
+  t: TestServer,
+  key: string,
+  body: unknown,
+  headers: Record<string, string> = {},
+  signal?: AbortSignal,
+): Promise<Response> {
+  return fetch(`${t.baseUrl}/api/v1/chat/completions`, {
+    method: 'POST',
+    headers: bearer(key, headers),
+    body: JSON.stringify(body),
+    signal,
+  });
 }
 
 interface Balances {
@@ -26,17 +48,26 @@ interface Balances {
 }
 
 async function balances(t: TestServer, keyId: string): Promise<Balances> {
-  const response = await fetch(`${t.baseUrl}/admin/v1/keys/${keyId}`, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } });
+  const response = await fetch(`${t.baseUrl}/admin/v1/keys/${keyId}`, {
+    headers: { authorization: `Bearer ${ADMIN_TOKEN}` },
+  });
   return ((await response.json()) as any).balances;
 }
 
-async function status(t: TestServer, key: string, id: string): Promise<{ status: number; body: any }> {
+async function status(
+  t: TestServer,
+  key: string,
+  id: string,
+): Promise<{ status: number; body: any }> {
   const response = await fetch(`${t.baseUrl}/api/v1/requests/${id}`, { headers: bearer(key) });
   return { status: response.status, body: await response.json() };
 }
 
 function cancel(t: TestServer, key: string, id: string): Promise<Response> {
-  return fetch(`${t.baseUrl}/api/v1/requests/${id}/cancel`, { method: 'POST', headers: bearer(key) });
+  return fetch(`${t.baseUrl}/api/v1/requests/${id}/cancel`, {
+    method: 'POST',
+    headers: bearer(key),
+  });
 }
 
 describe('status', () => {
@@ -103,103 +134,135 @@ describe('status', () => {
 });
 
 describe('cancel', () => {
-  test('a stream: 202, the stream ends with request_cancelled, the hold is released, status cancelled', async () => {
-    const t = await server(SLOW_SIMULATOR);
-    const { id: keyId, key } = await t.createKey({ credits: 10 });
-    const response = await post(t, key, chatBody({ stream: true }));
-    expect(response.status).toBe(200);
-    const reader = new SseReader(response);
-    const first = JSON.parse((await reader.next())!);
-    expect((await balances(t, keyId)).held).toBeGreaterThan(0);
+  test(
+    'a stream: 202, the stream ends with request_cancelled, ' +
+      'the hold is released, status cancelled',
+    async () => {
+      const t = await server(SLOW_SIMULATOR);
+      const { id: keyId, key } = await t.createKey({ credits: 10 });
+      const response = await post(t, key, chatBody({ stream: true }));
+      expect(response.status).toBe(200);
+      const reader = new SseReader(response);
+      const first = JSON.parse((await reader.next())!);
+      expect((await balances(t, keyId)).held).toBeGreaterThan(0);
 
-    const cancelled = await cancel(t, key, first.id);
-    expect(cancelled.status).toBe(202);
-    expect(await cancelled.json()).toEqual({
-      request_id: first.id,
-      cancel_requested: true,
-      request_status: 'cancelled',
-      status_url: `/api/v1/requests/${first.id}`,
-    });
-    const rest = await reader.rest();
-    expect(rest.at(-1)).not.toBe('[DONE]');
-    expect(JSON.parse(rest.at(-1)!).error.code).toBe('request_cancelled');
-    expect((await status(t, key, first.id)).body.request_status).toBe('cancelled');
-    expect(await balances(t, keyId)).toEqual({ credits: 10, held: 0, charged: 0, credits_added: 10, token_wallet: 0 });
-  });
+      const cancelled = await cancel(t, key, first.id);
+      expect(cancelled.status).toBe(202);
+      expect(await cancelled.json()).toEqual({
+        request_id: first.id,
+        cancel_requested: true,
+        request_status: 'cancelled',
+        status_url: `/api/v1/requests/${first.id}`,
+      });
+      const rest = await reader.rest();
+      expect(rest.at(-1)).not.toBe('[DONE]');
+      expect(JSON.parse(rest.at(-1)!).error.code).toBe('request_cancelled');
+      expect((await status(t, key, first.id)).body.request_status).toBe('cancelled');
+      expect(await balances(t, keyId)).toEqual({
+        credits: 10,
+        held: 0,
+        charged: 0,
+        credits_added: 10,
+        token_wallet: 0,
+      });
+    },
+  );
 
-  test('a non-stream call: found through its Idempotency-Key, cancelled, the original gets 499', async () => {
-    const t = await server(SLOW_SIMULATOR);
-    const { id: keyId, key } = await t.createKey({ credits: 10 });
-    const headers = { 'idempotency-key': 'cancel-me-0001' };
-    const original = post(t, key, chatBody(), headers);
-    // Repeat until the original is admitted: the 409 carries its request id.
-    let conflict: any;
-    for (;;) {
-      const again = await post(t, key, chatBody(), headers);
-      if (again.status === 409) {
-        conflict = await again.json();
-        break;
+  test(
+    'a non-stream call: found through its ' + 'Idempotency-Key, cancelled, the original gets 499',
+    async () => {
+      const t = await server(SLOW_SIMULATOR);
+      const { id: keyId, key } = await t.createKey({ credits: 10 });
+      const headers = { 'idempotency-key': 'cancel-me-0001' };
+      const original = post(t, key, chatBody(), headers);
+      // Repeat until the original is admitted: the 409 carries its request id.
+      let conflict: any;
+      for (;;) {
+        const again = await post(t, key, chatBody(), headers);
+        if (again.status === 409) {
+          conflict = await again.json();
+          break;
+        }
+        await again.text();
       }
-      await again.text();
-    }
-    expect(conflict.error.code).toBe('request_in_progress');
-    expect(conflict.request_status).toBe('in_progress');
-    expect((await cancel(t, key, conflict.request_id)).status).toBe(202);
-    const answer = await original;
-    expect(answer.status).toBe(499);
-    expect(((await answer.json()) as any).error).toEqual({
-      message: expect.any(String),
-      type: 'cancelled_error',
-      code: 'request_cancelled',
-      param: null,
-    });
-    expect(await balances(t, keyId)).toEqual({ credits: 10, held: 0, charged: 0, credits_added: 10, token_wallet: 0 });
-    const { body } = await status(t, key, conflict.request_id);
-    expect(body.request_status).toBe('cancelled');
-    expect(body.error_code).toBe('request_cancelled');
-  });
+      expect(conflict.error.code).toBe('request_in_progress');
+      expect(conflict.request_status).toBe('in_progress');
+      expect((await cancel(t, key, conflict.request_id)).status).toBe(202);
+      const answer = await original;
+      expect(answer.status).toBe(499);
+      expect(((await answer.json()) as any).error).toEqual({
+        message: expect.any(String),
+        type: 'cancelled_error',
+        code: 'request_cancelled',
+        param: null,
+      });
+      expect(await balances(t, keyId)).toEqual({
+        credits: 10,
+        held: 0,
+        charged: 0,
+        credits_added: 10,
+        token_wallet: 0,
+      });
+      const { body } = await status(t, key, conflict.request_id);
+      expect(body.request_status).toBe('cancelled');
+      expect(body.error_code).toBe('request_cancelled');
+    },
+  );
 
-  test('cancel reaches the upstream: the fake provider sees the abort, stream and non-stream', async () => {
-    const fake = upstream('endless');
-    const t = await server(upstreamOverrides(fake));
-    const { key } = await t.createKey({ credits: 10 });
+  test(
+    'cancel reaches the upstream: the fake ' + 'provider sees the abort, stream and non-stream',
+    async () => {
+      const fake = upstream('endless');
+      const t = await server(upstreamOverrides(fake));
+      const { key } = await t.createKey({ credits: 10 });
 
-    const stream = await post(t, key, chatBody({ stream: true }));
-    const first = JSON.parse((await new SseReader(stream).next())!);
-    const sawAbort = fake.nextAbort.promise;
-    expect((await cancel(t, key, first.id)).status).toBe(202);
-    await sawAbort;
-    expect(fake.aborts).toBe(1);
+      const stream = await post(t, key, chatBody({ stream: true }));
+      const first = JSON.parse((await new SseReader(stream).next())!);
+      const sawAbort = fake.nextAbort.promise;
+      expect((await cancel(t, key, first.id)).status).toBe(202);
+      await sawAbort;
+      expect(fake.aborts).toBe(1);
 
-    const headers = { 'idempotency-key': 'upstream-abort-1' };
-    const called = fake.nextCall.promise;
-    const original = post(t, key, chatBody(), headers);
-    await called;
-    const conflict = (await (await post(t, key, chatBody(), headers)).json()) as any;
-    const sawSecondAbort = fake.nextAbort.promise;
-    expect((await cancel(t, key, conflict.request_id)).status).toBe(202);
-    await sawSecondAbort;
-    expect((await original).status).toBe(499);
-    expect(fake.aborts).toBe(2);
-  });
+      const headers = { 'idempotency-key': 'upstream-abort-1' };
+      const called = fake.nextCall.promise;
+      const original = post(t, key, chatBody(), headers);
+      await called;
+      const conflict = (await (await post(t, key, chatBody(), headers)).json()) as any;
+      const sawSecondAbort = fake.nextAbort.promise;
+      expect((await cancel(t, key, conflict.request_id)).status).toBe(202);
+      await sawSecondAbort;
+      expect((await original).status).toBe(499);
+      expect(fake.aborts).toBe(2);
+    },
+  );
 });
 
 describe('client disconnect', () => {
-  test('a stream whose client goes away is cancelled, its hold released, the upstream aborted', async () => {
-    const fake = upstream('endless');
-    const t = await server(upstreamOverrides(fake));
-    const { id: keyId, key } = await t.createKey({ credits: 10 });
-    const controller = new AbortController();
-    const response = await post(t, key, chatBody({ stream: true }), {}, controller.signal);
-    const first = JSON.parse((await new SseReader(response).next())!);
-    const sawAbort = fake.nextAbort.promise;
-    controller.abort();
-    await sawAbort;
-    // The actor records the cancel once the provider stops; wait for it through the status endpoint.
-    await t.gateway.registry.get(first.id)?.settled;
-    expect((await status(t, key, first.id)).body.request_status).toBe('cancelled');
-    expect(await balances(t, keyId)).toEqual({ credits: 10, held: 0, charged: 0, credits_added: 10, token_wallet: 0 });
-  });
+  test(
+    'a stream whose client goes away is cancelled, ' + 'its hold released, the upstream aborted',
+    async () => {
+      const fake = upstream('endless');
+      const t = await server(upstreamOverrides(fake));
+      const { id: keyId, key } = await t.createKey({ credits: 10 });
+      const controller = new AbortController();
+      const response = await post(t, key, chatBody({ stream: true }), {}, controller.signal);
+      const first = JSON.parse((await new SseReader(response).next())!);
+      const sawAbort = fake.nextAbort.promise;
+      controller.abort();
+      await sawAbort;
+      // The actor records the cancel once the provider stops; wait for it through the status
+      // endpoint.
+      await t.gateway.registry.get(first.id)?.settled;
+      expect((await status(t, key, first.id)).body.request_status).toBe('cancelled');
+      expect(await balances(t, keyId)).toEqual({
+        credits: 10,
+        held: 0,
+        charged: 0,
+        credits_added: 10,
+        token_wallet: 0,
+      });
+    },
+  );
 
   test('a non-stream call whose client goes away is cancelled', async () => {
     const fake = upstream('hang');
@@ -220,25 +283,29 @@ describe('client disconnect', () => {
 });
 
 describe('time limits', () => {
-  test('a stream past stream_timeout_ms ends with a stream_timeout error event and keeps the hold', async () => {
-    const t = await server({ ...SLOW_SIMULATOR, limits: { stream_timeout_ms: 150 } });
-    const { id: keyId, key } = await t.createKey({ credits: 10 });
-    const response = await post(t, key, chatBody({ stream: true }));
-    expect(response.status).toBe(200);
-    const events = await new SseReader(response).rest();
-    expect(events).not.toContain('[DONE]');
-    const last = JSON.parse(events.at(-1)!);
-    expect(last.error.code).toBe('stream_timeout');
-    const id = JSON.parse(events[0]!).id;
-    const { body } = await status(t, key, id);
-    expect(body.request_status).toBe('error');
-    expect(body.error_code).toBe('stream_timeout');
-    // billing.on_error = keep (the spec): the reservation is charged in full.
-    expect(body.charged_credits).toBe(body.reserved_credits);
-    const after = await balances(t, keyId);
-    expect(after.held).toBe(0);
-    expect(after.charged).toBe(body.reserved_credits);
-  });
+  test(
+    'a stream past stream_timeout_ms ends with a ' +
+      'stream_timeout error event and keeps the hold',
+    async () => {
+      const t = await server({ ...SLOW_SIMULATOR, limits: { stream_timeout_ms: 150 } });
+      const { id: keyId, key } = await t.createKey({ credits: 10 });
+      const response = await post(t, key, chatBody({ stream: true }));
+      expect(response.status).toBe(200);
+      const events = await new SseReader(response).rest();
+      expect(events).not.toContain('[DONE]');
+      const last = JSON.parse(events.at(-1)!);
+      expect(last.error.code).toBe('stream_timeout');
+      const id = JSON.parse(events[0]!).id;
+      const { body } = await status(t, key, id);
+      expect(body.request_status).toBe('error');
+      expect(body.error_code).toBe('stream_timeout');
+      // billing.on_error = keep (the spec): the reservation is charged in full.
+      expect(body.charged_credits).toBe(body.reserved_credits);
+      const after = await balances(t, keyId);
+      expect(after.held).toBe(0);
+      expect(after.charged).toBe(body.reserved_credits);
+    },
+  );
 
   test('a non-stream call past upstream_timeout_ms is 504 upstream_timeout', async () => {
     const fake = upstream('hang');
@@ -260,7 +327,12 @@ describe('upstream failures', () => {
     const response = await post(t, key, chatBody({ max_completion_tokens: 1000 }));
     expect(response.status).toBe(502);
     const body = (await response.json()) as any;
-    expect(body.error).toEqual({ message: expect.any(String), type: 'upstream_error', code: 'upstream_error', param: null });
+    expect(body.error).toEqual({
+      message: expect.any(String),
+      type: 'upstream_error',
+      code: 'upstream_error',
+      param: null,
+    });
     const id = response.headers.get('x-request-id')!;
     const record = (await status(t, key, id)).body;
     expect(record.request_status).toBe('error');
@@ -276,7 +348,13 @@ describe('upstream failures', () => {
     const stream = await post(t, key, chatBody({ stream: true }));
     // Failed before any output: a plain error reply, not a 200 stream.
     expect(stream.status).toBe(502);
-    expect(await balances(t, keyId)).toEqual({ credits: 10, held: 0, charged: 0, credits_added: 10, token_wallet: 0 });
+    expect(await balances(t, keyId)).toEqual({
+      credits: 10,
+      held: 0,
+      charged: 0,
+      credits_added: 10,
+      token_wallet: 0,
+    });
   });
 
   test('the upstream usage is passed through and billed', async () => {
@@ -291,25 +369,44 @@ describe('upstream failures', () => {
 });
 
 describe('idempotency', () => {
-  test('same key, same content in any key order: 409 request_already_completed pointing at the original', async () => {
-    const t = await server();
-    const { id: keyId, key } = await t.createKey({ credits: 10 });
-    const headers = { 'idempotency-key': 'order-123:abc' };
-    const first = await post(t, key, { model: 'model_03', messages: [{ role: 'user', content: 'hi' }], temperature: 0.5 }, headers);
-    expect(first.status).toBe(200);
-    const original = (await first.json()) as any;
-    const charged = (await balances(t, keyId)).charged;
-    const retry = await post(t, key, { temperature: 0.5, messages: [{ content: 'hi', role: 'user' }], model: 'model_03' }, headers);
-    expect(retry.status).toBe(409);
-    expect(retry.headers.get('x-service-request-status')).toBe(`/api/v1/requests/${original.id}`);
-    expect(await retry.json()).toEqual({
-      error: { message: expect.any(String), type: 'invalid_request_error', code: 'request_already_completed', param: 'Idempotency-Key' },
-      request_id: original.id,
-      request_status: 'completed',
-      status_url: `/api/v1/requests/${original.id}`,
-    });
-    expect((await balances(t, keyId)).charged).toBe(charged);
-  });
+  test(
+    'same key, same content in any key order: 409 ' +
+      'request_already_completed pointing at the original',
+    async () => {
+      const t = await server();
+      const { id: keyId, key } = await t.createKey({ credits: 10 });
+      const headers = { 'idempotency-key': 'order-123:abc' };
+      const first = await post(
+        t,
+        key,
+        { model: 'model_03', messages: [{ role: 'user', content: 'hi' }], temperature: 0.5 },
+        headers,
+      );
+      expect(first.status).toBe(200);
+      const original = (await first.json()) as any;
+      const charged = (await balances(t, keyId)).charged;
+      const retry = await post(
+        t,
+        key,
+        { temperature: 0.5, messages: [{ content: 'hi', role: 'user' }], model: 'model_03' },
+        headers,
+      );
+      expect(retry.status).toBe(409);
+      expect(retry.headers.get('x-service-request-status')).toBe(`/api/v1/requests/${original.id}`);
+      expect(await retry.json()).toEqual({
+        error: {
+          message: expect.any(String),
+          type: 'invalid_request_error',
+          code: 'request_already_completed',
+          param: 'Idempotency-Key',
+        },
+        request_id: original.id,
+        request_status: 'completed',
+        status_url: `/api/v1/requests/${original.id}`,
+      });
+      expect((await balances(t, keyId)).charged).toBe(charged);
+    },
+  );
 
   test('same key, different content: 409 idempotency_key_reused', async () => {
     const t = await server();
@@ -348,7 +445,9 @@ describe('idempotency', () => {
     const t = await server(upstreamOverrides(fake));
     const { id: keyId, key } = await t.createKey({ credits: 10 });
     const headers = { 'idempotency-key': 'simultaneous-1' };
-    const responses = await Promise.all(Array.from({ length: 16 }, () => post(t, key, chatBody(), headers)));
+    const responses = await Promise.all(
+      Array.from({ length: 16 }, () => post(t, key, chatBody(), headers)),
+    );
     const statuses = responses.map((response) => response.status).sort();
     expect(statuses.filter((code) => code === 200)).toHaveLength(1);
     expect(statuses.filter((code) => code === 409)).toHaveLength(15);
@@ -362,7 +461,9 @@ describe('concurrency', () => {
     const t = await server();
     // Each request reserves prompt × 5 + 100 × 14 µcr ≈ 1,450 µcr; 0.01 credits cover at most 6.
     const { id: keyId, key } = await t.createKey({ credits: 0.01 });
-    const responses = await Promise.all(Array.from({ length: 40 }, () => post(t, key, chatBody({ max_completion_tokens: 100 }))));
+    const responses = await Promise.all(
+      Array.from({ length: 40 }, () => post(t, key, chatBody({ max_completion_tokens: 100 }))),
+    );
     const ok = responses.filter((response) => response.status === 200).length;
     const refused = responses.filter((response) => response.status === 402).length;
     expect(ok + refused).toBe(40);
@@ -370,30 +471,49 @@ describe('concurrency', () => {
     expect(ok).toBeLessThanOrEqual(6);
     const after = await balances(t, keyId);
     expect(after.credits).toBeGreaterThanOrEqual(0);
-    expect(Math.round(after.credits * 1e6) + Math.round(after.held * 1e6) + Math.round(after.charged * 1e6)).toBe(10_000);
+    expect(
+      Math.round(after.credits * 1e6) +
+        Math.round(after.held * 1e6) +
+        Math.round(after.charged * 1e6),
+    ).toBe(10_000);
   });
 });
 
 describe('metrics', () => {
-  test('/metrics exposes finished and refused requests, charges and time to first token in Prometheus text', async () => {
-    const t = await server();
-    const { key } = await t.createKey({ credits: 10 });
-    const completed = await post(t, key, chatBody());
-    expect(completed.status).toBe(200);
-    const { id } = (await completed.json()) as { id: string };
-    expect((await post(t, key, chatBody({ model: 'model_99' }))).status).toBe(404);
-    const status = (await (await fetch(`${t.baseUrl}/api/v1/requests/${id}`, { headers: bearer(key) })).json()) as { charged_credits: number };
-    // Scraped twice: the totals are set, not added, on each scrape.
-    for (let scrape = 0; scrape < 2; scrape++) {
-      const response = await fetch(`${t.baseUrl}/metrics`);
-      expect(response.status).toBe(200);
-      const text = await response.text();
-      expect(text).toContain('tollgate_requests_finished_total{service="chat",status="completed",code=""} 1\n');
-      expect(text).toContain('tollgate_requests_refused_total{service="chat",code="model_not_found"} 1\n');
-      expect(text).toContain(`tollgate_charged_microcredits_total{service="chat"} ${Math.round(status.charged_credits * 1e6)}\n`);
-      expect(text).toContain('tollgate_time_to_first_token_seconds_bucket{le="+Inf",model="model_03"} 1\n');
-      expect(text).toContain('tollgate_time_to_first_token_seconds_count{model="model_03"} 1\n');
-      expect(text).toContain('tollgate_requests_in_flight 0');
-    }
-  });
+  test(
+    '/metrics exposes finished and refused requests, charges and time to first token in ' +
+      'Prometheus text',
+    async () => {
+      const t = await server();
+      const { key } = await t.createKey({ credits: 10 });
+      const completed = await post(t, key, chatBody());
+      expect(completed.status).toBe(200);
+      const { id } = (await completed.json()) as { id: string };
+      expect((await post(t, key, chatBody({ model: 'model_99' }))).status).toBe(404);
+      const status = (await (
+        await fetch(`${t.baseUrl}/api/v1/requests/${id}`, { headers: bearer(key) })
+      ).json()) as { charged_credits: number };
+      // Scraped twice: the totals are set, not added, on each scrape.
+      for (let scrape = 0; scrape < 2; scrape++) {
+        const response = await fetch(`${t.baseUrl}/metrics`);
+        expect(response.status).toBe(200);
+        const text = await response.text();
+        expect(text).toContain(
+          'tollgate_requests_finished_total{service="chat",status="completed",code=""} 1\n',
+        );
+        expect(text).toContain(
+          'tollgate_requests_refused_total{service="chat",code="model_not_found"} 1\n',
+        );
+        expect(text).toContain(
+          `tollgate_charged_microcredits_total{service="chat"} ` +
+            `${Math.round(status.charged_credits * 1e6)}\n`,
+        );
+        expect(text).toContain(
+          'tollgate_time_to_first_token_seconds_bucket{le="+Inf",model="model_03"} 1\n',
+        );
+        expect(text).toContain('tollgate_time_to_first_token_seconds_count{model="model_03"} 1\n');
+        expect(text).toContain('tollgate_requests_in_flight 0');
+      }
+    },
+  );
 });

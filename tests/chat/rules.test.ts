@@ -1,9 +1,16 @@
-// The request rules of spec 000 and CONTRACT §4 as one table: each rule, the status, code and param it gets.
+// The request rules of spec 000 and CONTRACT §4 as one table: each rule, the status, code and param
+// it gets.
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test';
 import { randomBytes } from 'node:crypto';
 import { JSON_DEPTH_MAX, nestsDeeperThan } from '../../src/http/body.ts';
 import { JSON_SCHEMA_MARKER } from '../../src/providers/provider.ts';
-import { ADMIN_TOKEN, bearer, chatBody, openTestGateway, type TestGateway } from '../support/gateway.ts';
+import {
+  ADMIN_TOKEN,
+  bearer,
+  chatBody,
+  openTestGateway,
+  type TestGateway,
+} from '../support/gateway.ts';
 
 let t: TestGateway;
 let key: string;
@@ -31,7 +38,10 @@ beforeAll(async () => {
   decisionOnlyKey = (await t.createKey({ services: ['decision'] })).key;
   const revoked = await t.createKey();
   revokedKey = revoked.key;
-  await t.request(`/admin/v1/keys/${revoked.id}/revoke`, { method: 'POST', headers: { authorization: `Bearer ${ADMIN_TOKEN}` } });
+  await t.request(`/admin/v1/keys/${revoked.id}/revoke`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${ADMIN_TOKEN}` },
+  });
   brokeKey = (await t.createKey({ credits: 0 })).key;
 });
 
@@ -47,9 +57,18 @@ function post(body: unknown, headers: Record<string, string> = bearer(key)): Pro
 
 const toolCallHistory = [
   { role: 'user', content: 'weather?' },
-  { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function', function: { name: 'weather', arguments: '{}' } }] },
+  {
+    role: 'assistant',
+    content: null,
+    tool_calls: [
+      { id: 'call_1', type: 'function', function: { name: 'weather', arguments: '{}' } },
+    ],
+  },
 ];
-const weatherTool = { type: 'function', function: { name: 'weather', parameters: { type: 'object', properties: {} } } };
+const weatherTool = {
+  type: 'function',
+  function: { name: 'weather', parameters: { type: 'object', properties: {} } },
+};
 
 /** A chat body whose one tool's parameters schema nests `levels` objects deep. */
 function deepToolBody(levels: number): string {
@@ -71,79 +90,469 @@ interface Rule {
   code: string;
   param?: string | null;
   reason?: string;
-  /** The exact message, where it names the field and the bound (CONTRACT §8: never "Expected union value"). */
+  /**
+   * The exact message, where it names the field and the bound (CONTRACT §8: never "Expected union
+   * value").
+   */
   message?: string;
 }
 
 const ROLES = 'must be one of "system", "developer", "user", "assistant" or "tool"';
 
 const rules: Rule[] = [
-  { name: 'missing key', body: chatBody(), headers: () => ({ 'content-type': 'application/json' }), status: 401, code: 'invalid_api_key', reason: 'missing' },
-  { name: 'unknown key', body: chatBody(), headers: () => bearer('tg-unknownunknownunknownunknownunknownunknown'), status: 401, code: 'invalid_api_key', reason: 'unknown' },
-  { name: 'revoked key', body: chatBody(), headers: () => bearer(revokedKey), status: 401, code: 'invalid_api_key', reason: 'revoked' },
-  { name: 'decision-only key', body: chatBody(), headers: () => bearer(decisionOnlyKey), status: 401, code: 'invalid_api_key', reason: 'wrong_type' },
-  { name: 'malformed JSON', body: '{"model": ', status: 400, code: 'invalid_request_error', param: null },
-  { name: 'body not an object', body: '[1,2]', status: 400, code: 'invalid_request_error', param: null },
-  // Every later step may recurse (validation, token counts, fingerprints); a stack overflow would be a 500.
-  { name: 'tool parameters nested 300 levels deep', body: deepToolBody(300), status: 400, code: 'invalid_request_error', param: null },
-  { name: 'tool parameters nested 20,000 levels deep (was a 500)', body: deepToolBody(20_000), status: 400, code: 'invalid_request_error', param: null },
-  { name: 'model missing', body: { messages: [{ role: 'user', content: 'x' }] }, status: 400, code: 'invalid_request_error', param: 'model' },
-  { name: 'messages missing', body: { model: 'model_03' }, status: 400, code: 'invalid_request_error', param: 'messages' },
-  { name: 'messages empty', body: chatBody({ messages: [] }), status: 400, code: 'invalid_request_error', param: 'messages' },
-  { name: 'unknown role', body: chatBody({ messages: [{ role: 'wizard', content: 'x' }] }), status: 400, code: 'invalid_request_error', param: 'messages[0].role', message: `messages[0].role ${ROLES}` },
+  {
+    name: 'missing key',
+    body: chatBody(),
+    headers: () => ({ 'content-type': 'application/json' }),
+    status: 401,
+    code: 'invalid_api_key',
+    reason: 'missing',
+  },
+  {
+    name: 'unknown key',
+    body: chatBody(),
+    headers: () => bearer('tg-unknownunknownunknownunknownunknownunknown'),
+    status: 401,
+    code: 'invalid_api_key',
+    reason: 'unknown',
+  },
+  {
+    name: 'revoked key',
+    body: chatBody(),
+    headers: () => bearer(revokedKey),
+    status: 401,
+    code: 'invalid_api_key',
+    reason: 'revoked',
+  },
+  {
+    name: 'decision-only key',
+    body: chatBody(),
+    headers: () => bearer(decisionOnlyKey),
+    status: 401,
+    code: 'invalid_api_key',
+    reason: 'wrong_type',
+  },
+  {
+    name: 'malformed JSON',
+    body: '{"model": ',
+    status: 400,
+    code: 'invalid_request_error',
+    param: null,
+  },
+  {
+    name: 'body not an object',
+    body: '[1,2]',
+    status: 400,
+    code: 'invalid_request_error',
+    param: null,
+  },
+  // Every later step may recurse (validation, token counts, fingerprints); a stack overflow would
+  // be a 500.
+  {
+    name: 'tool parameters nested 300 levels deep',
+    body: deepToolBody(300),
+    status: 400,
+    code: 'invalid_request_error',
+    param: null,
+  },
+  {
+    name: 'tool parameters nested 20,000 levels deep (was a 500)',
+    body: deepToolBody(20_000),
+    status: 400,
+    code: 'invalid_request_error',
+    param: null,
+  },
+  {
+    name: 'model missing',
+    body: { messages: [{ role: 'user', content: 'x' }] },
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'model',
+  },
+  {
+    name: 'messages missing',
+    body: { model: 'model_03' },
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'messages',
+  },
+  {
+    name: 'messages empty',
+    body: chatBody({ messages: [] }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'messages',
+  },
+  {
+    name: 'unknown role',
+    body: chatBody({ messages: [{ role: 'wizard', content: 'x' }] }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'messages[0].role',
+    message: `messages[0].role ${ROLES}`,
+  },
   // Object.prototype's names are plain data: a role lookup must not find them (these were 500s).
   ...['__proto__', 'constructor', 'toString', 'hasOwnProperty', 'valueOf'].map((role) => ({
     name: `role ${role}`,
-    body: chatBody({ messages: [{ role: 'user', content: 'a' }, { role, content: 'x' }] }),
+    body: chatBody({
+      messages: [
+        { role: 'user', content: 'a' },
+        { role, content: 'x' },
+      ],
+    }),
     status: 400,
     code: 'invalid_request_error',
     param: 'messages[1].role',
     message: `messages[1].role ${ROLES}`,
   })),
-  { name: 'model __proto__', body: chatBody({ model: '__proto__' }), status: 404, code: 'model_not_found', param: null, message: 'The model "__proto__" does not exist.' },
-  { name: 'model constructor', body: chatBody({ model: 'constructor' }), status: 404, code: 'model_not_found', param: null, message: 'The model "constructor" does not exist.' },
-  { name: 'user content a number', body: chatBody({ messages: [{ role: 'user', content: 7 }] }), status: 400, code: 'invalid_request_error', param: 'messages[0].content' },
-  { name: 'text part without text', body: chatBody({ messages: [{ role: 'user', content: [{ type: 'text' }] }] }), status: 400, code: 'invalid_request_error', param: 'messages[0].content[0].text' },
-  { name: 'assistant with neither content nor tool_calls', body: chatBody({ messages: [{ role: 'user', content: 'a' }, { role: 'assistant', content: null }] }), status: 400, code: 'invalid_request_error', param: 'messages[1].content' },
-  { name: 'tool message without a matching earlier tool call', body: chatBody({ messages: [{ role: 'user', content: 'a' }, { role: 'tool', tool_call_id: 'call_9', content: 'r' }] }), status: 400, code: 'invalid_request_error', param: 'messages[1].tool_call_id' },
-  { name: 'tool message before its tool call', body: chatBody({ messages: [{ role: 'tool', tool_call_id: 'call_1', content: 'r' }, ...toolCallHistory] }), status: 400, code: 'invalid_request_error', param: 'messages[0].tool_call_id' },
-  { name: 'tool message without tool_call_id', body: chatBody({ messages: [...toolCallHistory, { role: 'tool', content: 'r' }] }), status: 400, code: 'invalid_request_error', param: 'messages[2].tool_call_id' },
-  { name: 'tool_choice naming an unknown function', body: chatBody({ tools: [weatherTool], tool_choice: { type: 'function', function: { name: 'nope' } } }), status: 400, code: 'invalid_request_error', param: 'tool_choice.function.name' },
-  { name: 'tool_choice not a known value', body: chatBody({ tools: [weatherTool], tool_choice: 'sometimes' }), status: 400, code: 'invalid_request_error', param: 'tool_choice', message: 'tool_choice must be "auto", "none", "required", an object or null' },
-  { name: 'tool_choice required without tools', body: chatBody({ tool_choice: 'required' }), status: 400, code: 'invalid_request_error', param: 'tool_choice' },
-  { name: 'tool without a name', body: chatBody({ tools: [{ type: 'function', function: {} }] }), status: 400, code: 'invalid_request_error', param: 'tools[0].function.name' },
+  {
+    name: 'model __proto__',
+    body: chatBody({ model: '__proto__' }),
+    status: 404,
+    code: 'model_not_found',
+    param: null,
+    message: 'The model "__proto__" does not exist.',
+  },
+  {
+    name: 'model constructor',
+    body: chatBody({ model: 'constructor' }),
+    status: 404,
+    code: 'model_not_found',
+    param: null,
+    message: 'The model "constructor" does not exist.',
+  },
+  {
+    name: 'user content a number',
+    body: chatBody({ messages: [{ role: 'user', content: 7 }] }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'messages[0].content',
+  },
+  {
+    name: 'text part without text',
+    body: chatBody({ messages: [{ role: 'user', content: [{ type: 'text' }] }] }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'messages[0].content[0].text',
+  },
+  {
+    name: 'assistant with neither content nor tool_calls',
+    body: chatBody({
+      messages: [
+        { role: 'user', content: 'a' },
+        { role: 'assistant', content: null },
+      ],
+    }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'messages[1].content',
+  },
+  {
+    name: 'tool message without a matching earlier tool call',
+    body: chatBody({
+      messages: [
+        { role: 'user', content: 'a' },
+        { role: 'tool', tool_call_id: 'call_9', content: 'r' },
+      ],
+    }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'messages[1].tool_call_id',
+  },
+  {
+    name: 'tool message before its tool call',
+    body: chatBody({
+      messages: [{ role: 'tool', tool_call_id: 'call_1', content: 'r' }, ...toolCallHistory],
+    }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'messages[0].tool_call_id',
+  },
+  {
+    name: 'tool message without tool_call_id',
+    body: chatBody({ messages: [...toolCallHistory, { role: 'tool', content: 'r' }] }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'messages[2].tool_call_id',
+  },
+  {
+    name: 'tool_choice naming an unknown function',
+    body: chatBody({
+      tools: [weatherTool],
+      tool_choice: { type: 'function', function: { name: 'nope' } },
+    }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'tool_choice.function.name',
+  },
+  {
+    name: 'tool_choice not a known value',
+    body: chatBody({ tools: [weatherTool], tool_choice: 'sometimes' }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'tool_choice',
+    message: 'tool_choice must be "auto", "none", "required", an object or null',
+  },
+  {
+    name: 'tool_choice required without tools',
+    body: chatBody({ tool_choice: 'required' }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'tool_choice',
+  },
+  {
+    name: 'tool without a name',
+    body: chatBody({ tools: [{ type: 'function', function: {} }] }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'tools[0].function.name',
+  },
   // Numbers outside their range name the field and the bound (CONTRACT §8).
-  { name: 'max_tokens zero', body: chatBody({ max_tokens: 0 }), status: 400, code: 'invalid_request_error', param: 'max_tokens', message: 'max_tokens must be ≥ 1' },
-  { name: 'max_completion_tokens negative', body: chatBody({ max_completion_tokens: -5 }), status: 400, code: 'invalid_request_error', param: 'max_completion_tokens', message: 'max_completion_tokens must be ≥ 1' },
-  { name: 'max_completion_tokens not an integer', body: chatBody({ max_completion_tokens: 1.5 }), status: 400, code: 'invalid_request_error', param: 'max_completion_tokens', message: 'max_completion_tokens must be an integer' },
-  { name: 'temperature out of range', body: chatBody({ temperature: 3 }), status: 400, code: 'invalid_request_error', param: 'temperature', message: 'temperature must be ≤ 2' },
-  { name: 'temperature 5', body: chatBody({ temperature: 5 }), status: 400, code: 'invalid_request_error', param: 'temperature', message: 'temperature must be ≤ 2' },
-  { name: 'temperature negative', body: chatBody({ temperature: -0.5 }), status: 400, code: 'invalid_request_error', param: 'temperature', message: 'temperature must be ≥ 0' },
-  { name: 'temperature a string', body: chatBody({ temperature: 'hot' }), status: 400, code: 'invalid_request_error', param: 'temperature', message: 'temperature must be a number or null' },
-  { name: 'top_p 2', body: chatBody({ top_p: 2 }), status: 400, code: 'invalid_request_error', param: 'top_p', message: 'top_p must be ≤ 1' },
-  { name: 'top_k negative', body: chatBody({ top_k: -1 }), status: 400, code: 'invalid_request_error', param: 'top_k', message: 'top_k must be ≥ 0' },
-  { name: 'seed not an integer', body: chatBody({ seed: 1.5 }), status: 400, code: 'invalid_request_error', param: 'seed', message: 'seed must be an integer' },
-  { name: 'stream not a boolean', body: chatBody({ stream: 'yes' }), status: 400, code: 'invalid_request_error', param: 'stream', message: 'stream must be a boolean or null' },
-  { name: 'stop not a string or array', body: chatBody({ stop: 5 }), status: 400, code: 'invalid_request_error', param: 'stop', message: 'stop must be a string, an array or null' },
-  { name: 'stop holding a number', body: chatBody({ stop: ['a', 5] }), status: 400, code: 'invalid_request_error', param: 'stop[1]', message: 'stop[1] must be a string' },
-  { name: 'a tool call id empty', body: chatBody({ messages: [{ role: 'user', content: 'a' }, { role: 'assistant', tool_calls: [{ id: '', type: 'function', function: { name: 'f', arguments: '{}' } }] }] }), status: 400, code: 'invalid_request_error', param: 'messages[1].tool_calls[0].id', message: 'messages[1].tool_calls[0].id must not be empty' },
-  { name: 'tool_choice an object without its type', body: chatBody({ tools: [weatherTool], tool_choice: { function: { name: 'weather' } } }), status: 400, code: 'invalid_request_error', param: 'tool_choice.type', message: 'tool_choice.type is required' },
-  { name: 'tool_choice an object without its function', body: chatBody({ tools: [weatherTool], tool_choice: { type: 'function' } }), status: 400, code: 'invalid_request_error', param: 'tool_choice.function', message: 'tool_choice.function is required' },
-  { name: 'unknown model', body: chatBody({ model: 'model_99' }), status: 404, code: 'model_not_found', param: null },
-  { name: 'tools on model_09', body: chatBody({ model: 'model_09', tools: [weatherTool] }), status: 400, code: 'unsupported_parameter', param: 'tools' },
-  { name: 'malformed Idempotency-Key', body: chatBody(), headers: () => bearer(key, { 'idempotency-key': 'short' }), status: 400, code: 'invalid_idempotency_key' },
-  { name: 'Idempotency-Key with a bad character', body: chatBody(), headers: () => bearer(key, { 'idempotency-key': 'has space in it' }), status: 400, code: 'invalid_idempotency_key' },
-  { name: 'messages over the context window', body: chatBody({ model: 'model_tiny', messages: [{ role: 'user', content: 'word '.repeat(200) }] }), status: 400, code: 'context_length_exceeded', param: 'messages' },
-  { name: 'output limit over the model maximum', body: chatBody({ model: 'model_tiny', max_completion_tokens: 33 }), status: 400, code: 'context_length_exceeded', param: 'max_completion_tokens' },
-  { name: 'input plus output limit over the window', body: chatBody({ model: 'model_tiny', messages: [{ role: 'user', content: 'word '.repeat(40) }], max_tokens: 30 }), status: 400, code: 'context_length_exceeded', param: 'max_completion_tokens' },
-  { name: 'balance cannot cover the reservation', body: chatBody(), headers: () => bearer(brokeKey), status: 402, code: 'insufficient_quota' },
+  {
+    name: 'max_tokens zero',
+    body: chatBody({ max_tokens: 0 }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'max_tokens',
+    message: 'max_tokens must be ≥ 1',
+  },
+  {
+    name: 'max_completion_tokens negative',
+    body: chatBody({ max_completion_tokens: -5 }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'max_completion_tokens',
+    message: 'max_completion_tokens must be ≥ 1',
+  },
+  {
+    name: 'max_completion_tokens not an integer',
+    body: chatBody({ max_completion_tokens: 1.5 }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'max_completion_tokens',
+    message: 'max_completion_tokens must be an integer',
+  },
+  {
+    name: 'temperature out of range',
+    body: chatBody({ temperature: 3 }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'temperature',
+    message: 'temperature must be ≤ 2',
+  },
+  {
+    name: 'temperature 5',
+    body: chatBody({ temperature: 5 }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'temperature',
+    message: 'temperature must be ≤ 2',
+  },
+  {
+    name: 'temperature negative',
+    body: chatBody({ temperature: -0.5 }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'temperature',
+    message: 'temperature must be ≥ 0',
+  },
+  {
+    name: 'temperature a string',
+    body: chatBody({ temperature: 'hot' }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'temperature',
+    message: 'temperature must be a number or null',
+  },
+  {
+    name: 'top_p 2',
+    body: chatBody({ top_p: 2 }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'top_p',
+    message: 'top_p must be ≤ 1',
+  },
+  {
+    name: 'top_k negative',
+    body: chatBody({ top_k: -1 }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'top_k',
+    message: 'top_k must be ≥ 0',
+  },
+  {
+    name: 'seed not an integer',
+    body: chatBody({ seed: 1.5 }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'seed',
+    message: 'seed must be an integer',
+  },
+  {
+    name: 'stream not a boolean',
+    body: chatBody({ stream: 'yes' }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'stream',
+    message: 'stream must be a boolean or null',
+  },
+  {
+    name: 'stop not a string or array',
+    body: chatBody({ stop: 5 }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'stop',
+    message: 'stop must be a string, an array or null',
+  },
+  {
+    name: 'stop holding a number',
+    body: chatBody({ stop: ['a', 5] }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'stop[1]',
+    message: 'stop[1] must be a string',
+  },
+  {
+    name: 'a tool call id empty',
+    body: chatBody({
+      messages: [
+        { role: 'user', content: 'a' },
+        {
+          role: 'assistant',
+          tool_calls: [{ id: '', type: 'function', function: { name: 'f', arguments: '{}' } }],
+        },
+      ],
+    }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'messages[1].tool_calls[0].id',
+    message: 'messages[1].tool_calls[0].id must not be empty',
+  },
+  {
+    name: 'tool_choice an object without its type',
+    body: chatBody({ tools: [weatherTool], tool_choice: { function: { name: 'weather' } } }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'tool_choice.type',
+    message: 'tool_choice.type is required',
+  },
+  {
+    name: 'tool_choice an object without its function',
+    body: chatBody({ tools: [weatherTool], tool_choice: { type: 'function' } }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'tool_choice.function',
+    message: 'tool_choice.function is required',
+  },
+  {
+    name: 'unknown model',
+    body: chatBody({ model: 'model_99' }),
+    status: 404,
+    code: 'model_not_found',
+    param: null,
+  },
+  {
+    name: 'tools on model_09',
+    body: chatBody({ model: 'model_09', tools: [weatherTool] }),
+    status: 400,
+    code: 'unsupported_parameter',
+    param: 'tools',
+  },
+  {
+    name: 'malformed Idempotency-Key',
+    body: chatBody(),
+    headers: () => bearer(key, { 'idempotency-key': 'short' }),
+    status: 400,
+    code: 'invalid_idempotency_key',
+  },
+  {
+    name: 'Idempotency-Key with a bad character',
+    body: chatBody(),
+    headers: () => bearer(key, { 'idempotency-key': 'has space in it' }),
+    status: 400,
+    code: 'invalid_idempotency_key',
+  },
+  {
+    name: 'messages over the context window',
+    body: chatBody({
+      model: 'model_tiny',
+      messages: [{ role: 'user', content: 'word '.repeat(200) }],
+    }),
+    status: 400,
+    code: 'context_length_exceeded',
+    param: 'messages',
+  },
+  {
+    name: 'output limit over the model maximum',
+    body: chatBody({ model: 'model_tiny', max_completion_tokens: 33 }),
+    status: 400,
+    code: 'context_length_exceeded',
+    param: 'max_completion_tokens',
+  },
+  {
+    name: 'input plus output limit over the window',
+    body: chatBody({
+      model: 'model_tiny',
+      messages: [{ role: 'user', content: 'word '.repeat(40) }],
+      max_tokens: 30,
+    }),
+    status: 400,
+    code: 'context_length_exceeded',
+    param: 'max_completion_tokens',
+  },
+  {
+    name: 'balance cannot cover the reservation',
+    body: chatBody(),
+    headers: () => bearer(brokeKey),
+    status: 402,
+    code: 'insufficient_quota',
+  },
   // The check order: the first failure answers.
-  { name: 'order: auth before JSON', body: '{nope', headers: () => ({}), status: 401, code: 'invalid_api_key', reason: 'missing' },
-  { name: 'order: shape before model', body: { model: 'model_99', messages: [] }, status: 400, code: 'invalid_request_error', param: 'messages' },
-  { name: 'order: model before capability', body: chatBody({ model: 'model_99', tools: [weatherTool] }), status: 404, code: 'model_not_found', param: null },
-  { name: 'order: capability before idempotency', body: chatBody({ model: 'model_09', tools: [weatherTool] }), headers: () => bearer(key, { 'idempotency-key': 'x' }), status: 400, code: 'unsupported_parameter', param: 'tools' },
-  { name: 'order: idempotency before context', body: chatBody({ model: 'model_tiny', max_tokens: 999 }), headers: () => bearer(key, { 'idempotency-key': 'x' }), status: 400, code: 'invalid_idempotency_key' },
-  { name: 'order: context before quota', body: chatBody({ model: 'model_tiny', max_tokens: 999 }), headers: () => bearer(brokeKey), status: 400, code: 'context_length_exceeded', param: 'max_completion_tokens' },
+  {
+    name: 'order: auth before JSON',
+    body: '{nope',
+    headers: () => ({}),
+    status: 401,
+    code: 'invalid_api_key',
+    reason: 'missing',
+  },
+  {
+    name: 'order: shape before model',
+    body: { model: 'model_99', messages: [] },
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'messages',
+  },
+  {
+    name: 'order: model before capability',
+    body: chatBody({ model: 'model_99', tools: [weatherTool] }),
+    status: 404,
+    code: 'model_not_found',
+    param: null,
+  },
+  {
+    name: 'order: capability before idempotency',
+    body: chatBody({ model: 'model_09', tools: [weatherTool] }),
+    headers: () => bearer(key, { 'idempotency-key': 'x' }),
+    status: 400,
+    code: 'unsupported_parameter',
+    param: 'tools',
+  },
+  {
+    name: 'order: idempotency before context',
+    body: chatBody({ model: 'model_tiny', max_tokens: 999 }),
+    headers: () => bearer(key, { 'idempotency-key': 'x' }),
+    status: 400,
+    code: 'invalid_idempotency_key',
+  },
+  {
+    name: 'order: context before quota',
+    body: chatBody({ model: 'model_tiny', max_tokens: 999 }),
+    headers: () => bearer(brokeKey),
+    status: 400,
+    code: 'context_length_exceeded',
+    param: 'max_completion_tokens',
+  },
 ];
 
 const TYPE_BY_STATUS: Record<number, string> = {
@@ -194,7 +603,12 @@ describe('chat request rules', () => {
       },
     });
     const response = await t.app.handle(
-      new Request('http://gateway.test/api/v1/chat/completions', { method: 'POST', headers: bearer(key), body, duplex: 'half' } as RequestInit),
+      new Request('http://gateway.test/api/v1/chat/completions', {
+        method: 'POST',
+        headers: bearer(key),
+        body,
+        duplex: 'half',
+      } as RequestInit),
     );
     expect(response.status).toBe(413);
     expect(((await response.json()) as any).error.code).toBe('request_too_large');
@@ -204,7 +618,7 @@ describe('chat request rules', () => {
 
   test('a body of exactly 4 MB is read and parsed', async () => {
     const base = JSON.stringify(chatBody());
-    const padded = base.slice(0, -1) + ',"pad":"' + 'p'.repeat(4 * 1024 * 1024 - base.length - 9) + '"}';
+    const padded = `${base.slice(0, -1)},"pad":"${'p'.repeat(4 * 1024 * 1024 - base.length - 9)}"}`;
     expect(padded.length).toBe(4 * 1024 * 1024);
     const response = await post(padded);
     expect(response.status).toBe(200);
@@ -281,13 +695,23 @@ describe('what the rules accept', () => {
 
   test('a tool message after its assistant tool call is accepted', async () => {
     const response = await post(
-      chatBody({ messages: [...toolCallHistory, { role: 'tool', tool_call_id: 'call_1', content: [{ type: 'text', text: 'sunny' }] }], tools: [weatherTool] }),
+      chatBody({
+        messages: [
+          ...toolCallHistory,
+          { role: 'tool', tool_call_id: 'call_1', content: [{ type: 'text', text: 'sunny' }] },
+        ],
+        tools: [weatherTool],
+      }),
     );
     expect(response.status).toBe(200);
   });
 
   test('a trailing slash is accepted', async () => {
-    const response = await t.request('/api/v1/chat/completions/', { method: 'POST', headers: bearer(key), body: JSON.stringify(chatBody()) });
+    const response = await t.request('/api/v1/chat/completions/', {
+      method: 'POST',
+      headers: bearer(key),
+      body: JSON.stringify(chatBody()),
+    });
     expect(response.status).toBe(200);
   });
 });
@@ -315,18 +739,24 @@ describe('text that spells tokenizer control tokens', () => {
     const response = await post(chatBody({ messages: [{ role: 'user', content }] }));
     expect(response.status).toBe(200);
     const { usage } = (await response.json()) as { usage: { prompt_tokens: number } };
-    // Counted as plain text: more tokens than the special-token reading would give (one per marker).
+    // Counted as plain text: more tokens than the special-token reading would give (one per
+    // marker).
     expect(usage.prompt_tokens).toBeGreaterThan(6 + 14);
   });
 });
 
 describe('a body near 4 MB of one long word', () => {
-  test('is counted in bounded work and refused as over the context window (it took hours)', async () => {
-    const word = randomBytes(3_000_000).toString('base64');
-    const response = await post(chatBody({ messages: [{ role: 'user', content: word }] }));
-    expect(response.status).toBe(400);
-    expect(((await response.json()) as { error: { code: string; param: string } }).error).toMatchObject({ code: 'context_length_exceeded', param: 'messages' });
-  });
+  test(
+    'is counted in bounded work and refused ' + 'as over the context window (it took hours)',
+    async () => {
+      const word = randomBytes(3_000_000).toString('base64');
+      const response = await post(chatBody({ messages: [{ role: 'user', content: word }] }));
+      expect(response.status).toBe(400);
+      expect(
+        ((await response.json()) as { error: { code: string; param: string } }).error,
+      ).toMatchObject({ code: 'context_length_exceeded', param: 'messages' });
+    },
+  );
 });
 
 describe('JSON nesting limit', () => {
@@ -343,94 +773,215 @@ describe('JSON nesting limit', () => {
     expect(nestsDeeperThan({ a: [1, { b: {} }] }, 3)).toBe(true);
   });
 
-  test('the shortest bodies at the limit: 256 nested arrays are only not an object, 257 nest too deep', async () => {
-    const message = async (levels: number) => {
-      const response = await post('['.repeat(levels) + ']'.repeat(levels));
-      expect(response.status).toBe(400);
-      return ((await response.json()) as { error: { message: string } }).error.message;
-    };
-    expect(await message(256)).toBe('The body must be a JSON object.');
-    expect(await message(257)).toBe(`The JSON body nests deeper than ${JSON_DEPTH_MAX} levels.`);
-  });
-});
-
-describe('generated work is bounded (CONTRACT §8): a tool schema the simulator cannot answer within 64 KiB is a 400', () => {
-  /** A generous ceiling only an unbounded generator could pass (minItems 1e8 took 19.6 s and 1.7 GB). */
-  const QUICK_MS = 2_000;
-  const LIMIT = 64 * 1024;
-  const tooLarge = (param: string) => `${param}: the smallest value this schema allows is larger than the ${LIMIT} bytes the simulator writes for tool arguments`;
-  const tooComplex = (param: string) => `${param}: the simulator cannot find a value of this schema within ${LIMIT} bytes in bounded work; simplify the schema`;
-  const nested = (levels: number, items: number): unknown => (levels === 0 ? { type: 'integer' } : { type: 'array', minItems: items, items: nested(levels - 1, items) });
-  const cycle: { $defs: Record<string, unknown>; $ref: string } = { $defs: {}, $ref: '#/$defs/n0' };
-  for (let i = 0; i < 30; i++) {
-    const next = { $ref: `#/$defs/n${(i + 1) % 30}` };
-    cycle.$defs[`n${i}`] = { anyOf: [next, { type: 'object', properties: { x: next }, required: ['x'] }] };
-  }
-  const tool = (name: string, parameters: unknown) => ({ type: 'function', function: { name, parameters } });
-
-  const attacks: Array<{ name: string; parameters: unknown; message: (param: string) => string }> = [
-    { name: 'minItems 1e8', parameters: { type: 'array', minItems: 1e8 }, message: tooLarge },
-    { name: 'minLength 1e9', parameters: { type: 'object', properties: { s: { type: 'string', minLength: 1e9 } }, required: ['s'] }, message: tooLarge },
-    { name: 'minProperties 1e8', parameters: { type: 'object', minProperties: 1e8 }, message: tooLarge },
-    { name: 'nested arrays with minItems 100 at every level', parameters: nested(4, 100), message: tooLarge },
-    { name: 'a required recursive $ref', parameters: { type: 'object', properties: { next: { $ref: '#' } }, required: ['next'] }, message: tooLarge },
-    { name: 'an enum whose every member is over the limit', parameters: { type: 'object', properties: { e: { enum: ['x'.repeat(70_000), 'y'.repeat(80_000)] } }, required: ['e'] }, message: tooLarge },
-    { name: 'uniqueItems over a tiny enum, minItems 1e7', parameters: { type: 'array', uniqueItems: true, minItems: 1e7, items: { enum: [1, 2] } }, message: tooLarge },
-    { name: 'a string one byte over the limit', parameters: { type: 'string', minLength: LIMIT - 1 }, message: tooLarge },
-    { name: 'a recursive cycle of unions', parameters: cycle, message: tooComplex },
-  ];
-
-  let keyId: string;
-  let attackKey: string;
-  beforeAll(async () => {
-    ({ id: keyId, key: attackKey } = await t.createKey({ credits: 5 }));
-  });
-
-  async function balances(): Promise<Record<string, number>> {
-    return ((await (await t.request(`/admin/v1/keys/${keyId}`, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } })).json()) as any).balances;
-  }
-
-  for (const attack of attacks) {
-    for (const [choice, toolChoice] of [['required', 'required'], ['auto (no tool_choice)', undefined]] as const) {
-      test(`${attack.name}, tool_choice ${choice} → 400 naming the tool, at once, nothing held`, async () => {
-        const before = await balances();
-        const startedMs = performance.now();
-        const response = await post(chatBody({ tools: [weatherTool, tool('attack', attack.parameters)], tool_choice: toolChoice }), bearer(attackKey));
-        const body = (await response.json()) as any;
-        expect(performance.now() - startedMs).toBeLessThan(QUICK_MS);
+  test(
+    'the shortest bodies at the limit: 256 nested ' +
+      'arrays are only not an object, 257 nest too deep',
+    async () => {
+      const message = async (levels: number) => {
+        const response = await post('['.repeat(levels) + ']'.repeat(levels));
         expect(response.status).toBe(400);
-        const param = 'tools[1].function.parameters';
-        expect(body.error).toEqual({ message: attack.message(param), type: 'invalid_request_error', code: 'invalid_request_error', param });
-        expect(await balances()).toEqual(before);
-      });
-    }
-  }
-
-  test('a schema at the limit is answered: 65,536 bytes of arguments', async () => {
-    const response = await post(chatBody({ tools: [tool('edge', { type: 'string', minLength: LIMIT - 2 })], tool_choice: 'required' }));
-    expect(response.status).toBe(200);
-    const args = ((await response.json()) as any).choices[0].message.tool_calls[0].function.arguments as string;
-    expect(Buffer.byteLength(args)).toBeLessThanOrEqual(LIMIT);
-    expect((JSON.parse(args) as string).length).toBeGreaterThanOrEqual(LIMIT - 2);
-  });
-
-  test('a large but small-enough schema gets arguments that satisfy it', async () => {
-    const parameters = { type: 'object', properties: { rows: { type: 'array', minItems: 2_000, items: { type: 'integer', minimum: 1, maximum: 9 } } }, required: ['rows'] };
-    const response = await post(chatBody({ tools: [tool('rows', parameters)], tool_choice: 'required' }));
-    expect(response.status).toBe(200);
-    const args = JSON.parse(((await response.json()) as any).choices[0].message.tool_calls[0].function.arguments) as { rows: number[] };
-    expect(args.rows.length).toBeGreaterThanOrEqual(2_000);
-    expect(args.rows.every((n) => Number.isInteger(n) && n >= 1 && n <= 9)).toBe(true);
-  });
-
-  test('a JSON-schema request written into a system message is answered within the limit, at once', async () => {
-    // The simulator honours JSON_SCHEMA_MARKER for the decision service; any caller can write it too.
-    const system = `${JSON_SCHEMA_MARKER}\n${JSON.stringify({ type: 'array', minItems: 1e8, items: { type: 'string', minLength: 1e6 } })}`;
-    const startedMs = performance.now();
-    const response = await post(chatBody({ messages: [{ role: 'system', content: system }, { role: 'user', content: 'go' }] }));
-    expect(performance.now() - startedMs).toBeLessThan(QUICK_MS);
-    expect(response.status).toBe(200);
-    const content = ((await response.json()) as any).choices[0].message.content as string;
-    expect(Buffer.byteLength(content)).toBeLessThanOrEqual(LIMIT);
-  });
+        return ((await response.json()) as { error: { message: string } }).error.message;
+      };
+      expect(await message(256)).toBe('The body must be a JSON object.');
+      expect(await message(257)).toBe(`The JSON body nests deeper than ${JSON_DEPTH_MAX} levels.`);
+    },
+  );
 });
+
+describe(
+  'generated work is bounded (CONTRACT §8): a tool schema the simulator cannot answer within 64 ' +
+    'KiB is a 400',
+  () => {
+    /**
+     * A generous ceiling only an unbounded generator could pass (minItems 1e8 took 19.6 s and 1.7
+     * GB).
+     */
+    const QUICK_MS = 2_000;
+    const LIMIT = 64 * 1024;
+    const tooLarge = (param: string) =>
+      `${param}: the smallest value this schema allows is larger than the ${LIMIT} bytes the ` +
+      `simulator writes for tool arguments`;
+    const tooComplex = (param: string) =>
+      `${param}: the simulator cannot find a value of this schema within ${LIMIT} bytes in ` +
+      `bounded work; simplify the schema`;
+    const nested = (levels: number, items: number): unknown =>
+      levels === 0
+        ? { type: 'integer' }
+        : { type: 'array', minItems: items, items: nested(levels - 1, items) };
+    const cycle: { $defs: Record<string, unknown>; $ref: string } = {
+      $defs: {},
+      $ref: '#/$defs/n0',
+    };
+    for (let i = 0; i < 30; i++) {
+      const next = { $ref: `#/$defs/n${(i + 1) % 30}` };
+      cycle.$defs[`n${i}`] = {
+        anyOf: [next, { type: 'object', properties: { x: next }, required: ['x'] }],
+      };
+    }
+    const tool = (name: string, parameters: unknown) => ({
+      type: 'function',
+      function: { name, parameters },
+    });
+
+    const attacks: Array<{
+      name: string;
+      parameters: unknown;
+      message: (param: string) => string;
+    }> = [
+      { name: 'minItems 1e8', parameters: { type: 'array', minItems: 1e8 }, message: tooLarge },
+      {
+        name: 'minLength 1e9',
+        parameters: {
+          type: 'object',
+          properties: { s: { type: 'string', minLength: 1e9 } },
+          required: ['s'],
+        },
+        message: tooLarge,
+      },
+      {
+        name: 'minProperties 1e8',
+        parameters: { type: 'object', minProperties: 1e8 },
+        message: tooLarge,
+      },
+      {
+        name: 'nested arrays with minItems 100 at every level',
+        parameters: nested(4, 100),
+        message: tooLarge,
+      },
+      {
+        name: 'a required recursive $ref',
+        parameters: { type: 'object', properties: { next: { $ref: '#' } }, required: ['next'] },
+        message: tooLarge,
+      },
+      {
+        name: 'an enum whose every member is over the limit',
+        parameters: {
+          type: 'object',
+          properties: { e: { enum: ['x'.repeat(70_000), 'y'.repeat(80_000)] } },
+          required: ['e'],
+        },
+        message: tooLarge,
+      },
+      {
+        name: 'uniqueItems over a tiny enum, minItems 1e7',
+        parameters: { type: 'array', uniqueItems: true, minItems: 1e7, items: { enum: [1, 2] } },
+        message: tooLarge,
+      },
+      {
+        name: 'a string one byte over the limit',
+        parameters: { type: 'string', minLength: LIMIT - 1 },
+        message: tooLarge,
+      },
+      { name: 'a recursive cycle of unions', parameters: cycle, message: tooComplex },
+    ];
+
+    let keyId: string;
+    let attackKey: string;
+    beforeAll(async () => {
+      ({ id: keyId, key: attackKey } = await t.createKey({ credits: 5 }));
+    });
+
+    async function balances(): Promise<Record<string, number>> {
+      return (
+        (await (
+          await t.request(`/admin/v1/keys/${keyId}`, {
+            headers: { authorization: `Bearer ${ADMIN_TOKEN}` },
+          })
+        ).json()) as any
+      ).balances;
+    }
+
+    for (const attack of attacks) {
+      for (const [choice, toolChoice] of [
+        ['required', 'required'],
+        ['auto (no tool_choice)', undefined],
+      ] as const) {
+        test(
+          `${attack.name}, tool_choice ${choice} → ` + `400 naming the tool, at once, nothing held`,
+          async () => {
+            const before = await balances();
+            const startedMs = performance.now();
+            const response = await post(
+              chatBody({
+                tools: [weatherTool, tool('attack', attack.parameters)],
+                tool_choice: toolChoice,
+              }),
+              bearer(attackKey),
+            );
+            const body = (await response.json()) as any;
+            expect(performance.now() - startedMs).toBeLessThan(QUICK_MS);
+            expect(response.status).toBe(400);
+            const param = 'tools[1].function.parameters';
+            expect(body.error).toEqual({
+              message: attack.message(param),
+              type: 'invalid_request_error',
+              code: 'invalid_request_error',
+              param,
+            });
+            expect(await balances()).toEqual(before);
+          },
+        );
+      }
+    }
+
+    test('a schema at the limit is answered: 65,536 bytes of arguments', async () => {
+      const response = await post(
+        chatBody({
+          tools: [tool('edge', { type: 'string', minLength: LIMIT - 2 })],
+          tool_choice: 'required',
+        }),
+      );
+      expect(response.status).toBe(200);
+      const args = ((await response.json()) as any).choices[0].message.tool_calls[0].function
+        .arguments as string;
+      expect(Buffer.byteLength(args)).toBeLessThanOrEqual(LIMIT);
+      expect((JSON.parse(args) as string).length).toBeGreaterThanOrEqual(LIMIT - 2);
+    });
+
+    test('a large but small-enough schema gets arguments that satisfy it', async () => {
+      const parameters = {
+        type: 'object',
+        properties: {
+          rows: {
+            type: 'array',
+            minItems: 2_000,
+            items: { type: 'integer', minimum: 1, maximum: 9 },
+          },
+        },
+        required: ['rows'],
+      };
+      const response = await post(
+        chatBody({ tools: [tool('rows', parameters)], tool_choice: 'required' }),
+      );
+      expect(response.status).toBe(200);
+      const args = JSON.parse(
+        ((await response.json()) as any).choices[0].message.tool_calls[0].function.arguments,
+      ) as { rows: number[] };
+      expect(args.rows.length).toBeGreaterThanOrEqual(2_000);
+      expect(args.rows.every((n) => Number.isInteger(n) && n >= 1 && n <= 9)).toBe(true);
+    });
+
+    test(
+      'a JSON-schema request written into a system ' +
+        'message is answered within the limit, at once',
+      async () => {
+        // The simulator honours JSON_SCHEMA_MARKER for the decision service; any caller can write
+        // it too.
+        const system = `${JSON_SCHEMA_MARKER}\n${JSON.stringify({ type: 'array', minItems: 1e8, items: { type: 'string', minLength: 1e6 } })}`;
+        const startedMs = performance.now();
+        const response = await post(
+          chatBody({
+            messages: [
+              { role: 'system', content: system },
+              { role: 'user', content: 'go' },
+            ],
+          }),
+        );
+        expect(performance.now() - startedMs).toBeLessThan(QUICK_MS);
+        expect(response.status).toBe(200);
+        const content = ((await response.json()) as any).choices[0].message.content as string;
+        expect(Buffer.byteLength(content)).toBeLessThanOrEqual(LIMIT);
+      },
+    );
+  },
+);

@@ -1,13 +1,20 @@
-// The TollgateClient's retry rule (spec 001, rules 4–6) against a real server whose fake upstream fails on demand.
+// The TollgateClient's retry rule (spec 001, rules 4–6) against a real server whose fake upstream
+// fails on demand.
 import { describe, expect, test } from 'bun:test';
-import { retryDelayMs, TollgateClient, TollgateError, type ClientOptions, type DecideRequest } from '../../src/client/index.ts';
+import {
+  type ClientOptions,
+  type DecideRequest,
+  retryDelayMs,
+  TollgateClient,
+  TollgateError,
+} from '../../src/client/index.ts';
 import {
   answerValidly,
   closedPortUrl,
-  decisionUpstreamOverrides,
   DEFAULT_USAGE,
-  startDecisionUpstream,
   type DecisionUpstream,
+  decisionUpstreamOverrides,
+  startDecisionUpstream,
   type UpstreamCall,
   type UpstreamReply,
 } from '../support/decision-upstream.ts';
@@ -23,12 +30,17 @@ const cleanup = closedAfterEach();
 const server = cleanup.server;
 
 /** A real gateway whose decision-fast model is a fake upstream running `script`. */
-async function serverWithUpstream(script: (call: UpstreamCall) => UpstreamReply): Promise<{ t: TestServer; fake: DecisionUpstream }> {
+async function serverWithUpstream(
+  script: (call: UpstreamCall) => UpstreamReply,
+): Promise<{ t: TestServer; fake: DecisionUpstream }> {
   const fake = cleanup.track(startDecisionUpstream(script));
   return { t: await server(decisionUpstreamOverrides(fake.url)), fake };
 }
 
-/** Fails the first `failures` calls with an upstream 500 (the gateway answers 502 upstream_error), then answers. */
+/**
+ * Fails the first `failures` calls with an upstream 500 (the gateway answers 502 upstream_error),
+ * then answers.
+ */
 const failThenAnswer =
   (failures: number) =>
   (call: UpstreamCall): UpstreamReply =>
@@ -38,12 +50,23 @@ const REQUEST: DecideRequest = {
   model: 'decision-fast',
   state: { ticket: 'Refund not received after 14 days.', customer: 'globex' },
   questions: {
-    urgency: { type: 'choice', prompt: 'How urgent is this ticket?', criteria: { urgent: 'needs action today', routine: 'can wait' } },
-    quality: { type: 'score', prompt: 'How complete is the report?', criteria: ['missing', 'partial', 'complete'] },
+    urgency: {
+      type: 'choice',
+      prompt: 'How urgent is this ticket?',
+      criteria: { urgent: 'needs action today', routine: 'can wait' },
+    },
+    quality: {
+      type: 'score',
+      prompt: 'How complete is the report?',
+      criteria: ['missing', 'partial', 'complete'],
+    },
   },
 };
 
-const VALID_ANSWERS = { urgency: { type: 'choice', label: 'urgent' }, quality: { type: 'score', score: 2, level: 'complete' } } as const;
+const VALID_ANSWERS = {
+  urgency: { type: 'choice', label: 'urgent' },
+  quality: { type: 'score', score: 2, level: 'complete' },
+} as const;
 
 interface Attempt {
   method: string;
@@ -56,13 +79,16 @@ interface Attempt {
 }
 
 /**
- * A client whose waits are recorded instead of slept, and whose every HTTP attempt (request headers and
- * response status) is recorded by a wrapping fetch.
+ * A client whose waits are recorded instead of slept, and whose every HTTP attempt (request headers
+ * and response status) is recorded by a wrapping fetch.
  */
 function recordingClient(baseUrl: string, apiKey: string, extra: Partial<ClientOptions> = {}) {
   const waits: number[] = [];
   const attempts: Attempt[] = [];
-  const recordingFetch = async (input: string | URL | Request, init?: RequestInit): Promise<Response> => {
+  const recordingFetch = async (
+    input: string | URL | Request,
+    init?: RequestInit,
+  ): Promise<Response> => {
     const headers = new Headers(init?.headers);
     const attempt: Attempt = {
       method: init?.method ?? 'GET',
@@ -100,7 +126,9 @@ interface Balances {
 }
 
 async function balances(t: TestServer, keyId: string): Promise<Balances> {
-  const response = await fetch(`${t.baseUrl}/admin/v1/keys/${keyId}`, { headers: { authorization: `Bearer ${ADMIN_TOKEN}` } });
+  const response = await fetch(`${t.baseUrl}/admin/v1/keys/${keyId}`, {
+    headers: { authorization: `Bearer ${ADMIN_TOKEN}` },
+  });
   return ((await response.json()) as any).balances;
 }
 
@@ -114,12 +142,22 @@ async function rejection(promise: Promise<unknown>): Promise<TollgateError> {
   return error as TollgateError;
 }
 
-// ─────────────────────────────────────────────────────────────────────────────────────────────────────
+// ──────────────────────────────────────────────────────────────────────────────────────────
 describe('retryDelayMs', () => {
   test('500 ms × 2^attempt from attempt 0 without a usable Retry-After', () => {
-    expect([0, 1, 2, 3].map((attempt) => retryDelayMs(attempt, null))).toEqual([500, 1000, 2000, 4000]);
+    expect([0, 1, 2, 3].map((attempt) => retryDelayMs(attempt, null))).toEqual([
+      500, 1000, 2000, 4000,
+    ]);
     // Retry-After counts only when it is a positive number of seconds.
-    for (const unusable of ['0', '-3', '', 'soon', 'Wed, 21 Oct 2015 07:28:00 GMT', 'NaN', 'Infinity']) {
+    for (const unusable of [
+      '0',
+      '-3',
+      '',
+      'soon',
+      'Wed, 21 Oct 2015 07:28:00 GMT',
+      'NaN',
+      'Infinity',
+    ]) {
       expect([unusable, retryDelayMs(1, unusable)]).toEqual([unusable, 1000]);
     }
   });
@@ -131,98 +169,150 @@ describe('retryDelayMs', () => {
   });
 });
 
-// ─────────────────────────────────────────────────────────────────────────────────────────────────────
+// ──────────────────────────────────────────────────────────────────────────────────────────
 describe('TollgateClient against a real gateway', () => {
-  test('two 502s (upstream 500), then a decision: 3 attempts, waits [500, 1000], one Idempotency-Key, one decision, one charge', async () => {
-    const { t, fake } = await serverWithUpstream(failThenAnswer(2));
-    const { id: keyId, key } = await t.createKey({ credits: 10 });
-    const { client, waits, attempts } = recordingClient(t.baseUrl, key);
+  test(
+    'two 502s (upstream 500), then a decision: 3 attempts, waits [500, 1000], one ' +
+      'Idempotency-Key, one decision, one charge',
+    async () => {
+      const { t, fake } = await serverWithUpstream(failThenAnswer(2));
+      const { id: keyId, key } = await t.createKey({ credits: 10 });
+      const { client, waits, attempts } = recordingClient(t.baseUrl, key);
 
-    const decision = await client.decide(REQUEST);
+      const decision = await client.decide(REQUEST);
 
-    expect(attempts.map((a) => [a.method, a.path, a.status])).toEqual([
-      ['POST', DECIDE, 502],
-      ['POST', DECIDE, 502],
-      ['POST', DECIDE, 200],
-    ]);
-    expect(waits).toEqual([500, 1000]);
-    const idempotencyKey = attempts[0]!.idempotencyKey;
-    expect(idempotencyKey).toMatch(IDEMPOTENCY_KEY_RE);
-    expect(attempts.map((a) => a.idempotencyKey)).toEqual([idempotencyKey, idempotencyKey, idempotencyKey]);
-    expect(fake.calls).toBe(3);
+      expect(attempts.map((a) => [a.method, a.path, a.status])).toEqual([
+        ['POST', DECIDE, 502],
+        ['POST', DECIDE, 502],
+        ['POST', DECIDE, 200],
+      ]);
+      expect(waits).toEqual([500, 1000]);
+      const idempotencyKey = attempts[0]!.idempotencyKey;
+      expect(idempotencyKey).toMatch(IDEMPOTENCY_KEY_RE);
+      expect(attempts.map((a) => a.idempotencyKey)).toEqual([
+        idempotencyKey,
+        idempotencyKey,
+        idempotencyKey,
+      ]);
+      expect(fake.calls).toBe(3);
 
-    expect(decision).toEqual({
-      id: attempts[2]!.requestId!,
-      object: 'decision',
-      created: expect.any(Number),
-      model: 'decision-fast',
-      answers: VALID_ANSWERS,
-      usage: { ...DEFAULT_USAGE, total_tokens: DEFAULT_USAGE.prompt_tokens + DEFAULT_USAGE.completion_tokens },
-      charged: { tokens: 0, credits: DECISION_MICRO / 1e6 },
-    });
-    // Exactly one charge on the key…
-    expect(await balances(t, keyId)).toEqual({ credits: (10_000_000 - DECISION_MICRO) / 1e6, held: 0, charged: DECISION_MICRO / 1e6, credits_added: 10, token_wallet: 0 });
-    // …one completed decision, and the two failed attempts on record as errors that charged nothing.
-    expect(await client.getDecision(decision.id)).toEqual({
-      id: decision.id,
-      object: 'decision.request',
-      status: 'completed',
-      http_status: 200,
-      created: decision.created,
-      finished: expect.any(Number),
-      model: 'decision-fast',
-      error_code: null,
-      answers: VALID_ANSWERS,
-      usage: decision.usage,
-      charged: decision.charged,
-    });
-    for (const failed of attempts.slice(0, 2)) {
-      expect(failed.requestId).toMatch(REQUEST_ID_RE);
-      expect(await client.getDecision(failed.requestId!)).toMatchObject({ status: 'error', http_status: 502, error_code: 'upstream_error', answers: null, charged: { tokens: 0, credits: 0 } });
-    }
-  });
+      expect(decision).toEqual({
+        id: attempts[2]!.requestId!,
+        object: 'decision',
+        created: expect.any(Number),
+        model: 'decision-fast',
+        answers: VALID_ANSWERS,
+        usage: {
+          ...DEFAULT_USAGE,
+          total_tokens: DEFAULT_USAGE.prompt_tokens + DEFAULT_USAGE.completion_tokens,
+        },
+        charged: { tokens: 0, credits: DECISION_MICRO / 1e6 },
+      });
+      // Exactly one charge on the key…
+      expect(await balances(t, keyId)).toEqual({
+        credits: (10_000_000 - DECISION_MICRO) / 1e6,
+        held: 0,
+        charged: DECISION_MICRO / 1e6,
+        credits_added: 10,
+        token_wallet: 0,
+      });
+      // …one completed decision, and the two failed attempts on record as errors that charged
+      // nothing.
+      expect(await client.getDecision(decision.id)).toEqual({
+        id: decision.id,
+        object: 'decision.request',
+        status: 'completed',
+        http_status: 200,
+        created: decision.created,
+        finished: expect.any(Number),
+        model: 'decision-fast',
+        error_code: null,
+        answers: VALID_ANSWERS,
+        usage: decision.usage,
+        charged: decision.charged,
+      });
+      for (const failed of attempts.slice(0, 2)) {
+        expect(failed.requestId).toMatch(REQUEST_ID_RE);
+        expect(await client.getDecision(failed.requestId!)).toMatchObject({
+          status: 'error',
+          http_status: 502,
+          error_code: 'upstream_error',
+          answers: null,
+          charged: { tokens: 0, credits: 0 },
+        });
+      }
+    },
+  );
 
-  test("the caller's Idempotency-Key is sent on every attempt; repeating the call later cannot make a second decision", async () => {
-    const { t, fake } = await serverWithUpstream(failThenAnswer(1));
-    const { id: keyId, key } = await t.createKey({ credits: 10 });
-    const { client, waits, attempts } = recordingClient(t.baseUrl, key);
-    const idempotencyKey = 'order-42:decide.v1';
+  test(
+    "the caller's Idempotency-Key is sent on every attempt; repeating the call later cannot make " +
+      'a second decision',
+    async () => {
+      const { t, fake } = await serverWithUpstream(failThenAnswer(1));
+      const { id: keyId, key } = await t.createKey({ credits: 10 });
+      const { client, waits, attempts } = recordingClient(t.baseUrl, key);
+      const idempotencyKey = 'order-42:decide.v1';
 
-    const decision = await client.decide(REQUEST, { idempotencyKey });
-    expect(attempts.map((a) => [a.status, a.idempotencyKey])).toEqual([
-      [502, idempotencyKey],
-      [200, idempotencyKey],
-    ]);
-    expect(waits).toEqual([500]);
+      const decision = await client.decide(REQUEST, { idempotencyKey });
+      expect(attempts.map((a) => [a.status, a.idempotencyKey])).toEqual([
+        [502, idempotencyKey],
+        [200, idempotencyKey],
+      ]);
+      expect(waits).toEqual([500]);
 
-    // A caller that lost the answer and calls again: 409, not retried, pointing at the one decision.
-    const error = await rejection(client.decide(REQUEST, { idempotencyKey }));
-    expect({ status: error.status, code: error.code, attempts: error.attempts }).toEqual({ status: 409, code: 'request_already_completed', attempts: 1 });
-    expect(error.body).toMatchObject({ request_id: decision.id, request_status: 'completed', status_url: `/decision/v1/requests/${decision.id}/` });
-    expect(waits).toEqual([500]);
-    expect(fake.calls).toBe(2);
-    expect((await balances(t, keyId)).charged).toBe(DECISION_MICRO / 1e6);
-  });
+      // A caller that lost the answer and calls again: 409, not retried, pointing at the one
+      // decision.
+      const error = await rejection(client.decide(REQUEST, { idempotencyKey }));
+      expect({ status: error.status, code: error.code, attempts: error.attempts }).toEqual({
+        status: 409,
+        code: 'request_already_completed',
+        attempts: 1,
+      });
+      expect(error.body).toMatchObject({
+        request_id: decision.id,
+        request_status: 'completed',
+        status_url: `/decision/v1/requests/${decision.id}/`,
+      });
+      expect(waits).toEqual([500]);
+      expect(fake.calls).toBe(2);
+      expect((await balances(t, keyId)).charged).toBe(DECISION_MICRO / 1e6);
+    },
+  );
 
-  test('at most 3 retries: 4 attempts, waits [500, 1000, 2000], then a TollgateError; nothing charged', async () => {
-    const { t, fake } = await serverWithUpstream(() => ({ kind: 'status', status: 500 }));
-    const { id: keyId, key } = await t.createKey({ credits: 10, token_wallet: 100_000 });
-    const { client, waits, attempts } = recordingClient(t.baseUrl, key);
+  test(
+    'at most 3 retries: 4 attempts, waits [500, 1000, ' +
+      '2000], then a TollgateError; nothing charged',
+    async () => {
+      const { t, fake } = await serverWithUpstream(() => ({ kind: 'status', status: 500 }));
+      const { id: keyId, key } = await t.createKey({ credits: 10, token_wallet: 100_000 });
+      const { client, waits, attempts } = recordingClient(t.baseUrl, key);
 
-    const error = await rejection(client.decide(REQUEST));
-    expect({ status: error.status, code: error.code, type: error.error.type, attempts: error.attempts }).toEqual({
-      status: 502,
-      code: 'upstream_error',
-      type: 'upstream_error',
-      attempts: 4,
-    });
-    expect(error.requestId).toBe(attempts[3]!.requestId);
-    expect(attempts.map((a) => a.status)).toEqual([502, 502, 502, 502]);
-    expect(new Set(attempts.map((a) => a.idempotencyKey)).size).toBe(1);
-    expect(waits).toEqual([500, 1000, 2000]);
-    expect(fake.calls).toBe(4);
-    expect(await balances(t, keyId)).toEqual({ credits: 10, held: 0, charged: 0, credits_added: 10, token_wallet: 100_000 });
-  });
+      const error = await rejection(client.decide(REQUEST));
+      expect({
+        status: error.status,
+        code: error.code,
+        type: error.error.type,
+        attempts: error.attempts,
+      }).toEqual({
+        status: 502,
+        code: 'upstream_error',
+        type: 'upstream_error',
+        attempts: 4,
+      });
+      expect(error.requestId).toBe(attempts[3]!.requestId);
+      expect(attempts.map((a) => a.status)).toEqual([502, 502, 502, 502]);
+      expect(new Set(attempts.map((a) => a.idempotencyKey)).size).toBe(1);
+      expect(waits).toEqual([500, 1000, 2000]);
+      expect(fake.calls).toBe(4);
+      expect(await balances(t, keyId)).toEqual({
+        credits: 10,
+        held: 0,
+        charged: 0,
+        credits_added: 10,
+        token_wallet: 100_000,
+      });
+    },
+  );
 
   test('maxRetries is honoured when set lower', async () => {
     const { t, fake } = await serverWithUpstream(() => ({ kind: 'status', status: 500 }));
@@ -238,13 +328,21 @@ describe('TollgateClient against a real gateway', () => {
     const t = await server();
     const { id: keyId, key } = await t.createKey({ credits: 10, rate_limit_rpm: 1 });
     // The key's one request per minute is spent here.
-    const first = await fetch(`${t.baseUrl}${DECIDE}`, { method: 'POST', headers: bearer(key), body: JSON.stringify(REQUEST) });
+    const first = await fetch(`${t.baseUrl}${DECIDE}`, {
+      method: 'POST',
+      headers: bearer(key),
+      body: JSON.stringify(REQUEST),
+    });
     expect(first.status).toBe(200);
     const before = await balances(t, keyId);
     const { client, waits, attempts } = recordingClient(t.baseUrl, key);
 
     const error = await rejection(client.decide(REQUEST));
-    expect({ status: error.status, code: error.code, attempts: error.attempts }).toEqual({ status: 429, code: 'rate_limit_exceeded', attempts: 4 });
+    expect({ status: error.status, code: error.code, attempts: error.attempts }).toEqual({
+      status: 429,
+      code: 'rate_limit_exceeded',
+      attempts: 4,
+    });
     expect(attempts.map((a) => a.status)).toEqual([429, 429, 429, 429]);
     for (const attempt of attempts) expect(Number(attempt.retryAfter)).toBeGreaterThanOrEqual(1);
     // The three waits follow the three Retry-After values that preceded them — not the backoff.
@@ -273,20 +371,26 @@ describe('TollgateClient against a real gateway', () => {
     expect(after.charged).toBe(decision.charged.credits);
   });
 
-  test('network failures are retried with the same backoff, then the last failure is thrown', async () => {
-    const { client, waits, attempts } = recordingClient(closedPortUrl().replace(/\/v1$/, ''), 'tg-unused');
-    const thrown = await client.decide(REQUEST).then(
-      () => null,
-      (error: unknown) => error,
-    );
-    expect(thrown).toBeInstanceOf(Error);
-    expect(thrown).not.toBeInstanceOf(TollgateError);
-    expect(attempts.map((a) => a.status)).toEqual([null, null, null, null]);
-    expect(waits).toEqual([500, 1000, 2000]);
-  });
+  test(
+    'network failures are retried with the same ' + 'backoff, then the last failure is thrown',
+    async () => {
+      const { client, waits, attempts } = recordingClient(
+        closedPortUrl().replace(/\/v1$/, ''),
+        'tg-unused',
+      );
+      const thrown = await client.decide(REQUEST).then(
+        () => null,
+        (error: unknown) => error,
+      );
+      expect(thrown).toBeInstanceOf(Error);
+      expect(thrown).not.toBeInstanceOf(TollgateError);
+      expect(attempts.map((a) => a.status)).toEqual([null, null, null, null]);
+      expect(waits).toEqual([500, 1000, 2000]);
+    },
+  );
 });
 
-// ─────────────────────────────────────────────────────────────────────────────────────────────────────
+// ──────────────────────────────────────────────────────────────────────────────────────────
 describe('statuses that need a change by the caller are not retried', () => {
   test.each([
     ['400 invalid_request_error', 400, 'invalid_request_error'],
@@ -297,16 +401,26 @@ describe('statuses that need a change by the caller are not retried', () => {
     const { t, fake } = await serverWithUpstream(answerValidly);
     const funded = await t.createKey({ credits: 10 });
     const broke = await t.createKey({ credits: 0 });
-    const apiKey = status === 401 ? `tg-${'Z'.repeat(43)}` : status === 402 ? broke.key : funded.key;
+    const apiKey =
+      status === 401 ? `tg-${'Z'.repeat(43)}` : status === 402 ? broke.key : funded.key;
     const request: DecideRequest =
       status === 400
-        ? { ...REQUEST, questions: { urgency: { type: 'choice', prompt: 'Urgent?', criteria: ['yes', 'no'] as any } } }
+        ? {
+            ...REQUEST,
+            questions: {
+              urgency: { type: 'choice', prompt: 'Urgent?', criteria: ['yes', 'no'] as any },
+            },
+          }
         : status === 404
           ? { ...REQUEST, model: 'decision-turbo' as any }
           : REQUEST;
     const { client, waits, attempts } = recordingClient(t.baseUrl, apiKey);
     const error = await rejection(client.decide(request));
-    expect({ status: error.status, code: error.code, attempts: error.attempts }).toEqual({ status, code, attempts: 1 });
+    expect({ status: error.status, code: error.code, attempts: error.attempts }).toEqual({
+      status,
+      code,
+      attempts: 1,
+    });
     expect(error.requestId).toMatch(REQUEST_ID_RE);
     expect(attempts).toHaveLength(1);
     expect(waits).toEqual([]);
@@ -315,16 +429,28 @@ describe('statuses that need a change by the caller are not retried', () => {
 
   test('409 request_in_progress: not retried; the body names the running original', async () => {
     const release = Promise.withResolvers<void>();
-    const { t, fake } = await serverWithUpstream((call) => ({ kind: 'wait', until: release.promise, then: answerValidly(call) }));
+    const { t, fake } = await serverWithUpstream((call) => ({
+      kind: 'wait',
+      until: release.promise,
+      then: answerValidly(call),
+    }));
     const { id: keyId, key } = await t.createKey({ credits: 10 });
     const idempotencyKey = 'in-flight-0042';
     const called = fake.nextCall.promise;
-    const original = fetch(`${t.baseUrl}${DECIDE}`, { method: 'POST', headers: bearer(key, { 'idempotency-key': idempotencyKey }), body: JSON.stringify(REQUEST) });
+    const original = fetch(`${t.baseUrl}${DECIDE}`, {
+      method: 'POST',
+      headers: bearer(key, { 'idempotency-key': idempotencyKey }),
+      body: JSON.stringify(REQUEST),
+    });
     await called;
 
     const { client, waits, attempts } = recordingClient(t.baseUrl, key);
     const error = await rejection(client.decide(REQUEST, { idempotencyKey }));
-    expect({ status: error.status, code: error.code, attempts: error.attempts }).toEqual({ status: 409, code: 'request_in_progress', attempts: 1 });
+    expect({ status: error.status, code: error.code, attempts: error.attempts }).toEqual({
+      status: 409,
+      code: 'request_in_progress',
+      attempts: 1,
+    });
     const originalId = error.body.request_id as string;
     expect(originalId).toMatch(REQUEST_ID_RE);
     expect(error.body.request_status).toBe('in_progress');
@@ -343,8 +469,14 @@ describe('statuses that need a change by the caller are not retried', () => {
     const { key } = await t.createKey({ credits: 10 });
     const { client, waits } = recordingClient(t.baseUrl, key);
     await client.decide(REQUEST, { idempotencyKey: 'reused-0042' });
-    const error = await rejection(client.decide({ ...REQUEST, state: { other: true } }, { idempotencyKey: 'reused-0042' }));
-    expect({ status: error.status, code: error.code, attempts: error.attempts }).toEqual({ status: 409, code: 'idempotency_key_reused', attempts: 1 });
+    const error = await rejection(
+      client.decide({ ...REQUEST, state: { other: true } }, { idempotencyKey: 'reused-0042' }),
+    );
+    expect({ status: error.status, code: error.code, attempts: error.attempts }).toEqual({
+      status: 409,
+      code: 'idempotency_key_reused',
+      attempts: 1,
+    });
     expect(waits).toEqual([]);
   });
 });

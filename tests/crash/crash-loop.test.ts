@@ -1,11 +1,15 @@
-// Crash loop: the real server under concurrent load, SIGKILLed on events of the load (after N acknowledged
-// finishes, never on a timer) and restarted at once on its data dir.
-// After every restart: the ledger invariant per key to the µcr with nothing held, no second task or charge for
-// a retried acknowledged Idempotency-Key, and every acknowledged request's record readable and unchanged.
+// Crash loop: the real server under concurrent load, SIGKILLed on events of the load (after N
+// acknowledged finishes, never on a timer) and restarted at once on its data dir. After every
+// restart: the ledger invariant per key to the µcr with nothing held, no second task or charge for
+// a retried acknowledged Idempotency-Key, and every acknowledged request's record readable and
+// unchanged.
 import { expect, test } from 'bun:test';
-import { runCrashLoop, summarize, type CrashLoopResult } from './harness.ts';
+import { type CrashLoopResult, runCrashLoop, summarize } from './harness.ts';
 
-/** A fixed seed replays the same load mix and kill schedule (CRASH_SEED overrides it to explore others). */
+/**
+ * A fixed seed replays the same load mix and kill schedule (CRASH_SEED overrides it to explore
+ * others).
+ */
 const SEED = Number(process.env.CRASH_SEED ?? 20_260_101);
 
 function expectSound(result: CrashLoopResult, cycles: number): void {
@@ -25,30 +29,29 @@ function expectSound(result: CrashLoopResult, cycles: number): void {
   expect(result.killAfterFinishes.some((n) => n > 0)).toBe(true);
 }
 
-test(
-  'survives 24 SIGKILLs under load with its ledger, idempotency keys and records intact',
-  async () => {
-    const result = await runCrashLoop({ cycles: 24, seed: SEED, requestsPerCycle: 16, killAfterFinishesMax: 8 });
-    expectSound(result, 24);
-  },
-  60_000,
-);
+test('survives 24 SIGKILLs under load with its ' +
+  'ledger, idempotency keys and records intact', async () => {
+  const result = await runCrashLoop({
+    cycles: 24,
+    seed: SEED,
+    requestsPerCycle: 16,
+    killAfterFinishesMax: 8,
+  });
+  expectSound(result, 24);
+}, 60_000);
 
-test(
-  'survives 12 SIGKILLs while snapshots and compaction run every few records',
-  async () => {
-    // About one snapshot per cycle, so kills land before, during and after snapshot + segment removal.
-    const result = await runCrashLoop({
-      cycles: 12,
-      seed: SEED + 1,
-      requestsPerCycle: 16,
-      killAfterFinishesMax: 8,
-      configOverrides: { wal: { snapshot_every_records: 20 } },
-    });
-    expectSound(result, 12);
-    // The log did snapshot and drop the segments it covered between the kills.
-    expect(result.snapshotsSeen).toBeGreaterThan(1);
-    expect(result.segmentsRemoved).toBeGreaterThan(0);
-  },
-  60_000,
-);
+test('survives 12 SIGKILLs while snapshots and compaction run every few records', async () => {
+  // About one snapshot per cycle, so kills land before, during and after snapshot + segment
+  // removal.
+  const result = await runCrashLoop({
+    cycles: 12,
+    seed: SEED + 1,
+    requestsPerCycle: 16,
+    killAfterFinishesMax: 8,
+    configOverrides: { wal: { snapshot_every_records: 20 } },
+  });
+  expectSound(result, 12);
+  // The log did snapshot and drop the segments it covered between the kills.
+  expect(result.snapshotsSeen).toBeGreaterThan(1);
+  expect(result.segmentsRemoved).toBeGreaterThan(0);
+}, 60_000);

@@ -1,8 +1,17 @@
-// Crash loop: load a real gateway process, SIGKILL it on an event of the load (after N acknowledged finishes),
-// restart it at once on the same data dir, check recovery. Never a timer: a busy machine changes how long things
-// take, not what the kills hit, so the checks keep their meaning under any load.
-// Shared by tests/crash/crash-loop.test.ts (≥ 20 cycles in `bun test`) and bench/soak.ts (the long soak).
-import { closeSync, mkdtempSync, openSync, readdirSync, readSync, rmSync, writeFileSync } from 'node:fs';
+// Crash loop: load a real gateway process, SIGKILL it on an event of the load (after N acknowledged
+// finishes), restart it at once on the same data dir, check recovery. Never a timer: a busy machine
+// changes how long things take, not what the kills hit, so the checks keep their meaning under any
+// load. Shared by tests/crash/crash-loop.test.ts (≥ 20 cycles in `bun test`) and bench/soak.ts (the
+// long soak).
+import {
+  closeSync,
+  mkdtempSync,
+  openSync,
+  readdirSync,
+  readSync,
+  rmSync,
+  writeFileSync,
+} from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 
@@ -10,9 +19,13 @@ const REPO_ROOT = resolve(import.meta.dir, '../..');
 const SERVER_ENTRY = join(REPO_ROOT, 'src/main.ts');
 const ADMIN_TOKEN = 'crash-loop-admin-token-0123456789';
 const MICRO_PER_CREDIT = 1_000_000;
-/** model_03's catalogue rates: credits per 1M tokens, i.e. µcr per token (src/config/defaults.ts). */
+/**
+ * model_03's catalogue rates: credits per 1M tokens, i.e. µcr per token (src/config/defaults.ts).
+ */
 const MODEL_03_RATES = { input: 5, output: 14 };
-/** No single request may take longer than this; a hang is reported as a violation, not waited out. */
+/**
+ * No single request may take longer than this; a hang is reported as a violation, not waited out.
+ */
 const REQUEST_TIMEOUT_MS = 15_000;
 /** A server that has not logged "tollgate listening" by then is reported as a failed start. */
 const START_TIMEOUT_MS = 15_000;
@@ -23,10 +36,11 @@ const LOG_TAIL_LINES = 40;
 const SLOW_MODEL = 'model_03_slow';
 
 /**
- * The brief's config: a slightly slow simulator (about 25 ms per answer) so that requests are in flight
- * when the kill lands, and fsync on every commit so that every acknowledgement is a promise about disk.
- * A second simulator streams for about 2 s behind SLOW_MODEL (model_03's rates, so charges check alike):
- * each cycle's slow stream is still running when the kill lands, whatever the machine's load.
+ * The brief's config: a slightly slow simulator (about 25 ms per answer) so that requests are in
+ * flight when the kill lands, and fsync on every commit so that every acknowledgement is a promise
+ * about disk. A second simulator streams for about 2 s behind SLOW_MODEL (model_03's rates, so
+ * charges check alike): each cycle's slow stream is still running when the kill lands, whatever the
+ * machine's load.
  */
 export const CRASH_CONFIG = {
   providers: {
@@ -50,8 +64,9 @@ export const CRASH_CONFIG = {
 };
 
 /**
- * Keys with modest credits: model_03 without an output cap reserves ≈ 1.79 credits, so some requests get 402.
- * The slow key carries only the slow streams (a small hold each), so they are never refused for credit.
+ * Keys with modest credits: model_03 without an output cap reserves ≈ 1.79 credits, so some
+ * requests get 402. The slow key carries only the slow streams (a small hold each), so they are
+ * never refused for credit.
  */
 const KEY_PLANS = [
   { name: 'crash-roomy', creditsMicro: 8_000_000, slow: false },
@@ -62,25 +77,48 @@ const KEY_PLANS = [
 /** The slow streams' output cap: a hold of ≈ 0.03 credits. */
 const SLOW_STREAM_CAP = 2_000;
 
-/** Output caps a request may carry: none (the 128k model cap, ≈ 1.79 cr hold), a medium one, one below the answer length. */
+/**
+ * Output caps a request may carry: none (the 128k model cap, ≈ 1.79 cr hold), a medium one, one
+ * below the answer length.
+ */
 const OUTPUT_CAPS: readonly (number | null)[] = [null, null, 2_000, 30];
-const WORDS = ['river', 'stone', 'light', 'quiet', 'garden', 'signal', 'answer', 'token', 'cloud', 'bridge', 'winter', 'market'];
+const WORDS = [
+  'river',
+  'stone',
+  'light',
+  'quiet',
+  'garden',
+  'signal',
+  'answer',
+  'token',
+  'cloud',
+  'bridge',
+  'winter',
+  'market',
+];
 
 export interface CrashLoopOptions {
   cycles: number;
-  /** Seed of the PRNGs that draw the load mix and the kill schedule; the same seed replays the same plan. */
+  /**
+   * Seed of the PRNGs that draw the load mix and the kill schedule; the same seed replays the same
+   * plan.
+   */
   seed: number;
   /** Concurrent chat requests per cycle (besides the slow stream). */
   requestsPerCycle?: number;
   /**
-   * The kill lands when the load generator has seen N acknowledged finishes (a non-stream 200, a stream's
-   * [DONE]) and the cycle's slow stream has been acknowledged; or, for N = 0, as soon as the load is sent.
-   * N runs over 0..killAfterFinishesMax in a seeded order, each value once per round of cycles.
+   * The kill lands when the load generator has seen N acknowledged finishes (a non-stream 200, a
+   * stream's [DONE]) and the cycle's slow stream has been acknowledged; or, for N = 0, as soon as
+   * the load is sent. N runs over 0..killAfterFinishesMax in a seeded order, each value once per
+   * round of cycles.
    */
   killAfterFinishesMax?: number;
   /** Deep-merged over CRASH_CONFIG (e.g. a small wal.snapshot_every_records). */
   configOverrides?: Record<string, unknown>;
-  /** Old idempotency keys and records re-checked each cycle, besides this cycle's (all are checked at the end). */
+  /**
+   * Old idempotency keys and records re-checked each cycle, besides this cycle's (all are checked
+   * at the end).
+   */
   historySamplePerCycle?: number;
   /** Progress lines (the soak prints them); silent when absent. */
   log?: (line: string) => void;
@@ -107,7 +145,10 @@ export interface CrashLoopResult {
   interruptedRecovered: number;
   /** Each cycle's N (kill after N acknowledged finishes). */
   killAfterFinishes: number[];
-  /** Distinct snapshots found in the data dir at the kills (the log's own, `snapshot_every_records`). */
+  /**
+   * Distinct snapshots found in the data dir at the kills (the log's own,
+   * `snapshot_every_records`).
+   */
   snapshotsSeen: number;
   /** Log segments seen at one kill and gone at a later one (removed after a snapshot). */
   segmentsRemoved: number;
@@ -117,7 +158,8 @@ export interface CrashLoopResult {
   elapsedMs: number;
 }
 
-// ---------------------------------------------------------------------------------------------- PRNG
+// ------------------------------------------------------------------------------------------
+// PRNG
 
 /** mulberry32: small, fast, and the same sequence for the same seed on every platform. */
 export class SeededRandom {
@@ -149,7 +191,8 @@ export class SeededRandom {
   }
 }
 
-// ------------------------------------------------------------------------------------------ the server
+// ------------------------------------------------------------------------------------------ the
+// server
 
 function toMicro(credits: unknown): number {
   if (typeof credits !== 'number' || !Number.isFinite(credits)) return Number.NaN;
@@ -157,14 +200,18 @@ function toMicro(credits: unknown): number {
 }
 
 function deepMerge(base: unknown, override: unknown): unknown {
-  const isObject = (v: unknown): v is Record<string, unknown> => typeof v === 'object' && v !== null && !Array.isArray(v);
+  const isObject = (v: unknown): v is Record<string, unknown> =>
+    typeof v === 'object' && v !== null && !Array.isArray(v);
   if (!isObject(base) || !isObject(override)) return override;
   const merged: Record<string, unknown> = { ...base };
-  for (const [key, value] of Object.entries(override)) merged[key] = key in base ? deepMerge(base[key], value) : value;
+  for (const [key, value] of Object.entries(override))
+    merged[key] = key in base ? deepMerge(base[key], value) : value;
   return merged;
 }
 
-/** One `bun src/main.ts serve` process; its port is learned from the "tollgate listening" log line. */
+/**
+ * One `bun src/main.ts serve` process; its port is learned from the "tollgate listening" log line.
+ */
 export class ServerProcess {
   readonly logTail: string[] = [];
   /** Log lines at level error (50) or above: in a crash loop each one is a bug. */
@@ -210,7 +257,8 @@ export class ServerProcess {
           server?.remember(line);
           try {
             const entry = JSON.parse(line) as { msg?: string; url?: string; level?: number };
-            if (entry.msg === 'tollgate listening' && typeof entry.url === 'string') listening.resolve(entry.url);
+            if (entry.msg === 'tollgate listening' && typeof entry.url === 'string')
+              listening.resolve(entry.url);
             if ((entry.level ?? 0) >= 50) server?.errorLines.push(line);
           } catch {
             // Not a pino line (Bun itself printing something); kept in the tail only.
@@ -224,8 +272,14 @@ export class ServerProcess {
       if (server) server.stderrText = text;
     })();
     server = new ServerProcess(proc, stdoutDone, stderrDone);
-    const timer = setTimeout(() => listening.reject(new Error(`no "tollgate listening" line within ${START_TIMEOUT_MS} ms`)), START_TIMEOUT_MS);
-    void proc.exited.then((code) => listening.reject(new Error(`server exited with code ${code} before listening`)));
+    const timer = setTimeout(
+      () =>
+        listening.reject(new Error(`no "tollgate listening" line within ${START_TIMEOUT_MS} ms`)),
+      START_TIMEOUT_MS,
+    );
+    void proc.exited.then((code) =>
+      listening.reject(new Error(`server exited with code ${code} before listening`)),
+    );
     try {
       server.url = await listening.promise;
     } catch (error) {
@@ -256,11 +310,16 @@ export class ServerProcess {
   }
 
   diagnostics(): string {
-    return [`exit code ${this.proc.exitCode}, signal ${this.proc.signalCode}`, `stderr: ${this.stderrText.trim()}`, ...this.logTail.slice(-12)].join('\n');
+    return [
+      `exit code ${this.proc.exitCode}, signal ${this.proc.signalCode}`,
+      `stderr: ${this.stderrText.trim()}`,
+      ...this.logTail.slice(-12),
+    ].join('\n');
   }
 }
 
-// ------------------------------------------------------------------------------------------ the client
+// ------------------------------------------------------------------------------------------ the
+// client
 
 interface KeyHandle {
   id: string;
@@ -282,7 +341,10 @@ interface ChatPlan {
   body: string;
   /** Sent twice at once: the twin must be refused while the original runs. */
   duplicate: boolean;
-  /** The cycle's slow stream (SLOW_MODEL): the kill waits for its acknowledgement, never for its end. */
+  /**
+   * The cycle's slow stream (SLOW_MODEL): the kill waits for its acknowledgement, never for its
+   * end.
+   */
   slow: boolean;
 }
 
@@ -306,7 +368,9 @@ interface ChatOutcome {
   transportError: string | null;
 }
 
-/** What a cycle learned about an acknowledged request, kept for later cycles and the final sweep. */
+/**
+ * What a cycle learned about an acknowledged request, kept for later cycles and the final sweep.
+ */
 interface Remembered {
   cycle: number;
   plan: ChatPlan;
@@ -317,7 +381,11 @@ interface Remembered {
 }
 
 function fetchWithTimeout(url: string, init: RequestInit = {}): Promise<Response> {
-  return fetch(url, { ...init, keepalive: false, signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS) } as RequestInit);
+  return fetch(url, {
+    ...init,
+    keepalive: false,
+    signal: AbortSignal.timeout(REQUEST_TIMEOUT_MS),
+  } as RequestInit);
 }
 
 function adminHeaders(): Record<string, string> {
@@ -337,33 +405,57 @@ async function createKey(baseUrl: string, name: string, creditsMicro: number): P
   const response = await fetchWithTimeout(`${baseUrl}/admin/v1/keys`, {
     method: 'POST',
     headers: adminHeaders(),
-    body: JSON.stringify({ name, services: ['chat'], credits: creditsMicro / MICRO_PER_CREDIT, rate_limit_rpm: 1_000_000 }),
+    body: JSON.stringify({
+      name,
+      services: ['chat'],
+      credits: creditsMicro / MICRO_PER_CREDIT,
+      rate_limit_rpm: 1_000_000,
+    }),
   });
   const body = await readJson(response);
-  if (response.status !== 201) throw new Error(`creating key ${name}: ${response.status} ${JSON.stringify(body)}`);
+  if (response.status !== 201)
+    throw new Error(`creating key ${name}: ${response.status} ${JSON.stringify(body)}`);
   return { id: body.id, secret: body.key };
 }
 
 async function readBalances(baseUrl: string, keyId: string): Promise<Balances> {
-  const response = await fetchWithTimeout(`${baseUrl}/admin/v1/keys/${keyId}`, { headers: adminHeaders() });
+  const response = await fetchWithTimeout(`${baseUrl}/admin/v1/keys/${keyId}`, {
+    headers: adminHeaders(),
+  });
   const body = await readJson(response);
-  if (response.status !== 200) throw new Error(`reading key ${keyId}: ${response.status} ${JSON.stringify(body)}`);
+  if (response.status !== 200)
+    throw new Error(`reading key ${keyId}: ${response.status} ${JSON.stringify(body)}`);
   const b = body.balances ?? {};
-  return { creditsMicro: toMicro(b.credits), heldMicro: toMicro(b.held), chargedMicro: toMicro(b.charged), addedMicro: toMicro(b.credits_added) };
+  return {
+    creditsMicro: toMicro(b.credits),
+    heldMicro: toMicro(b.held),
+    chargedMicro: toMicro(b.charged),
+    addedMicro: toMicro(b.credits_added),
+  };
 }
 
 /** What the load generator tells the kill trigger, the moment it sees it. */
 interface LoadObserver {
   /** A 200: the server is committed to the request. */
   acknowledged(outcome: ChatOutcome): void;
-  /** An acknowledged request's whole answer: a non-stream 200 (sent once the finish is durable), a stream's [DONE]. */
+  /**
+   * An acknowledged request's whole answer: a non-stream 200 (sent once the finish is durable), a
+   * stream's [DONE].
+   */
   finished(outcome: ChatOutcome): void;
 }
 
 const UNOBSERVED: LoadObserver = { acknowledged() {}, finished() {} };
 
-/** Reads an SSE body to its end (or until the connection dies), noting the id, usage, [DONE] and error events. */
-async function readStream(response: Response, outcome: ChatOutcome, observer: LoadObserver): Promise<void> {
+/**
+ * Reads an SSE body to its end (or until the connection dies), noting the id, usage, [DONE] and
+ * error events.
+ */
+async function readStream(
+  response: Response,
+  outcome: ChatOutcome,
+  observer: LoadObserver,
+): Promise<void> {
   const decoder = new TextDecoder();
   let buffered = '';
   const handle = (event: string) => {
@@ -396,7 +488,11 @@ async function readStream(response: Response, outcome: ChatOutcome, observer: Lo
   }
 }
 
-async function sendChat(baseUrl: string, plan: ChatPlan, observer: LoadObserver = UNOBSERVED): Promise<ChatOutcome> {
+async function sendChat(
+  baseUrl: string,
+  plan: ChatPlan,
+  observer: LoadObserver = UNOBSERVED,
+): Promise<ChatOutcome> {
   const outcome: ChatOutcome = {
     plan,
     status: null,
@@ -408,20 +504,29 @@ async function sendChat(baseUrl: string, plan: ChatPlan, observer: LoadObserver 
     requestStatus: null,
     transportError: null,
   };
-  const headers: Record<string, string> = { authorization: `Bearer ${plan.key.secret}`, 'content-type': 'application/json' };
+  const headers: Record<string, string> = {
+    authorization: `Bearer ${plan.key.secret}`,
+    'content-type': 'application/json',
+  };
   if (plan.idempotencyKey) headers['idempotency-key'] = plan.idempotencyKey;
   try {
-    const response = await fetchWithTimeout(`${baseUrl}/api/v1/chat/completions`, { method: 'POST', headers, body: plan.body });
+    const response = await fetchWithTimeout(`${baseUrl}/api/v1/chat/completions`, {
+      method: 'POST',
+      headers,
+      body: plan.body,
+    });
     outcome.status = response.status;
     outcome.requestId = response.headers.get('x-request-id');
     if (response.status === 200) {
-      // A 200 is sent only once the hold (and any Idempotency-Key binding) is durable: the server is committed.
+      // A 200 is sent only once the hold (and any Idempotency-Key binding) is durable: the server
+      // is committed.
       outcome.acknowledged = true;
       observer.acknowledged(outcome);
       if (plan.stream) {
         await readStream(response, outcome, observer);
       } else {
-        // A non-stream 200 is sent only after the terminal state is durable, even if its body is then cut.
+        // A non-stream 200 is sent only after the terminal state is durable, even if its body is
+        // then cut.
         outcome.complete = true;
         observer.finished(outcome);
         try {
@@ -449,20 +554,40 @@ async function retryChat(baseUrl: string, plan: ChatPlan): Promise<ChatOutcome> 
   return sendChat(baseUrl, plan);
 }
 
-async function readRecord(baseUrl: string, key: KeyHandle, requestId: string): Promise<{ status: number; body: any }> {
-  const response = await fetchWithTimeout(`${baseUrl}/api/v1/requests/${requestId}`, { headers: { authorization: `Bearer ${key.secret}` } });
+async function readRecord(
+  baseUrl: string,
+  key: KeyHandle,
+  requestId: string,
+): Promise<{ status: number; body: any }> {
+  const response = await fetchWithTimeout(`${baseUrl}/api/v1/requests/${requestId}`, {
+    headers: { authorization: `Bearer ${key.secret}` },
+  });
   return { status: response.status, body: await readJson(response) };
 }
 
-// -------------------------------------------------------------------------------------------- the loop
+// -------------------------------------------------------------------------------------------- the
+// loop
 
-function planChat(random: SeededRandom, keys: KeyHandle[], seed: number, cycle: number, index: number): ChatPlan {
+function planChat(
+  random: SeededRandom,
+  keys: KeyHandle[],
+  seed: number,
+  cycle: number,
+  index: number,
+): ChatPlan {
   const stream = random.chance(0.5);
   const withKey = random.chance(1 / 3);
   const cap = random.pick(OUTPUT_CAPS);
   const body: Record<string, unknown> = {
     model: 'model_03',
-    messages: [{ role: 'user', content: `crash loop ${seed} cycle ${cycle} request ${index}: ${random.pick(WORDS)} ${random.pick(WORDS)}` }],
+    messages: [
+      {
+        role: 'user',
+        content:
+          `crash loop ${seed} cycle ${cycle} request ${index}: ` +
+          `${random.pick(WORDS)} ${random.pick(WORDS)}`,
+      },
+    ],
     stream,
   };
   if (cap !== null) body.max_completion_tokens = cap;
@@ -478,9 +603,10 @@ function planChat(random: SeededRandom, keys: KeyHandle[], seed: number, cycle: 
 }
 
 /**
- * The cycle's slow stream: acknowledged within milliseconds, answered in full only after about 2 s, so a kill
- * after its acknowledgement always cuts it mid-stream (its record must read error/interrupted, charged 0). It
- * carries no Idempotency-Key: a retry after restart would have to wait out the whole answer.
+ * The cycle's slow stream: acknowledged within milliseconds, answered in full only after about 2 s,
+ * so a kill after its acknowledgement always cuts it mid-stream (its record must read
+ * error/interrupted, charged 0). It carries no Idempotency-Key: a retry after restart would have to
+ * wait out the whole answer.
  */
 function planSlowStream(key: KeyHandle, seed: number, cycle: number, index: number): ChatPlan {
   const body = {
@@ -489,13 +615,22 @@ function planSlowStream(key: KeyHandle, seed: number, cycle: number, index: numb
     stream: true,
     max_completion_tokens: SLOW_STREAM_CAP,
   };
-  return { index, key, stream: true, idempotencyKey: null, body: JSON.stringify(body), duplicate: false, slow: true };
+  return {
+    index,
+    key,
+    stream: true,
+    idempotencyKey: null,
+    body: JSON.stringify(body),
+    duplicate: false,
+    slow: true,
+  };
 }
 
 /**
- * Resolves `moment` when the cycle's kill condition holds: N acknowledged finishes of the ordinary load seen
- * (or all of it settled, when fewer could finish), and the slow stream acknowledged (or settled). Told by the
- * load generator as it sees each event, so the kill lands between two events, never at a time.
+ * Resolves `moment` when the cycle's kill condition holds: N acknowledged finishes of the ordinary
+ * load seen (or all of it settled, when fewer could finish), and the slow stream acknowledged (or
+ * settled). Told by the load generator as it sees each event, so the kill lands between two events,
+ * never at a time.
  */
 class KillTrigger {
   readonly moment = Promise.withResolvers<void>();
@@ -515,7 +650,10 @@ class KillTrigger {
 
   constructor(private readonly finishesWanted: number) {}
 
-  /** Registers one request of the load; its settling (answer, cut or timeout) is noted when `send` resolves. */
+  /**
+   * Registers one request of the load; its settling (answer, cut or timeout) is noted when `send`
+   * resolves.
+   */
   track(send: Promise<ChatOutcome>, slow: boolean): void {
     if (slow) this.waitingSlow++;
     else this.openOrdinary++;
@@ -534,11 +672,15 @@ class KillTrigger {
   }
 
   private check(): void {
-    if ((this.finishes >= this.finishesWanted || this.openOrdinary === 0) && this.waitingSlow === 0) this.moment.resolve();
+    if ((this.finishes >= this.finishesWanted || this.openOrdinary === 0) && this.waitingSlow === 0)
+      this.moment.resolve();
   }
 }
 
-/** Each value of 0..max once per round, in an order drawn from `random`: every run covers every kind of kill. */
+/**
+ * Each value of 0..max once per round, in an order drawn from `random`: every run covers every kind
+ * of kill.
+ */
 function killSchedule(random: SeededRandom, max: number, cycles: number): number[] {
   const schedule: number[] = [];
   while (schedule.length < cycles) {
@@ -552,7 +694,10 @@ function killSchedule(random: SeededRandom, max: number, cycles: number): number
   return schedule.slice(0, cycles);
 }
 
-/** What the log directory holds between a kill and the restart: the snapshot's seq and the segment numbers. */
+/**
+ * What the log directory holds between a kill and the restart: the snapshot's seq and the segment
+ * numbers.
+ */
 function readWalDir(dataDir: string): { snapshotSeq: number | null; segments: number[] } {
   const dir = join(dataDir, 'wal');
   const segments: number[] = [];
@@ -573,7 +718,10 @@ function readWalDir(dataDir: string): { snapshotSeq: number | null; segments: nu
 }
 
 function expectedChargeMicro(usage: Usage, holdMicro: number): number {
-  return Math.min(holdMicro, usage.prompt_tokens * MODEL_03_RATES.input + usage.completion_tokens * MODEL_03_RATES.output);
+  return Math.min(
+    holdMicro,
+    usage.prompt_tokens * MODEL_03_RATES.input + usage.completion_tokens * MODEL_03_RATES.output,
+  );
 }
 
 export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoopResult> {
@@ -583,8 +731,13 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
   const historySample = options.historySamplePerCycle ?? 6;
   const log = options.log ?? (() => {});
   const random = new SeededRandom(options.seed);
-  // Its own generator: how many draws the checks make depends on what the kills hit, the schedule must not.
-  const schedule = killSchedule(new SeededRandom(options.seed ^ 0x6b696c6c), killAfterFinishesMax, options.cycles);
+  // Its own generator: how many draws the checks make depends on what the kills hit, the schedule
+  // must not.
+  const schedule = killSchedule(
+    new SeededRandom(options.seed ^ 0x6b696c6c),
+    killAfterFinishesMax,
+    options.cycles,
+  );
   const dataRoot = mkdtempSync(join(tmpdir(), 'tollgate-crash-'));
   const dataDir = join(dataRoot, 'data');
   const configPath = join(dataRoot, 'config.json');
@@ -619,7 +772,8 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
 
   let server: ServerProcess | null = await ServerProcess.start(dataDir, configPath);
   const keys: KeyHandle[] = [];
-  // What each key's ledger must show: the last observed balances, to bound the next cycle's changes.
+  // What each key's ledger must show: the last observed balances, to bound the next cycle's
+  // changes.
   const last = new Map<string, Balances>();
   for (const plan of KEY_PLANS) {
     const key = await createKey(server.url, plan.name, plan.creditsMicro);
@@ -633,31 +787,53 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
   const rememberedIdempotent: Remembered[] = [];
   const rememberedRecords: Remembered[] = [];
 
-  /** The ledger of every key: the invariant to the µcr, nothing held while nothing runs, nothing negative. */
+  /**
+   * The ledger of every key: the invariant to the µcr, nothing held while nothing runs, nothing
+   * negative.
+   */
   const checkLedgers = async (baseUrl: string, when: string): Promise<Map<string, Balances>> => {
     const now = new Map<string, Balances>();
     for (const key of keys) {
       const b = await readBalances(baseUrl, key.id);
       now.set(key.id, b);
       const values = [b.creditsMicro, b.heldMicro, b.chargedMicro, b.addedMicro];
-      if (!values.every(Number.isSafeInteger)) violation(`${when}: key ${key.id} balances are not whole µcr: ${JSON.stringify(b)}`);
+      if (!values.every(Number.isSafeInteger))
+        violation(`${when}: key ${key.id} balances are not whole µcr: ${JSON.stringify(b)}`);
       if (b.addedMicro !== b.creditsMicro + b.heldMicro + b.chargedMicro) {
-        violation(`${when}: key ${key.id} ledger broken: added ${b.addedMicro} ≠ balance ${b.creditsMicro} + held ${b.heldMicro} + charged ${b.chargedMicro}`);
+        violation(
+          `${when}: key ${key.id} ledger broken: added ${b.addedMicro} ≠ balance ` +
+            `${b.creditsMicro} + held ${b.heldMicro} + charged ${b.chargedMicro}`,
+        );
       }
-      if (b.creditsMicro < 0 || b.heldMicro < 0 || b.chargedMicro < 0) violation(`${when}: key ${key.id} has a negative balance: ${JSON.stringify(b)}`);
-      if (b.heldMicro !== 0) violation(`${when}: key ${key.id} still holds ${b.heldMicro} µcr with nothing in flight`);
+      if (b.creditsMicro < 0 || b.heldMicro < 0 || b.chargedMicro < 0)
+        violation(`${when}: key ${key.id} has a negative balance: ${JSON.stringify(b)}`);
+      if (b.heldMicro !== 0)
+        violation(`${when}: key ${key.id} still holds ${b.heldMicro} µcr with nothing in flight`);
     }
     return now;
   };
 
   /** A remembered record must still read back with the same terminal status and charge. */
-  const checkRemembered = async (baseUrl: string, entry: Remembered, when: string): Promise<void> => {
+  const checkRemembered = async (
+    baseUrl: string,
+    entry: Remembered,
+    when: string,
+  ): Promise<void> => {
     result.recordsChecked++;
     const { status, body } = await readRecord(baseUrl, entry.plan.key, entry.requestId);
-    if (status !== 200) return violation(`${when}: record ${entry.requestId} (cycle ${entry.cycle}) no longer readable: ${status} ${JSON.stringify(body)}`);
-    if (body.request_status !== entry.status || toMicro(body.charged_credits) !== entry.chargedMicro) {
+    if (status !== 200)
+      return violation(
+        `${when}: record ${entry.requestId} (cycle ${entry.cycle}) no longer readable: ` +
+          `${status} ${JSON.stringify(body)}`,
+      );
+    if (
+      body.request_status !== entry.status ||
+      toMicro(body.charged_credits) !== entry.chargedMicro
+    ) {
       violation(
-        `${when}: record ${entry.requestId} (cycle ${entry.cycle}) changed: was ${entry.status}/${entry.chargedMicro} µcr, now ${body.request_status}/${toMicro(body.charged_credits)} µcr`,
+        `${when}: record ${entry.requestId} (cycle ${entry.cycle}) changed: was ` +
+          `${entry.status}/${entry.chargedMicro} µcr, now ` +
+          `${body.request_status}/${toMicro(body.charged_credits)} µcr`,
       );
     }
   };
@@ -668,15 +844,21 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
     const retry = await retryChat(baseUrl, entry.plan);
     const ok =
       retry.status === 409 &&
-      (retry.errorCode === 'request_already_completed' || retry.errorCode === 'request_in_progress') &&
+      (retry.errorCode === 'request_already_completed' ||
+        retry.errorCode === 'request_in_progress') &&
       retry.requestId === entry.requestId;
     if (!ok) {
       violation(
-        `${when}: retry of Idempotency-Key ${entry.plan.idempotencyKey} (original ${entry.requestId}, cycle ${entry.cycle}) answered ` +
-          `${retry.status} ${retry.errorCode ?? ''} request_id=${retry.requestId} ${retry.transportError ?? ''}`,
+        `${when}: retry of Idempotency-Key ${entry.plan.idempotencyKey} (original ` +
+          `${entry.requestId}, cycle ${entry.cycle}) answered ` +
+          `${retry.status} ${retry.errorCode ?? ''} ` +
+          `request_id=${retry.requestId} ${retry.transportError ?? ''}`,
       );
     } else if (retry.requestStatus !== entry.status) {
-      violation(`${when}: retry of ${entry.plan.idempotencyKey} reports status ${retry.requestStatus}, the record says ${entry.status}`);
+      violation(
+        `${when}: retry of ${entry.plan.idempotencyKey} reports status ${retry.requestStatus}, ` +
+          `the record says ${entry.status}`,
+      );
     }
   };
 
@@ -686,18 +868,24 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
       const before = new Map(last);
 
       // The load: concurrent chat requests (some sent twice at once), and now and then a top-up.
-      const plans = Array.from({ length: requestsPerCycle }, (_, index) => planChat(random, loadKeys, options.seed, cycle, index));
+      const plans = Array.from({ length: requestsPerCycle }, (_, index) =>
+        planChat(random, loadKeys, options.seed, cycle, index),
+      );
       plans.push(planSlowStream(slowKey, options.seed, cycle, requestsPerCycle));
       const topUps: Array<{ keyId: string; creditsMicro: number; promise: Promise<boolean> }> = [];
       for (const key of keys) {
         const b = before.get(key.id)!;
         const plan = KEY_PLANS[keys.indexOf(key)]!;
-        // Balances stay near the plan's, so the same share of requests meets 402 in cycle 500 as in cycle 5;
-        // amounts are arbitrary µcr, so that any rounding of credits on the way would show in the ledger check.
+        // Balances stay near the plan's, so the same share of requests meets 402 in cycle 500 as in
+        // cycle 5; amounts are arbitrary µcr, so that any rounding of credits on the way would show
+        // in the ledger check.
         let creditsMicro = 0;
-        if (b.creditsMicro < plan.creditsMicro / 2) creditsMicro = plan.creditsMicro - b.creditsMicro + random.int(1_000) + 1;
-        else if (b.creditsMicro < plan.creditsMicro && random.chance(0.1)) creditsMicro = random.int(plan.creditsMicro - b.creditsMicro) + 1;
-        if (creditsMicro > 0) topUps.push({ keyId: key.id, creditsMicro, promise: Promise.resolve(false) });
+        if (b.creditsMicro < plan.creditsMicro / 2)
+          creditsMicro = plan.creditsMicro - b.creditsMicro + random.int(1_000) + 1;
+        else if (b.creditsMicro < plan.creditsMicro && random.chance(0.1))
+          creditsMicro = random.int(plan.creditsMicro - b.creditsMicro) + 1;
+        if (creditsMicro > 0)
+          topUps.push({ keyId: key.id, creditsMicro, promise: Promise.resolve(false) });
       }
       const killAfterFinishes = schedule[cycle - 1]!;
       const trigger = new KillTrigger(killAfterFinishes);
@@ -722,10 +910,11 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
           () => false,
         );
       }
-      // N = 0: the kill follows the sends within the same turn, before the server can answer anything.
-      // Otherwise the kill lands the moment the load generator sees the cycle's event.
+      // N = 0: the kill follows the sends within the same turn, before the server can answer
+      // anything. Otherwise the kill lands the moment the load generator sees the cycle's event.
       if (killAfterFinishes > 0) await trigger.moment.promise;
-      if (server!.exitedOnItsOwn) violation(`the server exited on its own during load:\n${server!.diagnostics()}`);
+      if (server!.exitedOnItsOwn)
+        violation(`the server exited on its own during load:\n${server!.diagnostics()}`);
       await server!.kill();
       for (const line of server!.errorLines) violation(`the server logged an error: ${line}`);
       const dead = server!;
@@ -745,11 +934,15 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
       for (const index of wal.segments) segmentsSeen.add(index);
       result.snapshotsSeen = snapshotSeqs.size;
 
-      // Restart on the same data dir at once (no sleep, no retry): the kernel lock died with the process.
+      // Restart on the same data dir at once (no sleep, no retry): the kernel lock died with the
+      // process.
       try {
         server = await ServerProcess.start(dataDir, configPath);
       } catch (error) {
-        violation(`restart failed after the kill: ${(error as Error).message}\nlast log of the killed process:\n${dead.diagnostics()}`);
+        violation(
+          `restart failed after the kill: ${(error as Error).message}\nlast ` +
+            `log of the killed process:\n${dead.diagnostics()}`,
+        );
         break;
       }
       const url = server.url;
@@ -768,12 +961,20 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
           else cutTopUpMicro += t.creditsMicro;
         });
         const addedDelta = b1.addedMicro - b0.addedMicro;
-        // An acknowledged top-up is durable; one cut off by the kill may or may not have been written.
-        // At most one top-up per key and cycle, so the change is exactly one of two amounts.
+        // An acknowledged top-up is durable; one cut off by the kill may or may not have been
+        // written. At most one top-up per key and cycle, so the change is exactly one of two
+        // amounts.
         if (addedDelta !== ackedTopUpMicro && addedDelta !== ackedTopUpMicro + cutTopUpMicro) {
-          violation(`${when}: key ${key.id} credits_added moved by ${addedDelta} µcr; acknowledged top-ups ${ackedTopUpMicro}, cut off ${cutTopUpMicro}`);
+          violation(
+            `${when}: key ${key.id} credits_added moved by ${addedDelta} µcr; acknowledged ` +
+              `top-ups ${ackedTopUpMicro}, cut off ${cutTopUpMicro}`,
+          );
         }
-        if (b1.chargedMicro < b0.chargedMicro) violation(`${when}: key ${key.id} charged went down from ${b0.chargedMicro} to ${b1.chargedMicro}`);
+        if (b1.chargedMicro < b0.chargedMicro)
+          violation(
+            `${when}: key ${key.id} charged went down ` +
+              `from ${b0.chargedMicro} to ${b1.chargedMicro}`,
+          );
       }
       result.topUps.acknowledged += topUpResults.filter(Boolean).length;
       result.topUps.cutOff += topUpResults.filter((ok) => !ok).length;
@@ -787,19 +988,30 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
         if (outcome.status === null) result.cutOff++;
         if (outcome.status === 402) result.quotaRefused++;
         if (outcome.status !== null && outcome.status >= 500) {
-          violation(`request ${outcome.plan.index} answered ${outcome.status} ${outcome.errorCode} before the kill`);
+          violation(
+            `request ${outcome.plan.index} answered ${outcome.status} ${outcome.errorCode} ` +
+              `before the kill`,
+          );
         }
         if (outcome.plan.idempotencyKey) {
           const list = idempotentOutcomes.get(outcome.plan.idempotencyKey) ?? [];
           list.push(outcome);
           idempotentOutcomes.set(outcome.plan.idempotencyKey, list);
         }
-        // A twin that arrives while the original runs is in progress; one that arrives after it, already completed.
-        const twinRefusal = outcome.errorCode === 'request_in_progress' || outcome.errorCode === 'request_already_completed';
-        if (outcome.status === 409 && outcome.plan.duplicate && twinRefusal) result.duplicatesRefused++;
-        else if (outcome.status === 409) violation(`request ${outcome.plan.index} answered 409 ${outcome.errorCode} during load`);
+        // A twin that arrives while the original runs is in progress; one that arrives after it,
+        // already completed.
+        const twinRefusal =
+          outcome.errorCode === 'request_in_progress' ||
+          outcome.errorCode === 'request_already_completed';
+        if (outcome.status === 409 && outcome.plan.duplicate && twinRefusal)
+          result.duplicatesRefused++;
+        else if (outcome.status === 409)
+          violation(`request ${outcome.plan.index} answered 409 ${outcome.errorCode} during load`);
         if (outcome.errorCode && outcome.status === 200) {
-          violation(`stream ${outcome.requestId} ended with an error event ${outcome.errorCode} before the kill`);
+          violation(
+            `stream ${outcome.requestId} ended with an error event ${outcome.errorCode} before ` +
+              `the kill`,
+          );
         }
         if (!outcome.acknowledged) continue;
         result.acknowledged++;
@@ -811,46 +1023,89 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
         result.recordsChecked++;
         const { status, body } = await readRecord(url, outcome.plan.key, outcome.requestId);
         if (status !== 200) {
-          violation(`${when}: acknowledged request ${outcome.requestId} is not readable after restart: ${status} ${JSON.stringify(body)}`);
+          violation(
+            `${when}: acknowledged request ${outcome.requestId} is not readable after restart: ` +
+              `${status} ${JSON.stringify(body)}`,
+          );
           continue;
         }
         const recordStatus: string = body.request_status;
         const chargedMicro = toMicro(body.charged_credits);
         const reservedMicro = toMicro(body.reserved_credits);
-        chargedByKey.set(outcome.plan.key.id, (chargedByKey.get(outcome.plan.key.id) ?? 0) + chargedMicro);
+        chargedByKey.set(
+          outcome.plan.key.id,
+          (chargedByKey.get(outcome.plan.key.id) ?? 0) + chargedMicro,
+        );
         if (outcome.complete) {
-          if (recordStatus !== 'completed') violation(`${when}: request ${outcome.requestId} answered in full but its record is ${recordStatus}/${body.error_code}`);
+          if (recordStatus !== 'completed')
+            violation(
+              `${when}: request ${outcome.requestId} answered in full ` +
+                `but its record is ${recordStatus}/${body.error_code}`,
+            );
           if (outcome.usage) {
             if (JSON.stringify(body.usage) !== JSON.stringify(outcome.usage)) {
-              violation(`${when}: request ${outcome.requestId} usage ${JSON.stringify(outcome.usage)} but the record has ${JSON.stringify(body.usage)}`);
+              violation(
+                `${when}: request ${outcome.requestId} usage ${JSON.stringify(outcome.usage)} ` +
+                  `but the record has ${JSON.stringify(body.usage)}`,
+              );
             }
             const expected = expectedChargeMicro(outcome.usage, reservedMicro);
-            if (chargedMicro !== expected) violation(`${when}: request ${outcome.requestId} charged ${chargedMicro} µcr, its usage costs ${expected}`);
+            if (chargedMicro !== expected)
+              violation(
+                `${when}: request ${outcome.requestId} charged ${chargedMicro} µcr, its usage ` +
+                  `costs ${expected}`,
+              );
           }
         } else if (recordStatus === 'completed') {
-          if (chargedMicro > reservedMicro) violation(`${when}: request ${outcome.requestId} charged ${chargedMicro} above its hold ${reservedMicro}`);
+          if (chargedMicro > reservedMicro)
+            violation(
+              `${when}: request ${outcome.requestId} charged ` +
+                `${chargedMicro} above its hold ${reservedMicro}`,
+            );
         } else if (recordStatus === 'error' && body.error_code === 'interrupted') {
           result.interruptedRecovered++;
-          if (chargedMicro !== 0) violation(`${when}: interrupted request ${outcome.requestId} was charged ${chargedMicro} µcr`);
+          if (chargedMicro !== 0)
+            violation(
+              `${when}: interrupted request ${outcome.requestId} was charged ${chargedMicro} µcr`,
+            );
         } else {
-          violation(`${when}: stream ${outcome.requestId} cut by the kill ended as ${recordStatus}/${body.error_code}, expected completed or error/interrupted`);
+          violation(
+            `${when}: stream ${outcome.requestId} cut by the kill ended as ` +
+              `${recordStatus}/${body.error_code}, expected completed or error/interrupted`,
+          );
         }
-        const entry: Remembered = { cycle, plan: outcome.plan, requestId: outcome.requestId, status: recordStatus, chargedMicro };
+        const entry: Remembered = {
+          cycle,
+          plan: outcome.plan,
+          requestId: outcome.requestId,
+          status: recordStatus,
+          chargedMicro,
+        };
         rememberedRecords.push(entry);
       }
-      // Charges of acknowledged requests are part of the key's charged total (others may add to it, never subtract).
+      // Charges of acknowledged requests are part of the key's charged total (others may add to it,
+      // never subtract).
       for (const key of keys) {
         const grew = after.get(key.id)!.chargedMicro - before.get(key.id)!.chargedMicro;
         const known = chargedByKey.get(key.id) ?? 0;
-        if (grew < known) violation(`${when}: key ${key.id} charged grew by ${grew} µcr, but acknowledged requests were charged ${known}`);
+        if (grew < known)
+          violation(
+            `${when}: key ${key.id} charged grew by ${grew} µcr, but acknowledged requests ` +
+              `were charged ${known}`,
+          );
       }
 
-      // 3. Idempotency: twins never both ran; acknowledged keys answer 409 on retry and charge nothing more.
+      // 3. Idempotency: twins never both ran; acknowledged keys answer 409 on retry and charge
+      //    nothing more.
       const retriesNow: Remembered[] = [];
       const unacknowledged: ChatPlan[] = [];
       for (const [idempotencyKey, list] of idempotentOutcomes) {
         const acked = list.filter((o) => o.acknowledged);
-        if (acked.length > 1) violation(`Idempotency-Key ${idempotencyKey} ran twice: ${acked.map((o) => o.requestId).join(', ')}`);
+        if (acked.length > 1)
+          violation(
+            `Idempotency-Key ${idempotencyKey} ran twice: ` +
+              `${acked.map((o) => o.requestId).join(', ')}`,
+          );
         const refused = list.find((o) => o.status === 409 && o.requestId);
         if (acked.length === 1) {
           const entry = rememberedRecords.find((r) => r.requestId === acked[0]!.requestId);
@@ -859,17 +1114,23 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
             retriesNow.push(entry);
           }
           if (refused && refused.requestId !== acked[0]!.requestId) {
-            violation(`Idempotency-Key ${idempotencyKey}: the twin was told ${refused.requestId}, the original is ${acked[0]!.requestId}`);
+            violation(
+              `Idempotency-Key ${idempotencyKey}: the twin was told ${refused.requestId}, the ` +
+                `original is ${acked[0]!.requestId}`,
+            );
           }
         } else if (refused) {
-          // The twin learned the original's id (a 409 is an acknowledgement that the request exists) but the
-          // original's own answer was cut off. Its record must exist; the status is read like any other.
+          // The twin learned the original's id (a 409 is an acknowledgement that the request
+          // exists) but the original's own answer was cut off. Its record must exist; the status is
+          // read like any other.
           result.recordsChecked++;
           const { status, body } = await readRecord(url, refused.plan.key, refused.requestId!);
           if (status !== 200) {
             violation(
-              `${when}: Idempotency-Key ${idempotencyKey}: a 409 ${refused.errorCode} named request ${refused.requestId}, ` +
-                `which does not exist after restart (${status} ${body?.error?.code}); the binding was acknowledged before it was durable`,
+              `${when}: Idempotency-Key ${idempotencyKey}: a 409 ${refused.errorCode} named ` +
+                `request ${refused.requestId}, ` +
+                `which does not exist after restart (${status} ${body?.error?.code}); the ` +
+                `binding was acknowledged before it was durable`,
             );
             unacknowledged.push(refused.plan);
           } else {
@@ -880,7 +1141,8 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
               status: body.request_status,
               chargedMicro: toMicro(body.charged_credits),
             };
-            if (body.request_status === 'error' && body.error_code === 'interrupted') result.interruptedRecovered++;
+            if (body.request_status === 'error' && body.error_code === 'interrupted')
+              result.interruptedRecovered++;
             rememberedRecords.push(entry);
             rememberedIdempotent.push(entry);
             retriesNow.push(entry);
@@ -894,39 +1156,89 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
         historySample,
       );
       for (const entry of [...retriesNow, ...older]) await checkRetry(url, entry, when);
-      for (const entry of random.sample(rememberedRecords.filter((r) => r.cycle < cycle), historySample)) {
+      for (const entry of random.sample(
+        rememberedRecords.filter((r) => r.cycle < cycle),
+        historySample,
+      )) {
         await checkRemembered(url, entry, when);
       }
       const afterRetries = await checkLedgers(url, `${when}, after idempotent retries`);
       for (const key of keys) {
         if (afterRetries.get(key.id)!.chargedMicro !== after.get(key.id)!.chargedMicro) {
-          violation(`${when}: retries of acknowledged Idempotency-Keys changed key ${key.id}'s charged total from ${after.get(key.id)!.chargedMicro} to ${afterRetries.get(key.id)!.chargedMicro}`);
+          violation(
+            `${when}: retries of acknowledged Idempotency-Keys changed key ${key.id}'s charged ` +
+              `total from ${after.get(key.id)!.chargedMicro} ` +
+              `to ${afterRetries.get(key.id)!.chargedMicro}`,
+          );
         }
       }
 
-      // 4. A key whose first attempt was cut before any answer may or may not be bound; either way a retry
-      //    yields exactly one task: a 409 naming a readable record, or a new 200 (the first never became durable).
+      // 4. A key whose first attempt was cut before any answer may or may not be bound; either way
+      //    a retry
+      //    yields exactly one task: a 409 naming a readable record, or a new 200 (the first never
+      //    became durable).
       for (const plan of unacknowledged) {
         const retry = await retryChat(url, plan);
         result.idempotentRetriesChecked++;
         if (retry.status === 409) {
-          if (!retry.requestId || (retry.errorCode !== 'request_already_completed' && retry.errorCode !== 'request_in_progress')) {
-            violation(`${when}: retry of cut-off ${plan.idempotencyKey} answered 409 ${retry.errorCode} without a usable request_id`);
+          if (
+            !retry.requestId ||
+            (retry.errorCode !== 'request_already_completed' &&
+              retry.errorCode !== 'request_in_progress')
+          ) {
+            violation(
+              `${when}: retry of cut-off ${plan.idempotencyKey} answered 409 ${retry.errorCode} ` +
+                `without a usable request_id`,
+            );
             continue;
           }
           const { status, body } = await readRecord(url, plan.key, retry.requestId);
-          if (status !== 200) violation(`${when}: retry of ${plan.idempotencyKey} names ${retry.requestId}, which is not readable (${status})`);
-          else rememberedIdempotent.push({ cycle, plan, requestId: retry.requestId, status: body.request_status, chargedMicro: toMicro(body.charged_credits) });
-        } else if (retry.status === 200 && retry.acknowledged && retry.complete && retry.requestId) {
+          if (status !== 200)
+            violation(
+              `${when}: retry of ${plan.idempotencyKey} names ${retry.requestId}, which is not ` +
+                `readable (${status})`,
+            );
+          else
+            rememberedIdempotent.push({
+              cycle,
+              plan,
+              requestId: retry.requestId,
+              status: body.request_status,
+              chargedMicro: toMicro(body.charged_credits),
+            });
+        } else if (
+          retry.status === 200 &&
+          retry.acknowledged &&
+          retry.complete &&
+          retry.requestId
+        ) {
           const { status, body } = await readRecord(url, plan.key, retry.requestId);
           if (status === 200) {
-            rememberedIdempotent.push({ cycle, plan, requestId: retry.requestId, status: body.request_status, chargedMicro: toMicro(body.charged_credits) });
-            rememberedRecords.push({ cycle, plan, requestId: retry.requestId, status: body.request_status, chargedMicro: toMicro(body.charged_credits) });
+            rememberedIdempotent.push({
+              cycle,
+              plan,
+              requestId: retry.requestId,
+              status: body.request_status,
+              chargedMicro: toMicro(body.charged_credits),
+            });
+            rememberedRecords.push({
+              cycle,
+              plan,
+              requestId: retry.requestId,
+              status: body.request_status,
+              chargedMicro: toMicro(body.charged_credits),
+            });
           } else {
-            violation(`${when}: retry of ${plan.idempotencyKey} completed as ${retry.requestId}, which is not readable (${status})`);
+            violation(
+              `${when}: retry of ${plan.idempotencyKey} completed as ${retry.requestId}, which ` +
+                `is not readable (${status})`,
+            );
           }
         } else if (retry.status !== 402) {
-          violation(`${when}: retry of cut-off ${plan.idempotencyKey} answered ${retry.status} ${retry.errorCode} ${retry.transportError ?? ''}`);
+          violation(
+            `${when}: retry of cut-off ${plan.idempotencyKey} answered ${retry.status} ` +
+              `${retry.errorCode} ${retry.transportError ?? ''}`,
+          );
         }
       }
 
@@ -936,13 +1248,16 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
       result.cycles = cycle;
       if (cycle % 25 === 0 || cycle === options.cycles) {
         log(
-          `cycle ${cycle}/${options.cycles}: sent ${result.requestsSent}, acknowledged ${result.acknowledged}, completed ${result.completed}, ` +
-            `402 ${result.quotaRefused}, cut ${result.cutOff}, interrupted ${result.interruptedRecovered}, violations ${result.violations.length}`,
+          `cycle ${cycle}/${options.cycles}: sent ${result.requestsSent}, acknowledged ` +
+            `${result.acknowledged}, completed ${result.completed}, ` +
+            `402 ${result.quotaRefused}, cut ${result.cutOff}, interrupted ` +
+            `${result.interruptedRecovered}, violations ${result.violations.length}`,
         );
       }
     }
 
-    // The final sweep, against the last server: every acknowledged key and every record, not a sample.
+    // The final sweep, against the last server: every acknowledged key and every record, not a
+    // sample.
     if (server && result.cycles === options.cycles) {
       cycle = options.cycles + 1;
       const url = server.url;
@@ -952,7 +1267,10 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
       const after = await checkLedgers(url, 'final sweep, after retries');
       for (const key of keys) {
         if (after.get(key.id)!.chargedMicro !== before.get(key.id)!.chargedMicro) {
-          violation(`final sweep: retries changed key ${key.id}'s charged total from ${before.get(key.id)!.chargedMicro} to ${after.get(key.id)!.chargedMicro}`);
+          violation(
+            `final sweep: retries changed key ${key.id}'s charged total from ` +
+              `${before.get(key.id)!.chargedMicro} to ${after.get(key.id)!.chargedMicro}`,
+          );
         }
       }
       for (const line of server.errorLines) violation(`the server logged an error: ${line}`);
@@ -960,7 +1278,8 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
   } finally {
     if (server) await server.kill();
     result.elapsedMs = Math.round(performance.now() - startedMs);
-    if (result.violations.length === 0 && !options.keepDataDir) rmSync(dataRoot, { recursive: true, force: true });
+    if (result.violations.length === 0 && !options.keepDataDir)
+      rmSync(dataRoot, { recursive: true, force: true });
   }
   return result;
 }
@@ -969,12 +1288,18 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
 export function summarize(result: CrashLoopResult): string {
   return [
     `seed ${result.seed}: ${result.cycles} cycles in ${(result.elapsedMs / 1000).toFixed(1)} s`,
-    `requests sent ${result.requestsSent}, acknowledged ${result.acknowledged} (complete ${result.completed}), ` +
-      `402 ${result.quotaRefused}, duplicate 409 ${result.duplicatesRefused}, cut off before an answer ${result.cutOff}`,
-    `recovered as interrupted ${result.interruptedRecovered}; top-ups acknowledged ${result.topUps.acknowledged}, cut off ${result.topUps.cutOff}`,
-    `checked: idempotent retries ${result.idempotentRetriesChecked}, records ${result.recordsChecked}`,
+    `requests sent ${result.requestsSent}, acknowledged ${result.acknowledged} (complete ` +
+      `${result.completed}), ` +
+      `402 ${result.quotaRefused}, duplicate 409 ${result.duplicatesRefused}, cut off before ` +
+      `an answer ${result.cutOff}`,
+    `recovered as interrupted ${result.interruptedRecovered}; top-ups acknowledged ` +
+      `${result.topUps.acknowledged}, cut off ${result.topUps.cutOff}`,
+    `checked: idempotent retries ${result.idempotentRetriesChecked}, ` +
+      `records ${result.recordsChecked}`,
     `statuses ${JSON.stringify(result.statusCounts)}`,
-    `violations ${result.violations.length}${result.violations.length > 0 ? ` (data kept in ${result.dataDir})` : ''}`,
+    `violations ${result.violations.length}${
+      result.violations.length > 0 ? ` (data kept in ` + `${result.dataDir})` : ''
+    }`,
     ...result.violations.slice(0, 20).map((v) => `  - ${v}`),
   ].join('\n');
 }

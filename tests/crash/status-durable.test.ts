@@ -1,6 +1,7 @@
-// A status read reports only what is durable: polled the moment a finish is applied in memory (inside the
-// commit, before its fsync), it waits for the finish to reach the disk. Found by the crash loop's author:
-// a crash in that window would have turned a reported "completed, charged" into "interrupted, free".
+// A status read reports only what is durable: polled the moment a finish is applied in memory
+// (inside the commit, before its fsync), it waits for the finish to reach the disk. Found by the
+// crash loop's author: a crash in that window would have turned a reported "completed, charged"
+// into "interrupted, free".
 import { afterEach, expect, test } from 'bun:test';
 import type { Event } from '../../src/state/events.ts';
 import { bearer, chatBody, openTestGateway, type TestGateway } from '../support/gateway.ts';
@@ -24,8 +25,14 @@ for (const service of ['chat', 'decision'] as const) {
       for (const event of events) {
         if (event.type !== 'request.finished') continue;
         let isDurable = false;
-        void durable.then(() => (isDurable = true), () => {});
-        const path = service === 'chat' ? `/api/v1/requests/${event.request_id}` : `/decision/v1/requests/${event.request_id}/`;
+        void durable.then(
+          () => (isDurable = true),
+          () => {},
+        );
+        const path =
+          service === 'chat'
+            ? `/api/v1/requests/${event.request_id}`
+            : `/decision/v1/requests/${event.request_id}/`;
         polls.push(
           t.request(path, { headers: bearer(key) }).then(async (response) => {
             const body = (await response.json()) as { request_status?: string; status?: string };
@@ -37,14 +44,24 @@ for (const service of ['chat', 'decision'] as const) {
     };
     const response =
       service === 'chat'
-        ? await t.request('/api/v1/chat/completions', { method: 'POST', headers: bearer(key), body: JSON.stringify(chatBody({ stream: true })) })
+        ? await t.request('/api/v1/chat/completions', {
+            method: 'POST',
+            headers: bearer(key),
+            body: JSON.stringify(chatBody({ stream: true })),
+          })
         : await t.request('/decision/v1/decide/', {
             method: 'POST',
             headers: bearer(key),
             body: JSON.stringify({
               model: 'decision-fast',
               state: { ticket: 'down' },
-              questions: { urgency: { type: 'choice', prompt: 'How urgent?', criteria: { urgent: 'today', routine: 'later' } } },
+              questions: {
+                urgency: {
+                  type: 'choice',
+                  prompt: 'How urgent?',
+                  criteria: { urgent: 'today', routine: 'later' },
+                },
+              },
             }),
           });
     expect(response.status).toBe(200);

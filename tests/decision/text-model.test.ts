@@ -1,7 +1,8 @@
-// Decisions on a model without tools: the answer comes back as JSON text and is checked the same way.
+// Decisions on a model without tools: the answer comes back as JSON text and is checked the same
+// way.
 import { afterAll, beforeAll, expect, test } from 'bun:test';
-import { buildPrompt, extractJsonObject, readAnswers } from '../../src/decision/prompt.ts';
 import type { Question } from '../../src/decision/model.ts';
+import { buildPrompt, extractJsonObject, readAnswers } from '../../src/decision/prompt.ts';
 import { bearer, openTestGateway, type TestGateway } from '../support/gateway.ts';
 
 let t: TestGateway;
@@ -13,8 +14,16 @@ beforeAll(() => {
 afterAll(() => t.close());
 
 const questions: Record<string, Question> = {
-  urgency: { type: 'choice', prompt: 'How urgent is this ticket?', criteria: { urgent: 'needs action today', routine: 'can wait' } },
-  quality: { type: 'score', prompt: 'How complete is the answer?', criteria: ['missing', 'partial', 'complete'] },
+  urgency: {
+    type: 'choice',
+    prompt: 'How urgent is this ticket?',
+    criteria: { urgent: 'needs action today', routine: 'can wait' },
+  },
+  quality: {
+    type: 'score',
+    prompt: 'How complete is the answer?',
+    criteria: ['missing', 'partial', 'complete'],
+  },
 };
 
 test('a text-only model gets a JSON Schema prompt and its JSON answer is used', async () => {
@@ -22,12 +31,18 @@ test('a text-only model gets a JSON Schema prompt and its JSON answer is used', 
   const response = await t.request('/decision/v1/decide/', {
     method: 'POST',
     headers: bearer(key),
-    body: JSON.stringify({ model: 'decision-fast', state: { ticket: 'The login page is down' }, questions }),
+    body: JSON.stringify({
+      model: 'decision-fast',
+      state: { ticket: 'The login page is down' },
+      questions,
+    }),
   });
   expect(response.status).toBe(200);
   const body = (await response.json()) as any;
   expect(['urgent', 'routine']).toContain(body.answers.urgency.label);
-  expect(body.answers.quality.level).toBe((questions.quality!.criteria as string[])[body.answers.quality.score]);
+  expect(body.answers.quality.level).toBe(
+    (questions.quality!.criteria as string[])[body.answers.quality.score],
+  );
 });
 
 test('the prompt for a text-only model carries the answer schema and no tools', () => {
@@ -38,7 +53,10 @@ test('the prompt for a text-only model carries the answer schema and no tools', 
 
 test('JSON is found inside prose, and answers outside the labels are refused', () => {
   const entries = Object.entries(questions);
-  expect(extractJsonObject('Sure! ```json\n{"urgency":"urgent","quality":2}\n``` done')).toEqual({ urgency: 'urgent', quality: 2 });
+  expect(extractJsonObject('Sure! ```json\n{"urgency":"urgent","quality":2}\n``` done')).toEqual({
+    urgency: 'urgent',
+    quality: 2,
+  });
   expect(readAnswers({ urgency: 'urgent', quality: 2 }, entries)).toEqual({
     urgency: { type: 'choice', label: 'urgent' },
     quality: { type: 'score', score: 2, level: 'complete' },

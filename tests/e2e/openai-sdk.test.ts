@@ -21,7 +21,10 @@ const weatherTool = {
     description: 'Current weather for a city',
     parameters: {
       type: 'object',
-      properties: { city: { type: 'string' }, unit: { type: 'string', enum: ['celsius', 'fahrenheit'] } },
+      properties: {
+        city: { type: 'string' },
+        unit: { type: 'string', enum: ['celsius', 'fahrenheit'] },
+      },
       required: ['city', 'unit'],
       additionalProperties: false,
     },
@@ -79,7 +82,9 @@ describe('openai SDK', () => {
     expect(chunks[0]!.choices[0]!.delta.role).toBe('assistant');
     const last = chunks.at(-1)!;
     expect(last.choices).toEqual([]);
-    expect(last.usage!.total_tokens).toBe(last.usage!.prompt_tokens + last.usage!.completion_tokens);
+    expect(last.usage!.total_tokens).toBe(
+      last.usage!.prompt_tokens + last.usage!.completion_tokens,
+    );
     const text = chunks.map((chunk) => chunk.choices[0]?.delta?.content ?? '').join('');
     expect(text.length).toBeGreaterThan(0);
     const finish = chunks.map((chunk) => chunk.choices[0]?.finish_reason).filter(Boolean);
@@ -87,7 +92,11 @@ describe('openai SDK', () => {
   });
 
   test('the stream equals the non-stream answer for the same request and seed', async () => {
-    const request = { model: 'model_03', seed: 42, messages: [{ role: 'user' as const, content: 'Same answer twice?' }] };
+    const request = {
+      model: 'model_03',
+      seed: 42,
+      messages: [{ role: 'user' as const, content: 'Same answer twice?' }],
+    };
     const whole = await client.chat.completions.create(request);
     const stream = await client.chat.completions.create({ ...request, stream: true });
     let text = '';
@@ -95,32 +104,43 @@ describe('openai SDK', () => {
     expect(text).toBe(whole.choices[0]!.message.content!);
   });
 
-  test('tools: a required tool call with schema-valid arguments, then the tool result', async () => {
-    const first = await client.chat.completions.create({
-      model: 'model_03',
-      messages: [{ role: 'user', content: 'Weather in Paris?' }],
-      tools: [weatherTool],
-      tool_choice: 'required',
-    });
-    const message = first.choices[0]!.message;
-    expect(first.choices[0]!.finish_reason).toBe('tool_calls');
-    expect(message.content).toBeNull();
-    expect(message.tool_calls).toHaveLength(1);
-    const call = message.tool_calls![0]! as { id: string; type: 'function'; function: { name: string; arguments: string } };
-    expect(call.type).toBe('function');
-    expect(call.function.name).toBe('get_weather');
-    const args = JSON.parse(call.function.arguments);
-    expect(typeof args.city).toBe('string');
-    expect(['celsius', 'fahrenheit']).toContain(args.unit);
+  test(
+    'tools: a required tool call with ' + 'schema-valid arguments, then the tool result',
+    async () => {
+      const first = await client.chat.completions.create({
+        model: 'model_03',
+        messages: [{ role: 'user', content: 'Weather in Paris?' }],
+        tools: [weatherTool],
+        tool_choice: 'required',
+      });
+      const message = first.choices[0]!.message;
+      expect(first.choices[0]!.finish_reason).toBe('tool_calls');
+      expect(message.content).toBeNull();
+      expect(message.tool_calls).toHaveLength(1);
+      const call = message.tool_calls![0]! as {
+        id: string;
+        type: 'function';
+        function: { name: string; arguments: string };
+      };
+      expect(call.type).toBe('function');
+      expect(call.function.name).toBe('get_weather');
+      const args = JSON.parse(call.function.arguments);
+      expect(typeof args.city).toBe('string');
+      expect(['celsius', 'fahrenheit']).toContain(args.unit);
 
-    const second = await client.chat.completions.create({
-      model: 'model_03',
-      messages: [{ role: 'user', content: 'Weather in Paris?' }, message, { role: 'tool', tool_call_id: call.id, content: '18 degrees' }],
-      tools: [weatherTool],
-    });
-    expect(second.choices[0]!.finish_reason).toBe('stop');
-    expect(second.choices[0]!.message.content!.length).toBeGreaterThan(0);
-  });
+      const second = await client.chat.completions.create({
+        model: 'model_03',
+        messages: [
+          { role: 'user', content: 'Weather in Paris?' },
+          message,
+          { role: 'tool', tool_call_id: call.id, content: '18 degrees' },
+        ],
+        tools: [weatherTool],
+      });
+      expect(second.choices[0]!.finish_reason).toBe('stop');
+      expect(second.choices[0]!.message.content!.length).toBeGreaterThan(0);
+    },
+  );
 
   test('tools streamed: the SDK reassembles tool_calls deltas', async () => {
     const stream = client.chat.completions.stream({
@@ -130,7 +150,9 @@ describe('openai SDK', () => {
       tool_choice: { type: 'function', function: { name: 'get_weather' } },
     });
     const final = await stream.finalChatCompletion();
-    const call = final.choices[0]!.message.tool_calls![0]! as { function: { name: string; arguments: string } };
+    const call = final.choices[0]!.message.tool_calls![0]! as {
+      function: { name: string; arguments: string };
+    };
     expect(call.function.name).toBe('get_weather');
     expect(Object.keys(JSON.parse(call.function.arguments)).sort()).toEqual(['city', 'unit']);
     expect(final.choices[0]!.finish_reason).toBe('tool_calls');
@@ -139,28 +161,53 @@ describe('openai SDK', () => {
   test('models list', async () => {
     const models = [];
     for await (const model of client.models.list()) models.push(model);
-    expect(models.map((model) => model.id).sort()).toEqual(
-      ['model_01', 'model_02', 'model_03', 'model_04', 'model_05', 'model_06', 'model_07', 'model_08', 'model_09', 'model_10', 'model_11'],
-    );
+    expect(models.map((model) => model.id).sort()).toEqual([
+      'model_01',
+      'model_02',
+      'model_03',
+      'model_04',
+      'model_05',
+      'model_06',
+      'model_07',
+      'model_08',
+      'model_09',
+      'model_10',
+      'model_11',
+    ]);
     for (const model of models) {
-      expect(model).toEqual({ id: model.id, object: 'model', created: expect.any(Number), owned_by: 'simulator' });
+      expect(model).toEqual({
+        id: model.id,
+        object: 'model',
+        created: expect.any(Number),
+        owned_by: 'simulator',
+      });
     }
   });
 
-  test('the README way to an Idempotency-Key: a per-request header; the repeat is a 409 naming the original', async () => {
-    const body = { model: 'model_03', messages: [{ role: 'user' as const, content: 'Summarise order 4711' }] };
-    const options = { headers: { 'Idempotency-Key': 'order-4711-summary' } };
-    const first = await client.chat.completions.create(body, options);
-    const repeat = await client.chat.completions.create(body, options).catch((error: unknown) => error);
-    expect(repeat).toBeInstanceOf(APIError);
-    expect((repeat as APIError).status).toBe(409);
-    expect((repeat as APIError).code).toBe('request_already_completed');
-    expect((repeat as APIError).headers?.get('x-request-id')).toBe(first.id);
-    // The SDK's own idempotencyKey option sends no header on chat calls: both of these run and are charged.
-    const a = await client.chat.completions.create(body, { idempotencyKey: 'sdk-option-0001' });
-    const b = await client.chat.completions.create(body, { idempotencyKey: 'sdk-option-0001' });
-    expect(a.id).not.toBe(b.id);
-  });
+  test(
+    'the README way to an Idempotency-Key: a per-request header; the repeat is a 409 naming ' +
+      'the original',
+    async () => {
+      const body = {
+        model: 'model_03',
+        messages: [{ role: 'user' as const, content: 'Summarise order 4711' }],
+      };
+      const options = { headers: { 'Idempotency-Key': 'order-4711-summary' } };
+      const first = await client.chat.completions.create(body, options);
+      const repeat = await client.chat.completions
+        .create(body, options)
+        .catch((error: unknown) => error);
+      expect(repeat).toBeInstanceOf(APIError);
+      expect((repeat as APIError).status).toBe(409);
+      expect((repeat as APIError).code).toBe('request_already_completed');
+      expect((repeat as APIError).headers?.get('x-request-id')).toBe(first.id);
+      // The SDK's own idempotencyKey option sends no header on chat calls: both of these run and
+      // are charged.
+      const a = await client.chat.completions.create(body, { idempotencyKey: 'sdk-option-0001' });
+      const b = await client.chat.completions.create(body, { idempotencyKey: 'sdk-option-0001' });
+      expect(a.id).not.toBe(b.id);
+    },
+  );
 });
 
 describe('errors surface as APIError with the contract status and code', () => {
@@ -175,7 +222,12 @@ describe('errors surface as APIError with the contract status and code', () => {
   }
 
   test('404 model_not_found', async () => {
-    const error = await apiError(client.chat.completions.create({ model: 'model_99', messages: [{ role: 'user', content: 'x' }] }));
+    const error = await apiError(
+      client.chat.completions.create({
+        model: 'model_99',
+        messages: [{ role: 'user', content: 'x' }],
+      }),
+    );
     expect(error.status).toBe(404);
     expect(error.code).toBe('model_not_found');
     expect(error.type).toBe('invalid_request_error');
@@ -184,7 +236,11 @@ describe('errors surface as APIError with the contract status and code', () => {
 
   test('400 unsupported_parameter for tools on model_09', async () => {
     const error = await apiError(
-      client.chat.completions.create({ model: 'model_09', messages: [{ role: 'user', content: 'x' }], tools: [weatherTool] }),
+      client.chat.completions.create({
+        model: 'model_09',
+        messages: [{ role: 'user', content: 'x' }],
+        tools: [weatherTool],
+      }),
     );
     expect(error.status).toBe(400);
     expect(error.code).toBe('unsupported_parameter');
@@ -192,8 +248,17 @@ describe('errors surface as APIError with the contract status and code', () => {
   });
 
   test('401 invalid_api_key', async () => {
-    const stranger = new OpenAI({ baseURL: `${t.baseUrl}/api/v1`, apiKey: 'tg-nobodynobodynobodynobodynobodynobodynobody', maxRetries: 0 });
-    const error = await apiError(stranger.chat.completions.create({ model: 'model_03', messages: [{ role: 'user', content: 'x' }] }));
+    const stranger = new OpenAI({
+      baseURL: `${t.baseUrl}/api/v1`,
+      apiKey: 'tg-nobodynobodynobodynobodynobodynobodynobody',
+      maxRetries: 0,
+    });
+    const error = await apiError(
+      stranger.chat.completions.create({
+        model: 'model_03',
+        messages: [{ role: 'user', content: 'x' }],
+      }),
+    );
     expect(error.status).toBe(401);
     expect(error.code).toBe('invalid_api_key');
     expect((error.error as any).reason).toBe('unknown');
@@ -202,11 +267,20 @@ describe('errors surface as APIError with the contract status and code', () => {
   test('402 insufficient_quota, stream or not', async () => {
     const { key } = await t.createKey({ credits: 0 });
     const broke = new OpenAI({ baseURL: `${t.baseUrl}/api/v1`, apiKey: key, maxRetries: 0 });
-    const error = await apiError(broke.chat.completions.create({ model: 'model_03', messages: [{ role: 'user', content: 'x' }] }));
+    const error = await apiError(
+      broke.chat.completions.create({
+        model: 'model_03',
+        messages: [{ role: 'user', content: 'x' }],
+      }),
+    );
     expect(error.status).toBe(402);
     expect(error.code).toBe('insufficient_quota');
     const streamError = await apiError(
-      broke.chat.completions.create({ model: 'model_03', stream: true, messages: [{ role: 'user', content: 'x' }] }),
+      broke.chat.completions.create({
+        model: 'model_03',
+        stream: true,
+        messages: [{ role: 'user', content: 'x' }],
+      }),
     );
     expect(streamError.status).toBe(402);
   });

@@ -35,7 +35,11 @@ describe('a flood of refused requests', () => {
         codes.set(code, (codes.get(code) ?? 0) + 1);
       }
     }
-    expect(Object.fromEntries(codes)).toEqual({ model_not_found: 2_000, insufficient_quota: 2_000, invalid_api_key: 1_000 });
+    expect(Object.fromEntries(codes)).toEqual({
+      model_not_found: 2_000,
+      insufficient_quota: 2_000,
+      invalid_api_key: 1_000,
+    });
     expect(wal.wal.lastSeq).toBe(seqBefore);
     expect(store.state.finished.size).toBe(0);
     expect(store.state.inFlight.size).toBe(0);

@@ -1,4 +1,5 @@
-// A key with no credit sending 4 MB prompts (CONTRACT §8): counted off the event loop, fairly, within bounds; other keys are not slowed.
+// A key with no credit sending 4 MB prompts (CONTRACT §8): counted off the event loop, fairly,
+// within bounds; other keys are not slowed.
 import { describe, expect, test } from 'bun:test';
 import { randomBytes } from 'node:crypto';
 import { countPool } from '../../src/billing/offload.ts';
@@ -10,11 +11,14 @@ const MAX_BODY_BYTES = 4_194_304;
 const COMPLETIONS = '/api/v1/chat/completions';
 
 /**
- * Random base64 (the tokenizer's slowest common text): a 4 MB prompt takes ~1.4 s to count (to model_01's
- * window of 1,050,000 tokens, which it passes), a 1 MB one ~0.9 s (716,000 tokens, within it).
+ * Random base64 (the tokenizer's slowest common text): a 4 MB prompt takes ~1.4 s to count (to
+ * model_01's window of 1,050,000 tokens, which it passes), a 1 MB one ~0.9 s (716,000 tokens,
+ * within it).
  */
 function base64Prompt(bytes: number): string {
-  return randomBytes(Math.ceil((bytes * 3) / 4)).toString('base64').slice(0, bytes);
+  return randomBytes(Math.ceil((bytes * 3) / 4))
+    .toString('base64')
+    .slice(0, bytes);
 }
 
 /** A chat body of at most 4 MB (the contract's limit) whose one message is `content`. */
@@ -45,13 +49,26 @@ function loopDelayMonitor(): { stop(): number } {
   };
 }
 
-async function errorOf(response: Response): Promise<{ status: number; code: string; param?: string | null }> {
+async function errorOf(
+  response: Response,
+): Promise<{ status: number; code: string; param?: string | null }> {
   const body = (await response.json()) as { error: { code: string; param: string | null } };
   return { status: response.status, code: body.error.code, param: body.error.param };
 }
 
-function post(server: TestServer, path: string, key: string, body: string, init: { headers?: Record<string, string>; signal?: AbortSignal } = {}): Promise<Response> {
-  return fetch(server.baseUrl + path, { method: 'POST', headers: bearer(key, init.headers), body, signal: init.signal });
+function post(
+  server: TestServer,
+  path: string,
+  key: string,
+  body: string,
+  init: { headers?: Record<string, string>; signal?: AbortSignal } = {},
+): Promise<Response> {
+  return fetch(server.baseUrl + path, {
+    method: 'POST',
+    headers: bearer(key, init.headers),
+    body,
+    signal: init.signal,
+  });
 }
 
 /** Waits (turn by turn, never a fixed sleep) until `condition` holds; fails after `deadlineMs`. */
@@ -64,19 +81,26 @@ async function until(condition: () => boolean, deadlineMs = 20_000): Promise<voi
 }
 
 describe('4 MB prompts from a key with no credit', () => {
-  test("are counted off the event loop: another key's calls go on, and the attacker gets its right answers", async () => {
+  test("are counted off the event loop: another key's calls go on, and the attacker gets its " +
+    'right answers', async () => {
     const server = await t.server();
     const attacker = await server.createKey({ credits: 0 });
     const victim = await server.createKey({ credits: 100 });
     // Over model_01's window (400) and within it (402): both need the whole count, or most of it.
-    const overWindow = Array.from({ length: 3 }, () => promptBody('model_01', base64Prompt(MAX_BODY_BYTES - 100)));
-    const withinWindow = Array.from({ length: 1 }, () => promptBody('model_01', base64Prompt(1024 * 1024)));
+    const overWindow = Array.from({ length: 3 }, () =>
+      promptBody('model_01', base64Prompt(MAX_BODY_BYTES - 100)),
+    );
+    const withinWindow = Array.from({ length: 1 }, () =>
+      promptBody('model_01', base64Prompt(1024 * 1024)),
+    );
 
     const monitor = loopDelayMonitor();
     let attackOver = false;
-    const attack = Promise.all([...overWindow, ...withinWindow].map(async (body) => errorOf(await post(server, COMPLETIONS, attacker.key, body)))).finally(
-      () => (attackOver = true),
-    );
+    const attack = Promise.all(
+      [...overWindow, ...withinWindow].map(async (body) =>
+        errorOf(await post(server, COMPLETIONS, attacker.key, body)),
+      ),
+    ).finally(() => (attackOver = true));
     // The victim calls one after another while the attack lasts; each must come back promptly.
     let victimCalls = 0;
     let victimWorstMs = 0;
@@ -93,24 +117,34 @@ describe('4 MB prompts from a key with no credit', () => {
     const loopWorstMs = monitor.stop();
 
     expect(answers).toEqual([
-      ...overWindow.map(() => ({ status: 400, code: 'context_length_exceeded', param: 'messages' })),
+      ...overWindow.map(() => ({
+        status: 400,
+        code: 'context_length_exceeded',
+        param: 'messages',
+      })),
       ...withinWindow.map(() => ({ status: 402, code: 'insufficient_quota', param: null })),
     ]);
     expect([...victimStatuses]).toEqual([200]);
     expect(victimCalls).toBeGreaterThan(0);
-    // Counted on the loop, each 4 MB prompt blocked it for ~1.4 s (the victim's calls for seconds in all).
+    // Counted on the loop, each 4 MB prompt blocked it for ~1.4 s (the victim's calls for seconds
+    // in all).
     expect(victimWorstMs).toBeLessThan(1_000);
     expect(loopWorstMs).toBeLessThan(500);
     expect(countPool().size).toBe(0);
   }, 120_000);
 
-  test("keys take turns at the worker, a key's queue is bounded (429), and a job whose client left is dropped", async () => {
+  test("keys take turns at the worker, a key's queue is bounded (429), and a job whose client " +
+    'left ' +
+    'is dropped', async () => {
     const server = await t.server();
     const attacker = await server.createKey({ credits: 0 });
     const victim = await server.createKey({ credits: 100 });
     const pool = countPool();
-    // Eight 4 MB prompts fill the attacker's share of the queue (~11 s of counting); two more are refused.
-    const bodies = Array.from({ length: 10 }, () => promptBody('model_01', base64Prompt(MAX_BODY_BYTES - 100)));
+    // Eight 4 MB prompts fill the attacker's share of the queue (~11 s of counting); two more are
+    // refused.
+    const bodies = Array.from({ length: 10 }, () =>
+      promptBody('model_01', base64Prompt(MAX_BODY_BYTES - 100)),
+    );
     const leave = new AbortController();
     const settled: unknown[] = [];
     const attack = bodies.map((body) =>
@@ -119,7 +153,10 @@ describe('4 MB prompts from a key with no credit', () => {
           async (response) => errorOf(response),
           () => 'left' as const,
         )
-        .then((answer) => (settled.push(answer), answer)),
+        .then((answer) => {
+          settled.push(answer);
+          return answer;
+        }),
     );
     await until(() => settled.length >= 2);
     expect(settled).toEqual([
@@ -128,18 +165,26 @@ describe('4 MB prompts from a key with no credit', () => {
     ]);
     await until(() => pool.size === 8);
 
-    // The victim's own large prompt (counted by the worker too) waits a slice per turn, not 11 s of jobs.
+    // The victim's own large prompt (counted by the worker too) waits a slice per turn, not 11 s of
+    // jobs.
     const victimPrompt = `${'The quick brown fox jumps over the lazy dog. '.repeat(5_000)}${base64Prompt(20_000)}`;
     const startMs = performance.now();
-    const response = await post(server, COMPLETIONS, victim.key, promptBody('model_03', victimPrompt));
+    const response = await post(
+      server,
+      COMPLETIONS,
+      victim.key,
+      promptBody('model_03', victimPrompt),
+    );
     const elapsedMs = performance.now() - startMs;
     expect(response.status).toBe(200);
     const usage = ((await response.json()) as { usage: { prompt_tokens: number } }).usage;
-    expect(usage.prompt_tokens).toBe(countPromptTokens([{ role: 'user', content: victimPrompt }], null));
+    expect(usage.prompt_tokens).toBe(
+      countPromptTokens([{ role: 'user', content: victimPrompt }], null),
+    );
     expect(elapsedMs).toBeLessThan(1_000);
 
-    // The attacker gives up: its queued and running jobs leave the queue (counted to the end, they would
-    // take the worker ~10 s more).
+    // The attacker gives up: its queued and running jobs leave the queue (counted to the end, they
+    // would take the worker ~10 s more).
     leave.abort();
     await until(() => pool.size === 0, 3_000);
     const answers = await Promise.all(attack);
@@ -148,7 +193,8 @@ describe('4 MB prompts from a key with no credit', () => {
 });
 
 describe('the checks before context answer without counting', () => {
-  test('a rate-limited key and a bound Idempotency-Key are refused before their large prompt is counted', async () => {
+  test('a rate-limited key and a bound Idempotency-Key ' +
+    'are refused before their large prompt is counted', async () => {
     const server = await t.server();
     const pool = countPool();
     const slow = await server.createKey({ credits: 100, rate_limit_rpm: 1 });
@@ -156,22 +202,39 @@ describe('the checks before context answer without counting', () => {
     // 100 KB of text nobody has counted: counted by the worker, were it to get that far.
     const large = (model = 'model_03') => promptBody(model, base64Prompt(100_000));
 
-    expect((await post(server, COMPLETIONS, slow.key, JSON.stringify(chatBody()))).status).toBe(200);
+    expect((await post(server, COMPLETIONS, slow.key, JSON.stringify(chatBody()))).status).toBe(
+      200,
+    );
     let accepted = pool.jobsAccepted;
     const limited = await post(server, COMPLETIONS, slow.key, large());
-    expect(await errorOf(limited)).toEqual({ status: 429, code: 'rate_limit_exceeded', param: null });
+    expect(await errorOf(limited)).toEqual({
+      status: 429,
+      code: 'rate_limit_exceeded',
+      param: null,
+    });
     expect(Number(limited.headers.get('retry-after'))).toBeGreaterThanOrEqual(1);
     expect(pool.jobsAccepted).toBe(accepted);
 
     const idempotencyKey = { 'idempotency-key': 'token-count-precheck-1' };
-    expect((await post(server, COMPLETIONS, bound.key, JSON.stringify(chatBody()), { headers: idempotencyKey })).status).toBe(200);
+    expect(
+      (
+        await post(server, COMPLETIONS, bound.key, JSON.stringify(chatBody()), {
+          headers: idempotencyKey,
+        })
+      ).status,
+    ).toBe(200);
     accepted = pool.jobsAccepted;
     const reused = await post(server, COMPLETIONS, bound.key, large(), { headers: idempotencyKey });
-    expect(await errorOf(reused)).toEqual({ status: 409, code: 'idempotency_key_reused', param: 'Idempotency-Key' });
+    expect(await errorOf(reused)).toEqual({
+      status: 409,
+      code: 'idempotency_key_reused',
+      param: 'Idempotency-Key',
+    });
     expect(pool.jobsAccepted).toBe(accepted);
   }, 60_000);
 
-  test('a body too large to fingerprint on the loop is fingerprinted by the worker, bound or not', async () => {
+  test('a body too large to fingerprint on the loop ' +
+    'is fingerprinted by the worker, bound or not', async () => {
     const server = await t.server();
     const key = await server.createKey({ credits: 100 });
     const body = promptBody('model_03', base64Prompt(300_000));
@@ -181,24 +244,51 @@ describe('the checks before context answer without counting', () => {
     const requestId = first.headers.get('x-request-id');
     // The same body again: the same fingerprint, so the original's answer, not a reuse.
     const again = await post(server, COMPLETIONS, key.key, body, { headers: idempotencyKey });
-    expect(await errorOf(again)).toEqual({ status: 409, code: 'request_already_completed', param: 'Idempotency-Key' });
+    expect(await errorOf(again)).toEqual({
+      status: 409,
+      code: 'request_already_completed',
+      param: 'Idempotency-Key',
+    });
     expect(again.headers.get('x-request-id')).toBe(requestId);
-    const other = await post(server, COMPLETIONS, key.key, promptBody('model_03', base64Prompt(300_000)), { headers: idempotencyKey });
-    expect(await errorOf(other)).toEqual({ status: 409, code: 'idempotency_key_reused', param: 'Idempotency-Key' });
+    const other = await post(
+      server,
+      COMPLETIONS,
+      key.key,
+      promptBody('model_03', base64Prompt(300_000)),
+      { headers: idempotencyKey },
+    );
+    expect(await errorOf(other)).toEqual({
+      status: 409,
+      code: 'idempotency_key_reused',
+      param: 'Idempotency-Key',
+    });
   }, 60_000);
 });
 
 describe('large decision inputs', () => {
-  test('a 4 MB state is refused 422 and a 130 KB one within the limit 402, made canonical and counted off the loop', async () => {
+  test('a 4 MB state is refused 422 and a 130 KB one within the limit 402, made canonical and ' +
+    'counted off the loop', async () => {
     const server = await t.server();
     const broke = await server.createKey({ credits: 0, services: ['decision'] });
-    const questions = { q: { type: 'choice', prompt: 'Which?', criteria: { a: 'first', b: 'second' } } };
+    const questions = {
+      q: { type: 'choice', prompt: 'Which?', criteria: { a: 'first', b: 'second' } },
+    };
     const decide = (state: unknown, idempotencyKey: string) =>
-      post(server, '/decision/v1/decide/', broke.key, JSON.stringify({ model: 'decision-fast', state, questions }), { headers: { 'idempotency-key': idempotencyKey } });
-    // Many small objects: their canonical JSON (the fingerprint's, then the prompt's) took ~130 ms each on the loop.
+      post(
+        server,
+        '/decision/v1/decide/',
+        broke.key,
+        JSON.stringify({ model: 'decision-fast', state, questions }),
+        { headers: { 'idempotency-key': idempotencyKey } },
+      );
+    // Many small objects: their canonical JSON (the fingerprint's, then the prompt's) took ~130 ms
+    // each on the loop.
     const objects = Array.from({ length: 290_000 }, (_, i) => ({ b: i % 10, a: 0 }));
     const monitor = loopDelayMonitor();
-    const [huge, within] = await Promise.all([decide(objects, 'decision-huge-1'), decide({ text: ' hello'.repeat(22_000) }, 'decision-within-1')]);
+    const [huge, within] = await Promise.all([
+      decide(objects, 'decision-huge-1'),
+      decide({ text: ' hello'.repeat(22_000) }, 'decision-within-1'),
+    ]);
     const loopWorstMs = monitor.stop();
     expect(await errorOf(huge)).toEqual({ status: 422, code: 'input_too_large', param: 'state' });
     expect(await errorOf(within)).toEqual({ status: 402, code: 'insufficient_quota', param: null });
@@ -207,20 +297,37 @@ describe('large decision inputs', () => {
 });
 
 describe('the count cache', () => {
-  test("the worker's counts fill the loop's cache: a conversation's next turn is counted on the loop", async () => {
+  test("the worker's counts fill the loop's cache: a " +
+    "conversation's next turn is counted on the loop", async () => {
     const server = await t.server();
     const pool = countPool();
     const key = await server.createKey({ credits: 100 });
     const history = [{ role: 'user', content: base64Prompt(60_000) }];
     let accepted = pool.jobsAccepted;
-    const first = await post(server, COMPLETIONS, key.key, JSON.stringify({ model: 'model_03', messages: history }));
+    const first = await post(
+      server,
+      COMPLETIONS,
+      key.key,
+      JSON.stringify({ model: 'model_03', messages: history }),
+    );
     expect(first.status).toBe(200);
     expect(pool.jobsAccepted).toBe(accepted + 1);
     accepted = pool.jobsAccepted;
-    const next = [...history, { role: 'assistant', content: 'Noted.' }, { role: 'user', content: 'And now?' }];
-    const second = await post(server, COMPLETIONS, key.key, JSON.stringify({ model: 'model_03', messages: next }));
+    const next = [
+      ...history,
+      { role: 'assistant', content: 'Noted.' },
+      { role: 'user', content: 'And now?' },
+    ];
+    const second = await post(
+      server,
+      COMPLETIONS,
+      key.key,
+      JSON.stringify({ model: 'model_03', messages: next }),
+    );
     expect(second.status).toBe(200);
-    expect(((await second.json()) as { usage: { prompt_tokens: number } }).usage.prompt_tokens).toBe(countPromptTokens(next as never, null));
+    expect(
+      ((await second.json()) as { usage: { prompt_tokens: number } }).usage.prompt_tokens,
+    ).toBe(countPromptTokens(next as never, null));
     expect(pool.jobsAccepted).toBe(accepted);
   }, 60_000);
 });

@@ -41,7 +41,13 @@ function dechunk(text: string): string {
   }
 }
 
-function head(method: string, path: string, host: string | null, headers: Record<string, string> = {}, version = '1.1'): string {
+function head(
+  method: string,
+  path: string,
+  host: string | null,
+  headers: Record<string, string> = {},
+  version = '1.1',
+): string {
   const lines = [`${method} ${path} HTTP/${version}`];
   if (host !== null) lines.push(`Host: ${host}`);
   lines.push('Connection: close');
@@ -49,49 +55,125 @@ function head(method: string, path: string, host: string | null, headers: Record
   return `${lines.join('\r\n')}\r\n\r\n`;
 }
 
-const NOT_FOUND_ENVELOPE = { error: { message: expect.any(String), type: 'invalid_request_error', code: 'not_found', param: null } };
-const BAD_PERCENT = { error: { message: 'The path is not valid percent-encoding.', type: 'invalid_request_error', code: 'not_found', param: null } };
+const NOT_FOUND_ENVELOPE = {
+  error: {
+    message: expect.any(String),
+    type: 'invalid_request_error',
+    code: 'not_found',
+    param: null,
+  },
+};
+const BAD_PERCENT = {
+  error: {
+    message: 'The path is not valid percent-encoding.',
+    type: 'invalid_request_error',
+    code: 'not_found',
+    param: null,
+  },
+};
 
-const HOSTS = ['', 'a', 'ab', 'abc', '%zz', '[', '[::1]', 'a b', 'a/b', 'a?b', 'x'.repeat(4000), 'localhost:8080', 'ünïcode'];
+const HOSTS = [
+  '',
+  'a',
+  'ab',
+  'abc',
+  '%zz',
+  '[',
+  '[::1]',
+  'a b',
+  'a/b',
+  'a?b',
+  'x'.repeat(4000),
+  'localhost:8080',
+  'ünïcode',
+];
 
 describe('any Host header', () => {
   for (const host of HOSTS) {
-    test(`Host: ${JSON.stringify(host.length > 20 ? `${host.slice(0, 8)}… (${host.length} chars)` : host)} routes like any other`, async () => {
-      const t = await cleanup.server();
-      const { key } = await t.createKey({ credits: 10 });
-      const auth = { authorization: `Bearer ${key}` };
-      const admin = { authorization: `Bearer ${ADMIN_TOKEN}`, 'content-type': 'application/json' };
+    test(
+      `Host: ` +
+        `${JSON.stringify(host.length > 20 ? `${host.slice(0, 8)}… (${host.length} chars)` : host)} ` +
+        `` +
+        `` +
+        `routes like any other`,
+      async () => {
+        const t = await cleanup.server();
+        const { key } = await t.createKey({ credits: 10 });
+        const auth = { authorization: `Bearer ${key}` };
+        const admin = {
+          authorization: `Bearer ${ADMIN_TOKEN}`,
+          'content-type': 'application/json',
+        };
 
-      const models = await rawRequest(t, head('GET', '/api/v1/models', host, auth));
-      expect(models.status).toBe(200);
-      expect(models.body.data.length).toBe(11);
-      expect(await rawRequest(t, head('GET', '/api/v1/models/', host, auth))).toMatchObject({ status: 200 });
-      expect(await rawRequest(t, head('GET', '/nope', host))).toEqual({ status: 404, body: NOT_FOUND_ENVELOPE });
-      expect(await rawRequest(t, head('GET', '/api/v1/requests/%ZZ', host, auth))).toEqual({ status: 404, body: BAD_PERCENT });
-      // A body reaches the handler whatever the Host (a copied request keeps it).
-      const keyBody = JSON.stringify({ name: 'odd host', credits: 1 });
-      const created = await rawRequest(t, head('POST', '/admin/v1/keys', host, { ...admin, 'content-length': String(keyBody.length) }), keyBody);
-      expect(created.status).toBe(201);
-      expect(created.body.name).toBe('odd host');
-      const chat = JSON.stringify(chatBody());
-      const completion = await rawRequest(t, head('POST', '/api/v1/chat/completions', host, { ...auth, 'content-type': 'application/json', 'content-length': String(chat.length) }), chat);
-      expect(completion.status).toBe(200);
-      expect(completion.body.object).toBe('chat.completion');
-    });
+        const models = await rawRequest(t, head('GET', '/api/v1/models', host, auth));
+        expect(models.status).toBe(200);
+        expect(models.body.data.length).toBe(11);
+        expect(await rawRequest(t, head('GET', '/api/v1/models/', host, auth))).toMatchObject({
+          status: 200,
+        });
+        expect(await rawRequest(t, head('GET', '/nope', host))).toEqual({
+          status: 404,
+          body: NOT_FOUND_ENVELOPE,
+        });
+        expect(await rawRequest(t, head('GET', '/api/v1/requests/%ZZ', host, auth))).toEqual({
+          status: 404,
+          body: BAD_PERCENT,
+        });
+        // A body reaches the handler whatever the Host (a copied request keeps it).
+        const keyBody = JSON.stringify({ name: 'odd host', credits: 1 });
+        const created = await rawRequest(
+          t,
+          head('POST', '/admin/v1/keys', host, {
+            ...admin,
+            'content-length': String(keyBody.length),
+          }),
+          keyBody,
+        );
+        expect(created.status).toBe(201);
+        expect(created.body.name).toBe('odd host');
+        const chat = JSON.stringify(chatBody());
+        const completion = await rawRequest(
+          t,
+          head('POST', '/api/v1/chat/completions', host, {
+            ...auth,
+            'content-type': 'application/json',
+            'content-length': String(chat.length),
+          }),
+          chat,
+        );
+        expect(completion.status).toBe(200);
+        expect(completion.body.object).toBe('chat.completion');
+      },
+    );
   }
 
   test('no Host at all: HTTP/1.0 routes; HTTP/1.1 is refused by Bun with a 400', async () => {
     const t = await cleanup.server();
-    expect(await rawRequest(t, head('GET', '/healthz', null, {}, '1.0'))).toEqual({ status: 200, body: { status: 'ok' } });
-    expect(await rawRequest(t, head('GET', '/nope', null, {}, '1.0'))).toEqual({ status: 404, body: NOT_FOUND_ENVELOPE });
+    expect(await rawRequest(t, head('GET', '/healthz', null, {}, '1.0'))).toEqual({
+      status: 200,
+      body: { status: 'ok' },
+    });
+    expect(await rawRequest(t, head('GET', '/nope', null, {}, '1.0'))).toEqual({
+      status: 404,
+      body: NOT_FOUND_ENVELOPE,
+    });
     expect((await rawRequest(t, head('GET', '/healthz', null))).status).toBe(400);
   });
 
   test('odd request targets are a 4xx', async () => {
     const t = await cleanup.server();
-    for (const target of ['*', 'http://elsewhere.example/api/v1/models', '//api/v1/models', '/%', '/?%ZZ']) {
+    for (const target of [
+      '*',
+      'http://elsewhere.example/api/v1/models',
+      '//api/v1/models',
+      '/%',
+      '/?%ZZ',
+    ]) {
       const { status } = await rawRequest(t, head('GET', target, 'a'));
-      expect({ target, clientError: status >= 400 && status < 500 }).toEqual({ target, clientError: true });
+      expect({ target, clientError: status >= 400 && status < 500 }).toEqual({
+        target,
+        clientError: true,
+      });
     }
   });
 });
@@ -116,8 +198,17 @@ describe('broken percent-encoding in a path', () => {
       for (const broken of BROKEN) {
         const path = pattern.replace('{}', broken);
         const token = path.startsWith('/admin') ? ADMIN_TOKEN : key;
-        const response = await t.request(path, { method, headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' }, body: method === 'POST' ? '{"credits":1}' : undefined });
-        expect({ method, path, status: response.status, body: await response.json() }).toEqual({ method, path, status: 404, body: BAD_PERCENT });
+        const response = await t.request(path, {
+          method,
+          headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
+          body: method === 'POST' ? '{"credits":1}' : undefined,
+        });
+        expect({ method, path, status: response.status, body: await response.json() }).toEqual({
+          method,
+          path,
+          status: 404,
+          body: BAD_PERCENT,
+        });
       }
     }
   });
@@ -128,11 +219,25 @@ describe('broken percent-encoding in a path', () => {
     for (const [method, pattern] of PARAM_ROUTES) {
       const path = pattern.replace('{}', '%ZZ');
       const token = path.startsWith('/admin') ? ADMIN_TOKEN : key;
-      const answer = await rawRequest(t, head(method, path, '127.0.0.1', { authorization: `Bearer ${token}`, 'content-length': '0' }));
+      const answer = await rawRequest(
+        t,
+        head(method, path, '127.0.0.1', {
+          authorization: `Bearer ${token}`,
+          'content-length': '0',
+        }),
+      );
       expect({ path, ...answer }).toEqual({ path, status: 404, body: BAD_PERCENT });
     }
-    for (const path of ['/%ZZ', '/api/v1/%C0%AF', '/api/v1/chat/completions%ZZ', '/decision/v1/decide/%']) {
-      const answer = await rawRequest(t, head('POST', path, '127.0.0.1', { authorization: `Bearer ${key}`, 'content-length': '0' }));
+    for (const path of [
+      '/%ZZ',
+      '/api/v1/%C0%AF',
+      '/api/v1/chat/completions%ZZ',
+      '/decision/v1/decide/%',
+    ]) {
+      const answer = await rawRequest(
+        t,
+        head('POST', path, '127.0.0.1', { authorization: `Bearer ${key}`, 'content-length': '0' }),
+      );
       expect({ path, ...answer }).toEqual({ path, status: 404, body: NOT_FOUND_ENVELOPE });
     }
   });

@@ -1,4 +1,5 @@
-// RateLimiter with an injected clock: a burst of rpm, then 429 with Retry-After in whole seconds, then refill.
+// RateLimiter with an injected clock: a burst of rpm, then 429 with Retry-After in whole seconds,
+// then refill.
 import { describe, expect, test } from 'bun:test';
 import { GatewayError } from '../../src/http/errors.ts';
 import { RateLimiter } from '../../src/keys/rate-limit.ts';
@@ -6,14 +7,23 @@ import { RateLimiter } from '../../src/keys/rate-limit.ts';
 const T0_MS = 1_800_000_000_000;
 
 /** The 429 `take` throws, as {status, code, retryAfter}; null when the request was admitted. */
-function attempt(limiter: RateLimiter, keyId: string, rpm: number, nowMs: number): { status: number; code: string; retryAfter: string | undefined } | null {
+function attempt(
+  limiter: RateLimiter,
+  keyId: string,
+  rpm: number,
+  nowMs: number,
+): { status: number; code: string; retryAfter: string | undefined } | null {
   try {
     limiter.take(keyId, rpm, nowMs);
     return null;
   } catch (error) {
     expect(error).toBeInstanceOf(GatewayError);
     const gatewayError = error as GatewayError;
-    return { status: gatewayError.status, code: gatewayError.code, retryAfter: gatewayError.headers?.['retry-after'] };
+    return {
+      status: gatewayError.status,
+      code: gatewayError.code,
+      retryAfter: gatewayError.headers?.['retry-after'],
+    };
   }
 }
 
@@ -23,7 +33,8 @@ function limited(retryAfterS: number) {
 
 /** Takes `count` requests at `nowMs`; every one must be admitted. */
 function burst(limiter: RateLimiter, keyId: string, rpm: number, nowMs: number, count = rpm): void {
-  for (let i = 0; i < count; i++) expect({ i, result: attempt(limiter, keyId, rpm, nowMs) }).toEqual({ i, result: null });
+  for (let i = 0; i < count; i++)
+    expect({ i, result: attempt(limiter, keyId, rpm, nowMs) }).toEqual({ i, result: null });
 }
 
 describe('RateLimiter', () => {
@@ -85,7 +96,8 @@ describe('RateLimiter', () => {
     const rpm = 60;
     const limiter = new RateLimiter(100);
     burst(limiter, 'key_a', rpm, T0_MS);
-    for (let i = 0; i < 10; i++) expect(attempt(limiter, 'key_a', rpm, T0_MS + 500)).toEqual(limited(1));
+    for (let i = 0; i < 10; i++)
+      expect(attempt(limiter, 'key_a', rpm, T0_MS + 500)).toEqual(limited(1));
     expect(attempt(limiter, 'key_a', rpm, T0_MS + 1_000)).toBeNull();
   });
 
@@ -106,14 +118,23 @@ describe('RateLimiter', () => {
 
 describe('RateLimiter.peek', () => {
   /** The 429 `peek` throws, as `attempt` reports it; null when `take` would admit the request. */
-  function peeked(limiter: RateLimiter, keyId: string, rpm: number, nowMs: number): { status: number; code: string; retryAfter: string | undefined } | null {
+  function peeked(
+    limiter: RateLimiter,
+    keyId: string,
+    rpm: number,
+    nowMs: number,
+  ): { status: number; code: string; retryAfter: string | undefined } | null {
     try {
       limiter.peek(keyId, rpm, nowMs);
       return null;
     } catch (error) {
       expect(error).toBeInstanceOf(GatewayError);
       const gatewayError = error as GatewayError;
-      return { status: gatewayError.status, code: gatewayError.code, retryAfter: gatewayError.headers?.['retry-after'] };
+      return {
+        status: gatewayError.status,
+        code: gatewayError.code,
+        retryAfter: gatewayError.headers?.['retry-after'],
+      };
     }
   }
 
@@ -125,7 +146,8 @@ describe('RateLimiter.peek', () => {
     expect(peeked(limiter, 'key_a', 2, T0_MS)).toEqual(limited(30));
     expect(peeked(limiter, 'key_a', 2, T0_MS + 15_000)).toEqual(limited(15));
     expect(attempt(limiter, 'key_a', 2, T0_MS + 15_000)).toEqual(limited(15));
-    // Once a token has refilled, peek admits, and so does the take after it (peek left the token there).
+    // Once a token has refilled, peek admits, and so does the take after it (peek left the token
+    // there).
     expect(peeked(limiter, 'key_a', 2, T0_MS + 30_000)).toBeNull();
     expect(attempt(limiter, 'key_a', 2, T0_MS + 30_000)).toBeNull();
     expect(peeked(limiter, 'key_a', 2, T0_MS + 30_000)).toEqual(limited(30));

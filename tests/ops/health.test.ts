@@ -1,6 +1,13 @@
-// Probes and routing: /healthz, /readyz (draining → 503), unknown routes → 404 envelope, trailing slashes.
+// Probes and routing: /healthz, /readyz (draining → 503), unknown routes → 404 envelope, trailing
+// slashes.
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test';
-import { ADMIN_TOKEN, bearer, chatBody, openTestGateway, type TestGateway } from '../support/gateway.ts';
+import {
+  ADMIN_TOKEN,
+  bearer,
+  chatBody,
+  openTestGateway,
+  type TestGateway,
+} from '../support/gateway.ts';
 
 let t: TestGateway;
 let key: string;
@@ -13,7 +20,14 @@ beforeAll(async () => {
 
 afterAll(() => t.close());
 
-const NOT_FOUND = { error: { message: expect.any(String), type: 'invalid_request_error', code: 'not_found', param: null } };
+const NOT_FOUND = {
+  error: {
+    message: expect.any(String),
+    type: 'invalid_request_error',
+    code: 'not_found',
+    param: null,
+  },
+};
 
 describe('probes (no auth)', () => {
   test('/healthz → 200', async () => {
@@ -42,10 +56,19 @@ describe('probes (no auth)', () => {
   test('a draining gateway refuses new chat work with 503 service_unavailable', async () => {
     t.gateway.draining = true;
     try {
-      const response = await t.request('/api/v1/chat/completions', { method: 'POST', headers: bearer(key), body: JSON.stringify(chatBody()) });
+      const response = await t.request('/api/v1/chat/completions', {
+        method: 'POST',
+        headers: bearer(key),
+        body: JSON.stringify(chatBody()),
+      });
       expect(response.status).toBe(503);
       expect(await response.json()).toEqual({
-        error: { message: expect.any(String), type: 'service_unavailable_error', code: 'service_unavailable', param: null },
+        error: {
+          message: expect.any(String),
+          type: 'service_unavailable_error',
+          code: 'service_unavailable',
+          param: null,
+        },
       });
     } finally {
       t.gateway.draining = false;
@@ -69,7 +92,11 @@ describe('unknown routes', () => {
   ];
   for (const [method, path] of paths) {
     test(`${method} ${path} → 404 with the error envelope`, async () => {
-      const response = await t.request(path, { method, headers: bearer(key), body: method === 'POST' ? '{}' : undefined });
+      const response = await t.request(path, {
+        method,
+        headers: bearer(key),
+        body: method === 'POST' ? '{}' : undefined,
+      });
       expect(response.status).toBe(404);
       expect(response.headers.get('content-type')).toStartWith('application/json');
       expect(await response.json()).toEqual(NOT_FOUND);
@@ -86,8 +113,17 @@ describe('trailing slashes are accepted (CONTRACT §1)', () => {
     const body = (await slashed.json()) as { object: string; data: Array<{ id: string }> };
     expect(body).toEqual((await plain.json()) as typeof body);
     expect(body.data.map((m) => m.id)).toEqual([
-      'model_01', 'model_02', 'model_03', 'model_04', 'model_05', 'model_06',
-      'model_07', 'model_08', 'model_09', 'model_10', 'model_11',
+      'model_01',
+      'model_02',
+      'model_03',
+      'model_04',
+      'model_05',
+      'model_06',
+      'model_07',
+      'model_08',
+      'model_09',
+      'model_10',
+      'model_11',
     ]);
   });
 
@@ -111,7 +147,11 @@ describe('trailing slashes are accepted (CONTRACT §1)', () => {
   });
 
   test('POST /api/v1/chat/completions/ completes', async () => {
-    const response = await t.request('/api/v1/chat/completions/', { method: 'POST', headers: bearer(key), body: JSON.stringify(chatBody()) });
+    const response = await t.request('/api/v1/chat/completions/', {
+      method: 'POST',
+      headers: bearer(key),
+      body: JSON.stringify(chatBody()),
+    });
     expect(response.status).toBe(200);
     const body = (await response.json()) as any;
     expect(body.object).toBe('chat.completion');
@@ -125,7 +165,11 @@ describe('trailing slashes are accepted (CONTRACT §1)', () => {
     const shown = await t.request(`/admin/v1/keys/${keyId}/`, { headers: admin });
     expect(shown.status).toBe(200);
     expect(((await shown.json()) as any).id).toBe(keyId);
-    const credited = await t.request(`/admin/v1/keys/${keyId}/credits/`, { method: 'POST', headers: admin, body: JSON.stringify({ tokens: 1 }) });
+    const credited = await t.request(`/admin/v1/keys/${keyId}/credits/`, {
+      method: 'POST',
+      headers: admin,
+      body: JSON.stringify({ tokens: 1 }),
+    });
     expect(credited.status).toBe(200);
     expect(((await credited.json()) as any).balances.token_wallet).toBe(1);
   });

@@ -1,4 +1,5 @@
-// Fake OpenAI-compatible upstreams for provider tests: a simulator behind Chat Completions, and raw servers.
+// Fake OpenAI-compatible upstreams for provider tests: a simulator behind Chat Completions, and raw
+// servers.
 import { countPromptTokens } from '../../src/billing/tokens.ts';
 import type { SimulatorProviderConfig } from '../../src/config/model.ts';
 import type { ProviderRequest } from '../../src/providers/provider.ts';
@@ -25,7 +26,10 @@ export interface FakeUpstream {
 export interface SimulatorUpstreamOptions {
   /** Send the trailing usage chunk when asked for it (true), or never (false). */
   usage?: boolean;
-  /** Answer with one chat.completion JSON object even when asked to stream, as a server that ignores `stream` does. */
+  /**
+   * Answer with one chat.completion JSON object even when asked to stream, as a server that ignores
+   * `stream` does.
+   */
   json?: boolean;
 }
 
@@ -87,21 +91,37 @@ export function providerRequestFromBody(body: Record<string, unknown>): Provider
 }
 
 /** An OpenAI-compatible server whose answers come from a SimulatorProvider, so both agree. */
-export function startSimulatorUpstream(config: SimulatorProviderConfig, options: SimulatorUpstreamOptions = {}): FakeUpstream {
+export function startSimulatorUpstream(
+  config: SimulatorProviderConfig,
+  options: SimulatorUpstreamOptions = {},
+): FakeUpstream {
   const simulator = new SimulatorProvider('upstream-simulator', config);
   return startUpstream((req, recorded) => {
     const request = providerRequestFromBody(recorded.body);
-    const wantsUsage = options.usage !== false && (recorded.body.stream_options as { include_usage?: boolean })?.include_usage === true;
+    const wantsUsage =
+      options.usage !== false &&
+      (recorded.body.stream_options as { include_usage?: boolean })?.include_usage === true;
     // Like OpenAI: an event stream only when asked for one.
-    if (options.json || request.stream !== true) return jsonAnswer(simulator, request, req.signal, options.usage !== false);
+    if (options.json || request.stream !== true)
+      return jsonAnswer(simulator, request, req.signal, options.usage !== false);
     return sseAnswer(simulator, request, req.signal, wantsUsage);
   });
 }
 
 const encoder = new TextEncoder();
-const CHUNK_BASE = { id: 'chatcmpl-fake', object: 'chat.completion.chunk', created: 1, model: 'fake' };
+const CHUNK_BASE = {
+  id: 'chatcmpl-fake',
+  object: 'chat.completion.chunk',
+  created: 1,
+  model: 'fake',
+};
 
-function sseAnswer(simulator: SimulatorProvider, request: ProviderRequest, signal: AbortSignal, wantsUsage: boolean): Response {
+function sseAnswer(
+  simulator: SimulatorProvider,
+  request: ProviderRequest,
+  signal: AbortSignal,
+  wantsUsage: boolean,
+): Response {
   const deltas = simulator.stream(request, signal)[Symbol.asyncIterator]();
   let sentRole = false;
   const event = (payload: unknown) => encoder.encode(`data: ${JSON.stringify(payload)}\n\n`);
@@ -119,10 +139,19 @@ function sseAnswer(simulator: SimulatorProvider, request: ProviderRequest, signa
       }
       const role = sentRole ? {} : { role: 'assistant' };
       sentRole = true;
-      if (value.type === 'text') controller.enqueue(event(choice({ ...role, content: value.text })));
+      if (value.type === 'text')
+        controller.enqueue(event(choice({ ...role, content: value.text })));
       else if (value.type === 'tool_call') {
-        const call: Record<string, unknown> = { index: value.index, function: { arguments: value.arguments } };
-        if (value.id !== null) Object.assign(call, { id: value.id, type: 'function', function: { name: value.name, arguments: value.arguments } });
+        const call: Record<string, unknown> = {
+          index: value.index,
+          function: { arguments: value.arguments },
+        };
+        if (value.id !== null)
+          Object.assign(call, {
+            id: value.id,
+            type: 'function',
+            function: { name: value.name, arguments: value.arguments },
+          });
         controller.enqueue(event(choice({ ...role, tool_calls: [call] })));
       } else {
         controller.enqueue(event(choice(role, value.reason)));
@@ -143,22 +172,43 @@ function sseAnswer(simulator: SimulatorProvider, request: ProviderRequest, signa
   return new Response(body, { headers: { 'content-type': 'text/event-stream' } });
 }
 
-async function jsonAnswer(simulator: SimulatorProvider, request: ProviderRequest, signal: AbortSignal, withUsage: boolean): Promise<Response> {
+async function jsonAnswer(
+  simulator: SimulatorProvider,
+  request: ProviderRequest,
+  signal: AbortSignal,
+  withUsage: boolean,
+): Promise<Response> {
   let content = '';
-  const toolCalls: { id: string; type: 'function'; function: { name: string; arguments: string } }[] = [];
+  const toolCalls: {
+    id: string;
+    type: 'function';
+    function: { name: string; arguments: string };
+  }[] = [];
   let finishReason = 'stop';
   let usage: Record<string, number> | undefined;
   for await (const delta of simulator.stream(request, signal)) {
     if (delta.type === 'text') content += delta.text;
     else if (delta.type === 'tool_call') {
-      if (delta.id !== null) toolCalls.push({ id: delta.id, type: 'function', function: { name: delta.name!, arguments: '' } });
+      if (delta.id !== null)
+        toolCalls.push({
+          id: delta.id,
+          type: 'function',
+          function: { name: delta.name!, arguments: '' },
+        });
       toolCalls[delta.index]!.function.arguments += delta.arguments;
     } else {
       finishReason = delta.reason;
-      if (delta.usage) usage = { prompt_tokens: delta.usage.promptTokens, completion_tokens: delta.usage.completionTokens };
+      if (delta.usage)
+        usage = {
+          prompt_tokens: delta.usage.promptTokens,
+          completion_tokens: delta.usage.completionTokens,
+        };
     }
   }
-  const message = toolCalls.length > 0 ? { role: 'assistant', content: null, tool_calls: toolCalls } : { role: 'assistant', content };
+  const message =
+    toolCalls.length > 0
+      ? { role: 'assistant', content: null, tool_calls: toolCalls }
+      : { role: 'assistant', content };
   const completion = {
     id: 'chatcmpl-fake',
     object: 'chat.completion',
@@ -182,9 +232,9 @@ export function sseResponse(parts: string[], status = 200): Response {
 }
 
 /**
- * A raw TCP server that answers every request with `head` (status line, headers, maybe the start of a
- * body), then stays silent.
- * Bun.serve cannot do this: it holds back the headers of a streamed body until the first chunk.
+ * A raw TCP server that answers every request with `head` (status line, headers, maybe the start of
+ * a body), then stays silent. Bun.serve cannot do this: it holds back the headers of a streamed
+ * body until the first chunk.
  */
 export function startHeadersOnlyServer(
   head = 'HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n',
@@ -204,5 +254,10 @@ export function startHeadersOnlyServer(
       },
     },
   });
-  return { baseUrl: `http://127.0.0.1:${server.port}/v1`, received: received.promise, closed: closed.promise, stop: () => server.stop(true) };
+  return {
+    baseUrl: `http://127.0.0.1:${server.port}/v1`,
+    received: received.promise,
+    closed: closed.promise,
+    stop: () => server.stop(true),
+  };
 }

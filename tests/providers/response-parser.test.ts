@@ -1,6 +1,11 @@
-// The HTTP/1.1 response parser: framing (length, chunked, close), split reads, keep-alive, malformed answers.
+// The HTTP/1.1 response parser: framing (length, chunked, close), split reads, keep-alive,
+// malformed answers.
 import { describe, expect, test } from 'bun:test';
-import { HttpProtocolError, ResponseParser, type ResponseHead } from '../../src/providers/http/response-parser.ts';
+import {
+  HttpProtocolError,
+  type ResponseHead,
+  ResponseParser,
+} from '../../src/providers/http/response-parser.ts';
 
 interface Parsed {
   status: number | null;
@@ -14,7 +19,10 @@ const encoder = new TextEncoder();
 const decoder = new TextDecoder();
 
 /** Feeds `reads` (each one read) to a parser, then optionally a close; returns what it reported. */
-function parse(reads: Uint8Array[], options: { close?: boolean; headBytesMax?: number } = {}): Parsed {
+function parse(
+  reads: Uint8Array[],
+  options: { close?: boolean; headBytesMax?: number } = {},
+): Parsed {
   const result: Parsed = { status: null, headers: {}, body: '', ended: false, keepAlive: false };
   const parts: Uint8Array[] = [];
   const parser = new ResponseParser(
@@ -46,11 +54,16 @@ function parse(reads: Uint8Array[], options: { close?: boolean; headBytesMax?: n
 function everySplit(text: string): Uint8Array[][] {
   const bytes = encoder.encode(text);
   const splits: Uint8Array[][] = [[bytes], Array.from(bytes, (byte) => Uint8Array.of(byte))];
-  for (let cut = 1; cut < bytes.length; cut++) splits.push([bytes.subarray(0, cut), bytes.subarray(cut)]);
+  for (let cut = 1; cut < bytes.length; cut++)
+    splits.push([bytes.subarray(0, cut), bytes.subarray(cut)]);
   return splits;
 }
 
-function expectProtocolError(text: string, message: RegExp, options: { headBytesMax?: number } = {}): void {
+function expectProtocolError(
+  text: string,
+  message: RegExp,
+  options: { headBytesMax?: number } = {},
+): void {
   let caught: unknown = null;
   try {
     parse([encoder.encode(text)], options);
@@ -64,11 +77,17 @@ function expectProtocolError(text: string, message: RegExp, options: { headBytes
 describe('framing', () => {
   test('a Content-Length body, cut at every byte, parses the same', () => {
     const body = '{"id":"chatcmpl-1","choices":[],"text":"héllo ✓"}';
-    const response = `HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: ${encoder.encode(body).length}\r\nX-Two: a\r\nx-two: b\r\n\r\n${body}`;
+    const response =
+      `HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: ` +
+      `${encoder.encode(body).length}\r\nX-Two: a\r\nx-two: b\r\n\r\n${body}`;
     for (const reads of everySplit(response)) {
       expect(parse(reads)).toEqual({
         status: 200,
-        headers: { 'content-type': 'application/json', 'content-length': String(encoder.encode(body).length), 'x-two': 'a, b' },
+        headers: {
+          'content-type': 'application/json',
+          'content-length': String(encoder.encode(body).length),
+          'x-two': 'a, b',
+        },
         body,
         ended: true,
         keepAlive: true,
@@ -95,42 +114,86 @@ describe('framing', () => {
   });
 
   test('bare LF line endings are accepted', () => {
-    expect(parse([encoder.encode('HTTP/1.1 200 OK\ncontent-length: 2\n\nok')])).toMatchObject({ status: 200, body: 'ok', ended: true, keepAlive: true });
-    expect(parse([encoder.encode('HTTP/1.1 200 OK\ntransfer-encoding: chunked\n\n2\nok\n0\n\n')])).toMatchObject({ body: 'ok', ended: true });
+    expect(parse([encoder.encode('HTTP/1.1 200 OK\ncontent-length: 2\n\nok')])).toMatchObject({
+      status: 200,
+      body: 'ok',
+      ended: true,
+      keepAlive: true,
+    });
+    expect(
+      parse([encoder.encode('HTTP/1.1 200 OK\ntransfer-encoding: chunked\n\n2\nok\n0\n\n')]),
+    ).toMatchObject({ body: 'ok', ended: true });
   });
 
   test('a body without length ends with the connection, which is then not reused', () => {
-    const reads = [encoder.encode('HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{"a":'), encoder.encode('1}')];
+    const reads = [
+      encoder.encode('HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n{"a":'),
+      encoder.encode('1}'),
+    ];
     expect(parse(reads)).toMatchObject({ body: '{"a":1}', ended: false });
-    expect(parse(reads, { close: true })).toMatchObject({ body: '{"a":1}', ended: true, keepAlive: false });
+    expect(parse(reads, { close: true })).toMatchObject({
+      body: '{"a":1}',
+      ended: true,
+      keepAlive: false,
+    });
   });
 
   test('204 and a zero Content-Length end at the head', () => {
-    expect(parse([encoder.encode('HTTP/1.1 204 No Content\r\n\r\n')])).toMatchObject({ status: 204, body: '', ended: true, keepAlive: true });
-    expect(parse([encoder.encode('HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n')])).toMatchObject({ status: 200, body: '', ended: true });
+    expect(parse([encoder.encode('HTTP/1.1 204 No Content\r\n\r\n')])).toMatchObject({
+      status: 204,
+      body: '',
+      ended: true,
+      keepAlive: true,
+    });
+    expect(parse([encoder.encode('HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n')])).toMatchObject({
+      status: 200,
+      body: '',
+      ended: true,
+    });
   });
 
   test('the head carries the declared body size, before any of the body is read', () => {
     const heads: (number | null)[] = [];
     const sizeOf = (text: string) => {
-      const parser = new ResponseParser({ head: (head) => heads.push(head.bodyBytes), body() {}, end() {} });
+      const parser = new ResponseParser({
+        head: (head) => heads.push(head.bodyBytes),
+        body() {},
+        end() {},
+      });
       parser.feed(encoder.encode(text));
       return heads.pop();
     };
     expect(sizeOf('HTTP/1.1 200 OK\r\ncontent-length: 17179869184\r\n\r\n')).toBe(17_179_869_184);
     expect(sizeOf('HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n')).toBe(0);
     expect(sizeOf('HTTP/1.1 204 No Content\r\n\r\n')).toBe(0);
-    expect(sizeOf('HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n')).toBeNull();
+    expect(
+      sizeOf('HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 5\r\n\r\n'),
+    ).toBeNull();
     expect(sizeOf('HTTP/1.1 200 OK\r\ncontent-type: application/json\r\n\r\n')).toBeNull();
   });
 
   test('interim 1xx answers are skipped', () => {
-    const parsed = parse(everySplit('HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\nHTTP/1.1 201 Created\r\ncontent-length: 1\r\n\r\nx')[0]!);
-    expect(parsed).toEqual({ status: 201, headers: { 'content-length': '1' }, body: 'x', ended: true, keepAlive: true });
+    const parsed = parse(
+      everySplit(
+        'HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 103 Early Hints\r\nlink: </x>\r\n\r\nHTTP/1.1 ' +
+          '201 Created\r\ncontent-length: 1\r\n\r\nx',
+      )[0]!,
+    );
+    expect(parsed).toEqual({
+      status: 201,
+      headers: { 'content-length': '1' },
+      body: 'x',
+      ended: true,
+      keepAlive: true,
+    });
   });
 
   test('obs-fold continues the previous field', () => {
-    expect(parse([encoder.encode('HTTP/1.1 200 OK\r\nx-long: one\r\n  two\r\ncontent-length: 0\r\n\r\n')]).headers['x-long']).toBe('one two');
+    expect(
+      parse([
+        encoder.encode('HTTP/1.1 200 OK\r\nx-long: one\r\n  two\r\ncontent-length: 0\r\n\r\n'),
+      ]).headers['x-long'],
+    ).toBe('one two');
   });
 
   test('a cut-off answer is not complete on close', () => {
@@ -145,7 +208,8 @@ describe('framing', () => {
 });
 
 describe('keep-alive', () => {
-  const ok = (head: string) => parse([encoder.encode(`${head}\r\ncontent-length: 1\r\n\r\nx`)]).keepAlive;
+  const ok = (head: string) =>
+    parse([encoder.encode(`${head}\r\ncontent-length: 1\r\n\r\nx`)]).keepAlive;
 
   test('HTTP/1.1 keeps the connection unless it says close', () => {
     expect(ok('HTTP/1.1 200 OK')).toBe(true);
@@ -159,12 +223,19 @@ describe('keep-alive', () => {
   });
 
   test('Transfer-Encoding with Content-Length is read as chunked and not reused', () => {
-    const parsed = parse([encoder.encode('HTTP/1.1 200 OK\r\ncontent-length: 99\r\ntransfer-encoding: chunked\r\n\r\n1\r\nx\r\n0\r\n\r\n')]);
+    const parsed = parse([
+      encoder.encode(
+        'HTTP/1.1 200 OK\r\ncontent-length: ' +
+          '99\r\ntransfer-encoding: chunked\r\n\r\n1\r\nx\r\n0\r\n\r\n',
+      ),
+    ]);
     expect(parsed).toMatchObject({ body: 'x', ended: true, keepAlive: false });
   });
 
   test('bytes after a complete answer make the connection unusable', () => {
-    expect(parse([encoder.encode('HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nxHTTP/1.1 200 OK\r\n')])).toMatchObject({ body: 'x', ended: true, keepAlive: false });
+    expect(
+      parse([encoder.encode('HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\nxHTTP/1.1 200 OK\r\n')]),
+    ).toMatchObject({ body: 'x', ended: true, keepAlive: false });
   });
 });
 
@@ -178,12 +249,21 @@ describe('malformed answers', () => {
   test('bad or conflicting Content-Length', () => {
     expectProtocolError('HTTP/1.1 200 OK\r\ncontent-length: 1x\r\n\r\n', /content-length/);
     expectProtocolError('HTTP/1.1 200 OK\r\ncontent-length: -1\r\n\r\n', /content-length/);
-    expectProtocolError('HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\n', /conflicting/);
+    expectProtocolError(
+      'HTTP/1.1 200 OK\r\ncontent-length: 3\r\ncontent-length: 4\r\n\r\n',
+      /conflicting/,
+    );
   });
 
   test('a bad chunk size, or chunk data without its CRLF', () => {
-    expectProtocolError('HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n', /chunk size/);
-    expectProtocolError('HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nfffffffffffffff\r\n', /chunk size/);
+    expectProtocolError(
+      'HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nzz\r\n',
+      /chunk size/,
+    );
+    expectProtocolError(
+      'HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nfffffffffffffff\r\n',
+      /chunk size/,
+    );
     expectProtocolError('HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1\r\nxy', /CRLF/);
   });
 
@@ -194,7 +274,10 @@ describe('malformed answers', () => {
   });
 
   test('an unsupported transfer coding, and a protocol switch', () => {
-    expectProtocolError('HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n', /transfer-encoding/);
+    expectProtocolError(
+      'HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n',
+      /transfer-encoding/,
+    );
     expectProtocolError('HTTP/1.1 101 Switching Protocols\r\n\r\n', /protocol switch/);
   });
 

@@ -1,6 +1,6 @@
 // Simulator specifics beyond the shared contract: its vocabulary, pacing, limits and schema values.
 import { describe, expect, test } from 'bun:test';
-import { Type, type TSchema } from '@sinclair/typebox';
+import { type TSchema, Type } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
 import { countTextTokens } from '../../src/billing/tokens.ts';
 import type { SimulatorProviderConfig } from '../../src/config/model.ts';
@@ -11,7 +11,12 @@ import { smallestInstance, valueForSchema } from '../../src/providers/simulator/
 
 /** limits.simulator_tool_arguments_bytes by default. */
 const ARGUMENTS_BYTES_MAX = 64 * 1024;
-const FAST: SimulatorProviderConfig = { type: 'simulator', ttft_ms: 0, tokens_per_second: 100_000, completion_tokens: 24 };
+const FAST: SimulatorProviderConfig = {
+  type: 'simulator',
+  ttft_ms: 0,
+  tokens_per_second: 100_000,
+  completion_tokens: 24,
+};
 
 function makeRequest(overrides: Partial<ProviderRequest> = {}): ProviderRequest {
   return {
@@ -31,9 +36,16 @@ function makeRequest(overrides: Partial<ProviderRequest> = {}): ProviderRequest 
   };
 }
 
-async function collect(config: SimulatorProviderConfig, request: ProviderRequest): Promise<Delta[]> {
+async function collect(
+  config: SimulatorProviderConfig,
+  request: ProviderRequest,
+): Promise<Delta[]> {
   const deltas: Delta[] = [];
-  for await (const delta of new SimulatorProvider('sim', config).stream(request, new AbortController().signal)) deltas.push(delta);
+  for await (const delta of new SimulatorProvider('sim', config).stream(
+    request,
+    new AbortController().signal,
+  ))
+    deltas.push(delta);
   return deltas;
 }
 
@@ -44,14 +56,20 @@ function textOf(deltas: Delta[]): string {
 describe('simulator text', () => {
   test('every vocabulary word is exactly one o200k token, alone and after a space', () => {
     expect(new Set(SIMULATOR_WORDS).size).toBe(SIMULATOR_WORDS.length);
-    const wrong = SIMULATOR_WORDS.filter((word) => countTextTokens(word) !== 1 || countTextTokens(' ' + word) !== 1);
+    const wrong = SIMULATOR_WORDS.filter(
+      (word) => countTextTokens(word) !== 1 || countTextTokens(` ${word}`) !== 1,
+    );
     expect(wrong).toEqual([]);
   });
 
   test('a long answer is exactly completion_tokens tokens, and its usage says so', async () => {
     const deltas = await collect({ ...FAST, completion_tokens: 600 }, makeRequest());
     expect(countTextTokens(textOf(deltas))).toBe(600);
-    expect(deltas.at(-1)).toEqual({ type: 'finish', reason: 'stop', usage: { promptTokens: 12, completionTokens: 600 } });
+    expect(deltas.at(-1)).toEqual({
+      type: 'finish',
+      reason: 'stop',
+      usage: { promptTokens: 12, completionTokens: 600 },
+    });
   });
 
   test('a high rate batches many tokens per delta instead of one timer per token', async () => {
@@ -64,46 +82,60 @@ describe('simulator text', () => {
   test('ttft_ms delays the first delta and the rate spaces the rest', async () => {
     const startedMs = performance.now();
     const arrivalsMs: number[] = [];
-    for await (const delta of new SimulatorProvider('sim', { type: 'simulator', ttft_ms: 30, tokens_per_second: 1_000, completion_tokens: 40 }).stream(
-      makeRequest(),
-      new AbortController().signal,
-    )) {
+    for await (const delta of new SimulatorProvider('sim', {
+      type: 'simulator',
+      ttft_ms: 30,
+      tokens_per_second: 1_000,
+      completion_tokens: 40,
+    }).stream(makeRequest(), new AbortController().signal)) {
       if (delta.type === 'text') arrivalsMs.push(performance.now() - startedMs);
     }
-    // Lower bounds only: timers never fire early by more than a millisecond, but they may fire late.
-    // Token k is due at ttft + k ms after the start (not after the first arrival, which may be late and
-    // then carry the tokens due by then), so the 40th is due at 30 + 39 ms.
+    // Lower bounds only: timers never fire early by more than a millisecond, but they may fire
+    // late. Token k is due at ttft + k ms after the start (not after the first arrival, which may
+    // be late and then carry the tokens due by then), so the 40th is due at 30 + 39 ms.
     expect(arrivalsMs[0]!).toBeGreaterThanOrEqual(29);
     expect(arrivalsMs.at(-1)!).toBeGreaterThanOrEqual(68);
   });
 
   test('an output limit at or above completion_tokens finishes with stop', async () => {
     const deltas = await collect(FAST, makeRequest({ maxOutputTokens: 24 }));
-    expect(deltas.at(-1)).toEqual({ type: 'finish', reason: 'stop', usage: { promptTokens: 12, completionTokens: 24 } });
+    expect(deltas.at(-1)).toEqual({
+      type: 'finish',
+      reason: 'stop',
+      usage: { promptTokens: 12, completionTokens: 24 },
+    });
   });
 
   test('a stop sequence at the very start gives an empty answer', async () => {
     const full = textOf(await collect(FAST, makeRequest()));
     const deltas = await collect(FAST, makeRequest({ stop: [full.slice(0, 3)] }));
-    expect(deltas).toEqual([{ type: 'finish', reason: 'stop', usage: { promptTokens: 12, completionTokens: 0 } }]);
+    expect(deltas).toEqual([
+      { type: 'finish', reason: 'stop', usage: { promptTokens: 12, completionTokens: 0 } },
+    ]);
   });
 
   test('a stop sequence inside a word cuts that word and counts it as generated', async () => {
     const full = textOf(await collect(FAST, makeRequest()));
     const words = full.split(' ');
-    const stop = words[3]!.slice(1) + ' ' + words[4];
+    const stop = `${words[3]!.slice(1)} ${words[4]}`;
     const cut = full.indexOf(stop);
     const deltas = await collect(FAST, makeRequest({ stop: [stop] }));
     expect(textOf(deltas)).toBe(full.slice(0, cut));
     const wholeWords = full.slice(0, cut).split(' ').length - 1;
-    expect(deltas.at(-1)).toEqual({ type: 'finish', reason: 'stop', usage: { promptTokens: 12, completionTokens: wholeWords + 1 } });
+    expect(deltas.at(-1)).toEqual({
+      type: 'finish',
+      reason: 'stop',
+      usage: { promptTokens: 12, completionTokens: wholeWords + 1 },
+    });
   });
 
   test('the stop sequence found earliest wins', async () => {
     const full = textOf(await collect(FAST, makeRequest()));
     const words = full.split(' ');
-    const deltas = await collect(FAST, makeRequest({ stop: [' ' + words[8], ' ' + words[2]] }));
-    expect(textOf(deltas)).toBe(full.slice(0, Math.min(full.indexOf(' ' + words[8]), full.indexOf(' ' + words[2]))));
+    const deltas = await collect(FAST, makeRequest({ stop: [` ${words[8]}`, ` ${words[2]}`] }));
+    expect(textOf(deltas)).toBe(
+      full.slice(0, Math.min(full.indexOf(` ${words[8]}`), full.indexOf(` ${words[2]}`))),
+    );
   });
 });
 
@@ -112,39 +144,73 @@ describe('simulator tool calls', () => {
     type: 'function',
     function: {
       name: 'search',
-      parameters: { type: 'object', properties: { query: { type: 'string', minLength: 40 } }, required: ['query'] },
+      parameters: {
+        type: 'object',
+        properties: { query: { type: 'string', minLength: 40 } },
+        required: ['query'],
+      },
     },
   };
 
   test('a tool without parameters gets {}', async () => {
-    const deltas = await collect(FAST, makeRequest({ tools: [{ type: 'function', function: { name: 'ping' } }], toolChoice: 'required' }));
+    const deltas = await collect(
+      FAST,
+      makeRequest({
+        tools: [{ type: 'function', function: { name: 'ping' } }],
+        toolChoice: 'required',
+      }),
+    );
     expect(deltas[0]).toMatchObject({ type: 'tool_call', index: 0, name: 'ping', arguments: '' });
     expect(deltas.slice(1)).toEqual([
       { type: 'tool_call', index: 0, id: null, name: null, arguments: '{}' },
-      { type: 'finish', reason: 'tool_calls', usage: { promptTokens: 12, completionTokens: countTextTokens('ping{}') } },
+      {
+        type: 'finish',
+        reason: 'tool_calls',
+        usage: { promptTokens: 12, completionTokens: countTextTokens('ping{}') },
+      },
     ]);
   });
 
   test('arguments stream as fragments after a first delta with id and name', async () => {
-    const deltas = await collect({ ...FAST, tokens_per_second: 1_000 }, makeRequest({ tools: [tool], toolChoice: 'required' }));
+    const deltas = await collect(
+      { ...FAST, tokens_per_second: 1_000 },
+      makeRequest({ tools: [tool], toolChoice: 'required' }),
+    );
     const calls = deltas.filter((delta) => delta.type === 'tool_call');
-    expect(calls[0]).toEqual({ type: 'tool_call', index: 0, id: expect.stringMatching(/^call_[A-Za-z0-9]{24}$/), name: 'search', arguments: '' });
+    expect(calls[0]).toEqual({
+      type: 'tool_call',
+      index: 0,
+      id: expect.stringMatching(/^call_[A-Za-z0-9]{24}$/),
+      name: 'search',
+      arguments: '',
+    });
     expect(calls.length).toBeGreaterThan(2);
     const args = JSON.parse(calls.map((delta) => delta.arguments).join('')) as { query: string };
     expect(args.query.length).toBeGreaterThanOrEqual(40);
   });
 
   test('an output limit below the call cuts the arguments and finishes with length', async () => {
-    const deltas = await collect(FAST, makeRequest({ tools: [tool], toolChoice: 'required', maxOutputTokens: 4 }));
+    const deltas = await collect(
+      FAST,
+      makeRequest({ tools: [tool], toolChoice: 'required', maxOutputTokens: 4 }),
+    );
     const finish = deltas.at(-1);
     expect(finish).toMatchObject({ type: 'finish', reason: 'length' });
-    const args = deltas.map((delta) => (delta.type === 'tool_call' ? delta.arguments : '')).join('');
-    expect(countTextTokens('search' + args)).toBeLessThanOrEqual(4);
+    const args = deltas
+      .map((delta) => (delta.type === 'tool_call' ? delta.arguments : ''))
+      .join('');
+    expect(countTextTokens(`search${args}`)).toBeLessThanOrEqual(4);
     expect(finish!.type === 'finish' && finish!.usage!.completionTokens).toBeLessThanOrEqual(4);
   });
 
   test('a named tool that is not in tools falls back to text', async () => {
-    const deltas = await collect(FAST, makeRequest({ tools: [tool], toolChoice: { type: 'function', function: { name: 'missing' } } }));
+    const deltas = await collect(
+      FAST,
+      makeRequest({
+        tools: [tool],
+        toolChoice: { type: 'function', function: { name: 'missing' } },
+      }),
+    );
     expect(countTextTokens(textOf(deltas))).toBe(24);
   });
 });
@@ -163,18 +229,30 @@ const checked: { name: string; schema: TSchema }[] = [
         flag: Type.Boolean(),
         nothing: Type.Null(),
         tags: Type.Array(Type.String({ minLength: 1 }), { minItems: 2, maxItems: 3 }),
-        items: Type.Array(Type.Object({ sku: Type.String(), qty: Type.Integer({ minimum: 1 }) }, { additionalProperties: false }), {
-          minItems: 1,
-        }),
+        items: Type.Array(
+          Type.Object(
+            { sku: Type.String(), qty: Type.Integer({ minimum: 1 }) },
+            { additionalProperties: false },
+          ),
+          {
+            minItems: 1,
+          },
+        ),
         pair: Type.Tuple([Type.String(), Type.Integer()]),
         choice: Type.Union([Type.Literal('red'), Type.Literal('green')]),
         maybe: Type.Optional(Type.Union([Type.String(), Type.Null()])),
-        unique: Type.Array(Type.Union([Type.Literal(1), Type.Literal(2), Type.Literal(3)]), { uniqueItems: true, maxItems: 3 }),
+        unique: Type.Array(Type.Union([Type.Literal(1), Type.Literal(2), Type.Literal(3)]), {
+          uniqueItems: true,
+          maxItems: 3,
+        }),
       },
       { additionalProperties: false },
     ),
   },
-  { name: 'a number with only a maximum', schema: Type.Object({ n: Type.Number({ maximum: -1000 }) }) },
+  {
+    name: 'a number with only a maximum',
+    schema: Type.Object({ n: Type.Number({ maximum: -1000 }) }),
+  },
   { name: 'a literal', schema: Type.Literal('fixed') },
 ];
 
@@ -187,7 +265,8 @@ describe('schema values', () => {
       const plain = JSON.parse(JSON.stringify(schema)) as unknown;
       for (let seed = 0; seed < SEEDS; seed++) {
         const value = valueForSchema(plain, new SeededRandom(seed), ARGUMENTS_BYTES_MAX);
-        if (!Value.Check(schema, value)) throw new Error(`seed ${seed}: ${JSON.stringify(value)} does not match ${name}`);
+        if (!Value.Check(schema, value))
+          throw new Error(`seed ${seed}: ${JSON.stringify(value)} does not match ${name}`);
       }
     });
   }
@@ -203,14 +282,22 @@ describe('schema values', () => {
         nullableText: { type: ['string', 'null'], minLength: 2 },
         onlyNull: { type: ['null'] },
         first: { oneOf: [{ type: 'integer', minimum: 5, maximum: 5 }, { type: 'string' }] },
-        merged: { allOf: [{ type: 'object', properties: { a: { type: 'boolean' } }, required: ['a'] }, { properties: { b: { const: 2 } } }] },
+        merged: {
+          allOf: [
+            { type: 'object', properties: { a: { type: 'boolean' } }, required: ['a'] },
+            { properties: { b: { const: 2 } } },
+          ],
+        },
         anything: {},
       },
       required: ['level', 'extraRequired'],
       additionalProperties: { type: 'integer', minimum: 100, maximum: 100 },
     };
     for (let seed = 0; seed < SEEDS; seed++) {
-      const value = valueForSchema(schema, new SeededRandom(seed), ARGUMENTS_BYTES_MAX) as Record<string, unknown>;
+      const value = valueForSchema(schema, new SeededRandom(seed), ARGUMENTS_BYTES_MAX) as Record<
+        string,
+        unknown
+      >;
       expect(['low', 'high']).toContain(value.level as string);
       expect([1, 'two', null]).toContain(value.plain as never);
       expect(value.fixed).toEqual({ a: [1] });
@@ -224,34 +311,70 @@ describe('schema values', () => {
   });
 
   test('the same seed gives the same value', () => {
-    const schema = { type: 'object', properties: { a: { type: 'integer' }, b: { type: 'array', items: { type: 'string' } } } };
-    expect(valueForSchema(schema, new SeededRandom(42), ARGUMENTS_BYTES_MAX)).toEqual(valueForSchema(schema, new SeededRandom(42), ARGUMENTS_BYTES_MAX));
+    const schema = {
+      type: 'object',
+      properties: { a: { type: 'integer' }, b: { type: 'array', items: { type: 'string' } } },
+    };
+    expect(valueForSchema(schema, new SeededRandom(42), ARGUMENTS_BYTES_MAX)).toEqual(
+      valueForSchema(schema, new SeededRandom(42), ARGUMENTS_BYTES_MAX),
+    );
   });
 
   test('a recursive $ref that is optional ends, and stays valid', () => {
-    const schema = { type: 'object', properties: { name: { type: 'string' }, left: { $ref: '#' }, right: { $ref: '#' } }, required: ['name'] };
-    const Tree = Type.Recursive((This) => Type.Object({ name: Type.String(), left: Type.Optional(This), right: Type.Optional(This) }));
-    for (let seed = 0; seed < 20; seed++) expect(Value.Check(Tree, valueForSchema(schema, new SeededRandom(seed), ARGUMENTS_BYTES_MAX))).toBe(true);
+    const schema = {
+      type: 'object',
+      properties: { name: { type: 'string' }, left: { $ref: '#' }, right: { $ref: '#' } },
+      required: ['name'],
+    };
+    const Tree = Type.Recursive((This) =>
+      Type.Object({ name: Type.String(), left: Type.Optional(This), right: Type.Optional(This) }),
+    );
+    for (let seed = 0; seed < 20; seed++)
+      expect(
+        Value.Check(Tree, valueForSchema(schema, new SeededRandom(seed), ARGUMENTS_BYTES_MAX)),
+      ).toBe(true);
   });
 
   test('a required recursive $ref has no finite instance: the answer ends at once as {}', () => {
     const schema = {
-      $defs: { node: { type: 'object', properties: { child: { $ref: '#/$defs/node' } }, required: ['child'] } },
+      $defs: {
+        node: {
+          type: 'object',
+          properties: { child: { $ref: '#/$defs/node' } },
+          required: ['child'],
+        },
+      },
       $ref: '#/$defs/node',
     };
     expect(valueForSchema(schema, new SeededRandom(1), ARGUMENTS_BYTES_MAX)).toEqual({});
-    expect(smallestInstance(schema, ARGUMENTS_BYTES_MAX)).toEqual({ fits: false, reason: 'too_large' });
+    expect(smallestInstance(schema, ARGUMENTS_BYTES_MAX)).toEqual({
+      fits: false,
+      reason: 'too_large',
+    });
   });
 
-  test('property names are plain data: __proto__, constructor and toString are own keys of the value', () => {
-    const schema = JSON.parse('{"type": "object", "properties": {"__proto__": {"const": 1}, "constructor": {"const": 2}}, "required": ["__proto__", "toString"]}');
-    for (const value of [valueForSchema(schema, new SeededRandom(3), ARGUMENTS_BYTES_MAX), smallestInstance(schema, ARGUMENTS_BYTES_MAX).fits && (smallestInstance(schema, ARGUMENTS_BYTES_MAX) as any).value]) {
-      const text = JSON.stringify(value);
-      expect(Object.keys(JSON.parse(text))).toEqual(expect.arrayContaining(['__proto__', 'toString']));
-      expect(JSON.parse(text).__proto__).toBe(1);
-      expect(Object.getPrototypeOf(value)).toBe(Object.prototype);
-    }
-  });
+  test(
+    'property names are plain data: __proto__, ' +
+      'constructor and toString are own keys of the value',
+    () => {
+      const schema = JSON.parse(
+        '{"type": "object", "properties": {"__proto__": {"const": 1}, "constructor": {"const": ' +
+          '2}}, "required": ["__proto__", "toString"]}',
+      );
+      for (const value of [
+        valueForSchema(schema, new SeededRandom(3), ARGUMENTS_BYTES_MAX),
+        smallestInstance(schema, ARGUMENTS_BYTES_MAX).fits &&
+          (smallestInstance(schema, ARGUMENTS_BYTES_MAX) as any).value,
+      ]) {
+        const text = JSON.stringify(value);
+        expect(Object.keys(JSON.parse(text))).toEqual(
+          expect.arrayContaining(['__proto__', 'toString']),
+        );
+        expect(Object.getOwnPropertyDescriptor(JSON.parse(text), '__proto__')?.value).toBe(1);
+        expect(Object.getPrototypeOf(value)).toBe(Object.prototype);
+      }
+    },
+  );
 
   test('a $ref with a malformed percent-escape names nothing instead of throwing', () => {
     const schema = { type: 'object', properties: { a: { $ref: '#/%E0%A4%A' } }, required: ['a'] };
@@ -260,34 +383,56 @@ describe('schema values', () => {
   });
 });
 
-/** A generous ceiling that only an unbounded generator (the 7-20 s stalls this replaced) could pass. */
+/**
+ * A generous ceiling that only an unbounded generator (the 7-20 s stalls this replaced) could pass.
+ */
 const QUICK_MS = 1_000;
 
-/** The cycle of unions above, with a long required name on every node, which the search meets again and again. */
+/**
+ * The cycle of unions above, with a long required name on every node, which the search meets again
+ * and again.
+ */
 function longNamesOnACycle(): unknown {
   const name = 'k'.repeat(200_000);
   const cycle: { $defs: Record<string, unknown>; $ref: string } = { $defs: {}, $ref: '#/$defs/n0' };
   for (let i = 0; i < 30; i++) {
     const next = { $ref: `#/$defs/n${(i + 1) % 30}` };
-    cycle.$defs[`n${i}`] = { anyOf: [next, { type: 'object', properties: { [name]: next }, required: [name] }] };
+    cycle.$defs[`n${i}`] = {
+      anyOf: [next, { type: 'object', properties: { [name]: next }, required: [name] }],
+    };
   }
   return cycle;
 }
 
-/** An array whose item may be any of 2,000 allOf nodes, each merging the same large part: every merge is charged. */
+/**
+ * An array whose item may be any of 2,000 allOf nodes, each merging the same large part: every
+ * merge is charged.
+ */
 function manyMerges(): unknown {
-  const part = { properties: Object.fromEntries(Array.from({ length: 30_000 }, (_, i) => [`p${i}`, { type: 'integer' }])) };
-  const branches = Array.from({ length: 2_000 }, () => ({ allOf: [{ $ref: '#/$defs/part' }], type: 'object' }));
+  const part = {
+    properties: Object.fromEntries(
+      Array.from({ length: 30_000 }, (_, i) => [`p${i}`, { type: 'integer' }]),
+    ),
+  };
+  const branches = Array.from({ length: 2_000 }, () => ({
+    allOf: [{ $ref: '#/$defs/part' }],
+    type: 'object',
+  }));
   return { $defs: { part }, type: 'array', minItems: 2, items: { anyOf: branches } };
 }
 
 /** Schemas that asked for gigabytes or unbounded work (CONTRACT §8: generated work is bounded). */
 function attackSchemas(): Array<{ name: string; schema: unknown }> {
-  const nested = (levels: number, items: number): unknown => (levels === 0 ? { type: 'integer' } : { type: 'array', minItems: items, items: nested(levels - 1, items) });
+  const nested = (levels: number, items: number): unknown =>
+    levels === 0
+      ? { type: 'integer' }
+      : { type: 'array', minItems: items, items: nested(levels - 1, items) };
   const cycle: { $defs: Record<string, unknown>; $ref: string } = { $defs: {}, $ref: '#/$defs/n0' };
   for (let i = 0; i < 30; i++) {
     const next = { $ref: `#/$defs/n${(i + 1) % 30}` };
-    cycle.$defs[`n${i}`] = { anyOf: [next, { type: 'object', properties: { x: next }, required: ['x'] }] };
+    cycle.$defs[`n${i}`] = {
+      anyOf: [next, { type: 'object', properties: { x: next }, required: ['x'] }],
+    };
   }
   return [
     { name: 'minItems 1e8', schema: { type: 'array', minItems: 1e8 } },
@@ -295,62 +440,151 @@ function attackSchemas(): Array<{ name: string; schema: unknown }> {
     { name: 'minProperties 1e8', schema: { type: 'object', minProperties: 1e8 } },
     { name: 'nested arrays with minItems 100 at five levels', schema: nested(5, 100) },
     { name: 'nested arrays with minItems 2 at sixteen levels', schema: nested(16, 2) },
-    { name: 'a required recursive $ref', schema: { type: 'object', properties: { next: { $ref: '#' } }, required: ['next'] } },
+    {
+      name: 'a required recursive $ref',
+      schema: { type: 'object', properties: { next: { $ref: '#' } }, required: ['next'] },
+    },
     { name: 'a recursive cycle of unions', schema: cycle },
     { name: 'a huge enum member', schema: { enum: ['x'.repeat(200_000)] } },
-    { name: 'a huge const', schema: { type: 'object', properties: { c: { const: 'y'.repeat(200_000) } }, required: ['c'] } },
-    { name: 'uniqueItems over a two-value enum, minItems 1e7', schema: { type: 'array', uniqueItems: true, minItems: 1e7, items: { enum: [1, 2] } } },
-    { name: 'uniqueItems over strings, minItems 1e6', schema: { type: 'array', uniqueItems: true, minItems: 1e6, items: { type: 'string' } } },
-    { name: 'minProperties 1e6 of large values', schema: { type: 'object', minProperties: 1e6, additionalProperties: { type: 'string', minLength: 100 } } },
-    { name: 'a required list of 100,000 names', schema: { type: 'object', required: Array.from({ length: 100_000 }, (_, i) => `k${i}`) } },
-    { name: 'required names of 200,000 characters on a recursive cycle', schema: longNamesOnACycle() },
+    {
+      name: 'a huge const',
+      schema: {
+        type: 'object',
+        properties: { c: { const: 'y'.repeat(200_000) } },
+        required: ['c'],
+      },
+    },
+    {
+      name: 'uniqueItems over a two-value enum, minItems 1e7',
+      schema: { type: 'array', uniqueItems: true, minItems: 1e7, items: { enum: [1, 2] } },
+    },
+    {
+      name: 'uniqueItems over strings, minItems 1e6',
+      schema: { type: 'array', uniqueItems: true, minItems: 1e6, items: { type: 'string' } },
+    },
+    {
+      name: 'minProperties 1e6 of large values',
+      schema: {
+        type: 'object',
+        minProperties: 1e6,
+        additionalProperties: { type: 'string', minLength: 100 },
+      },
+    },
+    {
+      name: 'a required list of 100,000 names',
+      schema: { type: 'object', required: Array.from({ length: 100_000 }, (_, i) => `k${i}`) },
+    },
+    {
+      name: 'required names of 200,000 characters on a recursive cycle',
+      schema: longNamesOnACycle(),
+    },
     { name: '2,000 allOf nodes merging one part of 30,000 properties', schema: manyMerges() },
   ];
 }
 
 describe('generated work is bounded (CONTRACT §8)', () => {
   for (const { name, schema } of attackSchemas()) {
-    test(`${name}: the value is at most the byte limit, at once; the smallest instance is found not to fit`, () => {
-      const startedMs = performance.now();
-      const value = valueForSchema(schema, new SeededRandom(7), ARGUMENTS_BYTES_MAX);
-      const smallest = smallestInstance(JSON.parse(JSON.stringify(schema)), ARGUMENTS_BYTES_MAX);
-      expect(performance.now() - startedMs).toBeLessThan(QUICK_MS);
-      expect(Buffer.byteLength(JSON.stringify(value))).toBeLessThanOrEqual(ARGUMENTS_BYTES_MAX);
-      expect(smallest.fits).toBe(false);
-    });
+    test(
+      `${name}: the value is at most the byte limit, at once; the smallest instance is found ` +
+        `not to fit`,
+      () => {
+        const startedMs = performance.now();
+        const value = valueForSchema(schema, new SeededRandom(7), ARGUMENTS_BYTES_MAX);
+        const smallest = smallestInstance(JSON.parse(JSON.stringify(schema)), ARGUMENTS_BYTES_MAX);
+        expect(performance.now() - startedMs).toBeLessThan(QUICK_MS);
+        expect(Buffer.byteLength(JSON.stringify(value))).toBeLessThanOrEqual(ARGUMENTS_BYTES_MAX);
+        expect(smallest.fits).toBe(false);
+      },
+    );
   }
 
-  test('uniqueItems over a two-value enum with minItems 50 stops short after the two values', () => {
-    const schema = { type: 'array', uniqueItems: true, minItems: 50, items: { enum: [1, 2] } };
-    expect((valueForSchema(schema, new SeededRandom(1), ARGUMENTS_BYTES_MAX) as number[]).toSorted()).toEqual([1, 2]);
-    expect(smallestInstance(schema, ARGUMENTS_BYTES_MAX)).toEqual({ fits: true, value: [1, 2], bytes: 5 });
-  });
+  test(
+    'uniqueItems over a two-value enum with ' + 'minItems 50 stops short after the two values',
+    () => {
+      const schema = { type: 'array', uniqueItems: true, minItems: 50, items: { enum: [1, 2] } };
+      expect(
+        (valueForSchema(schema, new SeededRandom(1), ARGUMENTS_BYTES_MAX) as number[]).toSorted(),
+      ).toEqual([1, 2]);
+      expect(smallestInstance(schema, ARGUMENTS_BYTES_MAX)).toEqual({
+        fits: true,
+        value: [1, 2],
+        bytes: 5,
+      });
+    },
+  );
 
-  test('the limit is exact: a string of 65,534 characters fits in 65,536 bytes, one more does not', () => {
-    const fits = smallestInstance({ type: 'string', minLength: 65_534 }, ARGUMENTS_BYTES_MAX);
-    expect(fits.fits && fits.bytes).toBe(ARGUMENTS_BYTES_MAX);
-    expect(smallestInstance({ type: 'string', minLength: 65_535 }, ARGUMENTS_BYTES_MAX)).toEqual({ fits: false, reason: 'too_large' });
-    const value = valueForSchema({ type: 'string', minLength: 65_534 }, new SeededRandom(1), ARGUMENTS_BYTES_MAX) as string;
-    expect(value.length).toBeGreaterThanOrEqual(65_534);
-    expect(Buffer.byteLength(JSON.stringify(value))).toBeLessThanOrEqual(ARGUMENTS_BYTES_MAX);
-  });
+  test(
+    'the limit is exact: a string of 65,534 ' +
+      'characters fits in 65,536 bytes, one more does not',
+    () => {
+      const fits = smallestInstance({ type: 'string', minLength: 65_534 }, ARGUMENTS_BYTES_MAX);
+      expect(fits.fits && fits.bytes).toBe(ARGUMENTS_BYTES_MAX);
+      expect(smallestInstance({ type: 'string', minLength: 65_535 }, ARGUMENTS_BYTES_MAX)).toEqual({
+        fits: false,
+        reason: 'too_large',
+      });
+      const value = valueForSchema(
+        { type: 'string', minLength: 65_534 },
+        new SeededRandom(1),
+        ARGUMENTS_BYTES_MAX,
+      ) as string;
+      expect(value.length).toBeGreaterThanOrEqual(65_534);
+      expect(Buffer.byteLength(JSON.stringify(value))).toBeLessThanOrEqual(ARGUMENTS_BYTES_MAX);
+    },
+  );
 
   test('a varied value past the limit falls back to the smallest instance, which is valid', () => {
-    // The varied value fills the optional 500-character field; 100 bytes only hold the required one.
-    const schema = { type: 'object', properties: { note: { type: 'string', minLength: 500 }, id: { type: 'integer', minimum: 7 } }, required: ['id'] };
+    // The varied value fills the optional 500-character field; 100 bytes only hold the required
+    // one.
+    const schema = {
+      type: 'object',
+      properties: { note: { type: 'string', minLength: 500 }, id: { type: 'integer', minimum: 7 } },
+      required: ['id'],
+    };
     expect(valueForSchema(schema, new SeededRandom(1), 100)).toEqual({ id: 7 });
-    expect(valueForSchema(schema, new SeededRandom(1), ARGUMENTS_BYTES_MAX)).toEqual({ note: expect.any(String), id: expect.any(Number) });
+    expect(valueForSchema(schema, new SeededRandom(1), ARGUMENTS_BYTES_MAX)).toEqual({
+      note: expect.any(String),
+      id: expect.any(Number),
+    });
   });
 
   test('the smallest instance is valid and its size is what it prints to', () => {
     const schemas: unknown[] = [
       ...checked.map(({ schema }) => JSON.parse(JSON.stringify(schema))),
-      { type: 'array', minItems: 300, items: { type: 'object', properties: { a: { type: 'string', minLength: 3 } }, required: ['a'] } },
+      {
+        type: 'array',
+        minItems: 300,
+        items: {
+          type: 'object',
+          properties: { a: { type: 'string', minLength: 3 } },
+          required: ['a'],
+        },
+      },
       { type: 'array', minItems: 40, uniqueItems: true, items: { type: 'integer', minimum: -3 } },
-      { type: 'array', minItems: 40, uniqueItems: true, items: { type: 'string', minLength: 2, maxLength: 2 } },
-      { type: 'array', prefixItems: [{ const: 'é' }, { enum: ['long', 'xy', 'z'] }], minItems: 4, items: { type: 'boolean' } },
-      { type: 'object', minProperties: 3, additionalProperties: { type: 'number', exclusiveMinimum: 5, maximum: 9 } },
-      { anyOf: [{ type: 'string', minLength: 30 }, { type: 'integer', minimum: 10_000 }, { type: 'null' }] },
+      {
+        type: 'array',
+        minItems: 40,
+        uniqueItems: true,
+        items: { type: 'string', minLength: 2, maxLength: 2 },
+      },
+      {
+        type: 'array',
+        prefixItems: [{ const: 'é' }, { enum: ['long', 'xy', 'z'] }],
+        minItems: 4,
+        items: { type: 'boolean' },
+      },
+      {
+        type: 'object',
+        minProperties: 3,
+        additionalProperties: { type: 'number', exclusiveMinimum: 5, maximum: 9 },
+      },
+      {
+        anyOf: [
+          { type: 'string', minLength: 30 },
+          { type: 'integer', minimum: 10_000 },
+          { type: 'null' },
+        ],
+      },
     ];
     for (const schema of schemas) {
       const smallest = smallestInstance(schema, ARGUMENTS_BYTES_MAX);
@@ -359,26 +593,43 @@ describe('generated work is bounded (CONTRACT §8)', () => {
     }
     for (const { name, schema } of checked) {
       const smallest = smallestInstance(JSON.parse(JSON.stringify(schema)), ARGUMENTS_BYTES_MAX);
-      if (!smallest.fits || !Value.Check(schema, smallest.value)) throw new Error(`${name}: ${JSON.stringify(smallest)}`);
+      if (!smallest.fits || !Value.Check(schema, smallest.value))
+        throw new Error(`${name}: ${JSON.stringify(smallest)}`);
     }
   });
 
-  test('a tool call whose arguments pass the output limit is cut in bounded work to the longest prefix that fits', async () => {
-    const big: ToolDefinition = {
-      type: 'function',
-      function: { name: 'many', parameters: { type: 'array', minItems: 6_000, items: { type: 'string', minLength: 3 } } },
-    };
-    const whole = await collect(FAST, makeRequest({ tools: [big], toolChoice: 'required' }));
-    const wholeArgs = whole.map((delta) => (delta.type === 'tool_call' ? delta.arguments : '')).join('');
-    expect(Buffer.byteLength(wholeArgs)).toBeLessThanOrEqual(ARGUMENTS_BYTES_MAX);
-    const limit = Math.floor(countTextTokens('many' + wholeArgs) * 0.7);
-    const startedMs = performance.now();
-    const cut = await collect(FAST, makeRequest({ tools: [big], toolChoice: 'required', maxOutputTokens: limit }));
-    expect(performance.now() - startedMs).toBeLessThan(QUICK_MS);
-    const args = cut.map((delta) => (delta.type === 'tool_call' ? delta.arguments : '')).join('');
-    expect(wholeArgs.startsWith(args)).toBe(true);
-    expect(countTextTokens('many' + args)).toBeLessThanOrEqual(limit);
-    expect(countTextTokens('many' + wholeArgs.slice(0, args.length + 1))).toBeGreaterThan(limit);
-    expect(cut.at(-1)).toEqual({ type: 'finish', reason: 'length', usage: { promptTokens: 12, completionTokens: countTextTokens('many' + args) } });
-  });
+  test(
+    'a tool call whose arguments pass the output limit is cut in bounded work to the longest ' +
+      'prefix that fits',
+    async () => {
+      const big: ToolDefinition = {
+        type: 'function',
+        function: {
+          name: 'many',
+          parameters: { type: 'array', minItems: 6_000, items: { type: 'string', minLength: 3 } },
+        },
+      };
+      const whole = await collect(FAST, makeRequest({ tools: [big], toolChoice: 'required' }));
+      const wholeArgs = whole
+        .map((delta) => (delta.type === 'tool_call' ? delta.arguments : ''))
+        .join('');
+      expect(Buffer.byteLength(wholeArgs)).toBeLessThanOrEqual(ARGUMENTS_BYTES_MAX);
+      const limit = Math.floor(countTextTokens(`many${wholeArgs}`) * 0.7);
+      const startedMs = performance.now();
+      const cut = await collect(
+        FAST,
+        makeRequest({ tools: [big], toolChoice: 'required', maxOutputTokens: limit }),
+      );
+      expect(performance.now() - startedMs).toBeLessThan(QUICK_MS);
+      const args = cut.map((delta) => (delta.type === 'tool_call' ? delta.arguments : '')).join('');
+      expect(wholeArgs.startsWith(args)).toBe(true);
+      expect(countTextTokens(`many${args}`)).toBeLessThanOrEqual(limit);
+      expect(countTextTokens(`many${wholeArgs.slice(0, args.length + 1)}`)).toBeGreaterThan(limit);
+      expect(cut.at(-1)).toEqual({
+        type: 'finish',
+        reason: 'length',
+        usage: { promptTokens: 12, completionTokens: countTextTokens(`many${args}`) },
+      });
+    },
+  );
 });

@@ -1,8 +1,9 @@
-// Fair eviction (CONTRACT §8): per-key bounds, the heaviest holder pays at the total bound, expired first.
+// Fair eviction (CONTRACT §8): per-key bounds, the heaviest holder pays at the total bound, expired
+// first.
 import { describe, expect, test } from 'bun:test';
+import { SeededRandom } from '../../src/providers/simulator/random.ts';
 import { BindingTable } from '../../src/state/bindings.ts';
 import { FairSlots } from '../../src/state/fair-slots.ts';
-import { SeededRandom } from '../../src/providers/simulator/random.ts';
 
 /** The same rules written the slow, obvious way: a list of entries, scanned. */
 class NaiveSlots {
@@ -69,55 +70,74 @@ describe('FairSlots', () => {
     expect([slots.held(0), slots.held(1), slots.held(2)]).toEqual([0, 2, 1]);
   });
 
-  test('released slots are taken again; evictions follow the rules over random work (a naive model)', () => {
-    for (const seed of [1, 2, 3, 4, 5, 6, 7, 8]) {
-      const random = new SeededRandom(seed);
-      const capacity = random.integer(1, 40);
-      const perOwnerMax = random.integer(1, 30);
-      const expiredIds = new Set<number>();
-      const idOfSlot = new Map<number, number>();
-      const slotOfId = new Map<number, number>();
-      const evicted: number[] = [];
-      const slots = new FairSlots(capacity, perOwnerMax, (slot) => evicted.push(idOfSlot.get(slot)!));
-      const naive = new NaiveSlots(capacity, perOwnerMax);
-      for (let id = 0; id < 3_000; id++) {
-        const roll = random.next();
-        if (roll < 0.1 && naive.entries.length > 0) {
-          const entry = naive.entries.splice(random.integer(0, naive.entries.length - 1), 1)[0]!;
-          slots.release(slotOfId.get(entry.id)!);
-          slotOfId.delete(entry.id);
-          continue;
+  test(
+    'released slots are taken again; evictions ' +
+      'follow the rules over random work (a naive model)',
+    () => {
+      for (const seed of [1, 2, 3, 4, 5, 6, 7, 8]) {
+        const random = new SeededRandom(seed);
+        const capacity = random.integer(1, 40);
+        const perOwnerMax = random.integer(1, 30);
+        const expiredIds = new Set<number>();
+        const idOfSlot = new Map<number, number>();
+        const slotOfId = new Map<number, number>();
+        const evicted: number[] = [];
+        const slots = new FairSlots(capacity, perOwnerMax, (slot) =>
+          evicted.push(idOfSlot.get(slot)!),
+        );
+        const naive = new NaiveSlots(capacity, perOwnerMax);
+        for (let id = 0; id < 3_000; id++) {
+          const roll = random.next();
+          if (roll < 0.1 && naive.entries.length > 0) {
+            const entry = naive.entries.splice(random.integer(0, naive.entries.length - 1), 1)[0]!;
+            slots.release(slotOfId.get(entry.id)!);
+            slotOfId.delete(entry.id);
+            continue;
+          }
+          if (roll < 0.15 && naive.entries.length > 0) expiredIds.add(naive.entries[0]!.id);
+          // Skewed owners: owner 0 sends most of the traffic.
+          const owner = random.next() < 0.6 ? 0 : random.integer(1, 6);
+          const allowed = naive.allowedVictims(owner, (i) => expiredIds.has(i));
+          evicted.length = 0;
+          const slot = slots.take(owner, (s) => expiredIds.has(idOfSlot.get(s)!), 0);
+          if (allowed.length === 0) expect(evicted).toEqual([]);
+          else {
+            expect(evicted.length).toBe(1);
+            expect(allowed).toContain(evicted[0]!);
+            naive.entries = naive.entries.filter((entry) => entry.id !== evicted[0]);
+            slotOfId.delete(evicted[0]!);
+          }
+          naive.entries.push({ owner, id });
+          idOfSlot.set(slot, id);
+          slotOfId.set(id, slot);
+          expect([...slots.inOrder()].map((s) => idOfSlot.get(s)!)).toEqual(
+            naive.entries.map((entry) => entry.id),
+          );
+          expect(slots.size).toBe(naive.entries.length);
+          for (let o = 0; o <= 6; o++) expect(slots.held(o)).toBe(naive.count(o));
         }
-        if (roll < 0.15 && naive.entries.length > 0) expiredIds.add(naive.entries[0]!.id);
-        // Skewed owners: owner 0 sends most of the traffic.
-        const owner = random.next() < 0.6 ? 0 : random.integer(1, 6);
-        const allowed = naive.allowedVictims(owner, (i) => expiredIds.has(i));
-        evicted.length = 0;
-        const slot = slots.take(owner, (s) => expiredIds.has(idOfSlot.get(s)!), 0);
-        if (allowed.length === 0) expect(evicted).toEqual([]);
-        else {
-          expect(evicted.length).toBe(1);
-          expect(allowed).toContain(evicted[0]!);
-          naive.entries = naive.entries.filter((entry) => entry.id !== evicted[0]);
-          slotOfId.delete(evicted[0]!);
-        }
-        naive.entries.push({ owner, id });
-        idOfSlot.set(slot, id);
-        slotOfId.set(id, slot);
-        expect([...slots.inOrder()].map((s) => idOfSlot.get(s)!)).toEqual(naive.entries.map((entry) => entry.id));
-        expect(slots.size).toBe(naive.entries.length);
-        for (let o = 0; o <= 6; o++) expect(slots.held(o)).toBe(naive.count(o));
       }
-    }
-  });
+    },
+  );
 });
 
 describe('BindingTable', () => {
   test('one key flooding the table never evicts another key within its share', () => {
     const table = new BindingTable(100, 100_000);
     const far = Date.now() + 86_400_000;
-    table.set('key_victim', 'retry-me-0001', { requestId: 'chatcmpl-victim', fingerprint: 'f', expiresAtMs: far }, Date.now());
-    for (let i = 0; i < 100_001; i++) table.set('key_attacker', `flood-${i}`, { requestId: `r${i}`, fingerprint: 'f', expiresAtMs: far }, Date.now());
+    table.set(
+      'key_victim',
+      'retry-me-0001',
+      { requestId: 'chatcmpl-victim', fingerprint: 'f', expiresAtMs: far },
+      Date.now(),
+    );
+    for (let i = 0; i < 100_001; i++)
+      table.set(
+        'key_attacker',
+        `flood-${i}`,
+        { requestId: `r${i}`, fingerprint: 'f', expiresAtMs: far },
+        Date.now(),
+      );
     expect(table.get('key_victim', 'retry-me-0001', Date.now())?.requestId).toBe('chatcmpl-victim');
     expect(table.size).toBe(100);
     expect(table.heldBy('key_attacker')).toBe(99);
@@ -129,23 +149,48 @@ describe('BindingTable', () => {
   test('the per-key bound evicts the key’s own oldest binding', () => {
     const table = new BindingTable(1_000, 3);
     const far = Date.now() + 60_000;
-    for (let i = 0; i < 5; i++) table.set('k', `idem-000${i}`, { requestId: `r${i}`, fingerprint: 'f', expiresAtMs: far }, Date.now());
+    for (let i = 0; i < 5; i++)
+      table.set(
+        'k',
+        `idem-000${i}`,
+        { requestId: `r${i}`, fingerprint: 'f', expiresAtMs: far },
+        Date.now(),
+      );
     expect([...table.entries(Date.now())].map(([, b]) => b.requestId)).toEqual(['r2', 'r3', 'r4']);
   });
 
-  test('rebinding a pair replaces its binding; a freed pair is gone; expired bindings read as absent', () => {
-    const table = new BindingTable(10, 10);
-    const now = Date.now();
-    table.set('k', 'idem-0001', { requestId: 'a', fingerprint: 'f', expiresAtMs: now + 1000 }, Date.now());
-    table.set('k', 'idem-0001', { requestId: 'b', fingerprint: 'g', expiresAtMs: now + 1000 }, Date.now());
-    expect(table.size).toBe(1);
-    expect(table.get('k', 'idem-0001', now)?.requestId).toBe('b');
-    table.deleteIfBoundTo('k', 'idem-0001', 'a');
-    expect(table.get('k', 'idem-0001', now)?.requestId).toBe('b');
-    table.deleteIfBoundTo('k', 'idem-0001', 'b');
-    expect(table.get('k', 'idem-0001', now)).toBeUndefined();
-    table.set('k', 'idem-0002', { requestId: 'c', fingerprint: 'f', expiresAtMs: now + 10 }, Date.now());
-    expect(table.get('k', 'idem-0002', now + 10)).toBeUndefined();
-    expect([...table.entries(now + 10)]).toEqual([]);
-  });
+  test(
+    'rebinding a pair replaces its binding; a freed ' +
+      'pair is gone; expired bindings read as absent',
+    () => {
+      const table = new BindingTable(10, 10);
+      const now = Date.now();
+      table.set(
+        'k',
+        'idem-0001',
+        { requestId: 'a', fingerprint: 'f', expiresAtMs: now + 1000 },
+        Date.now(),
+      );
+      table.set(
+        'k',
+        'idem-0001',
+        { requestId: 'b', fingerprint: 'g', expiresAtMs: now + 1000 },
+        Date.now(),
+      );
+      expect(table.size).toBe(1);
+      expect(table.get('k', 'idem-0001', now)?.requestId).toBe('b');
+      table.deleteIfBoundTo('k', 'idem-0001', 'a');
+      expect(table.get('k', 'idem-0001', now)?.requestId).toBe('b');
+      table.deleteIfBoundTo('k', 'idem-0001', 'b');
+      expect(table.get('k', 'idem-0001', now)).toBeUndefined();
+      table.set(
+        'k',
+        'idem-0002',
+        { requestId: 'c', fingerprint: 'f', expiresAtMs: now + 10 },
+        Date.now(),
+      );
+      expect(table.get('k', 'idem-0002', now + 10)).toBeUndefined();
+      expect([...table.entries(now + 10)]).toEqual([]);
+    },
+  );
 });

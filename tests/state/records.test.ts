@@ -75,7 +75,8 @@ describe('RecordTable', () => {
 
   test('values() in order refill a table to the same state (the snapshot path)', () => {
     const table = new RecordTable(3, TTL_MS);
-    for (const id of ['a', 'b', 'c', 'd']) table.add(record(id, { charge: { credits_micro: id.charCodeAt(0), tokens: 0 } }));
+    for (const id of ['a', 'b', 'c', 'd'])
+      table.add(record(id, { charge: { credits_micro: id.charCodeAt(0), tokens: 0 } }));
     const copy = new RecordTable(3, TTL_MS);
     for (const r of table.values(NOW_MS)) copy.add(r);
     copy.add(record('e'));
@@ -83,21 +84,33 @@ describe('RecordTable', () => {
     expect([...copy.values(NOW_MS)]).toEqual([...table.values(NOW_MS)]);
   });
 
-  test('a table larger than its first allocation grows, then wraps, keeping the newest in order', () => {
-    const table = new RecordTable(3_000, TTL_MS);
-    for (let i = 0; i < 7_000; i++) table.add(record(`r${i}`, { charge: { credits_micro: i, tokens: 0 }, answers: i % 1000 === 999 ? { i } : null }));
-    expect(table.size).toBe(3_000);
-    const ids = [...table.values(NOW_MS)].map((r) => r.id);
-    expect(ids).toEqual(Array.from({ length: 3_000 }, (_, k) => `r${4_000 + k}`));
-    expect(table.get('r3999', NOW_MS)).toBeUndefined();
-    expect(table.get('r4000', NOW_MS)?.charge.credits_micro).toBe(4_000);
-    expect(table.get('r6999', NOW_MS)).toMatchObject({ charge: { credits_micro: 6_999, tokens: 0 }, answers: { i: 6_999 } });
-    expect(table.get('r5998', NOW_MS)?.answers).toBeNull();
-  });
+  test(
+    'a table larger than its first allocation ' + 'grows, then wraps, keeping the newest in order',
+    () => {
+      const table = new RecordTable(3_000, TTL_MS);
+      for (let i = 0; i < 7_000; i++)
+        table.add(
+          record(`r${i}`, {
+            charge: { credits_micro: i, tokens: 0 },
+            answers: i % 1000 === 999 ? { i } : null,
+          }),
+        );
+      expect(table.size).toBe(3_000);
+      const ids = [...table.values(NOW_MS)].map((r) => r.id);
+      expect(ids).toEqual(Array.from({ length: 3_000 }, (_, k) => `r${4_000 + k}`));
+      expect(table.get('r3999', NOW_MS)).toBeUndefined();
+      expect(table.get('r4000', NOW_MS)?.charge.credits_micro).toBe(4_000);
+      expect(table.get('r6999', NOW_MS)).toMatchObject({
+        charge: { credits_micro: 6_999, tokens: 0 },
+        answers: { i: 6_999 },
+      });
+      expect(table.get('r5998', NOW_MS)?.answers).toBeNull();
+    },
+  );
 
   test('ids that are long or not ASCII are kept and found like the others', () => {
     const table = new RecordTable(4, TTL_MS);
-    const ids = ['x'.repeat(128), 'déjà-vu', 'chatcmpl-' + 'A'.repeat(24), ''];
+    const ids = ['x'.repeat(128), 'déjà-vu', `chatcmpl-${'A'.repeat(24)}`, ''];
     for (const id of ids) table.add(record(id));
     for (const id of ids) expect(table.get(id, NOW_MS)?.id).toBe(id);
     expect([...table.values(NOW_MS)].map((r) => r.id)).toEqual(ids);
@@ -111,7 +124,7 @@ describe('RecordTable', () => {
     const capacity = 97;
     const table = new RecordTable(capacity, TTL_MS);
     let seed = 42;
-    const random = () => ((seed = (Math.imul(seed, 1_103_515_245) + 12_345) >>> 0) / 2 ** 32);
+    const random = () => (seed = (Math.imul(seed, 1_103_515_245) + 12_345) >>> 0) / 2 ** 32;
     const alphabet = 'abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789';
     const kept: string[] = [];
     const gone: string[] = [];
@@ -123,72 +136,102 @@ describe('RecordTable', () => {
       kept.push(id);
       if (kept.length > capacity) gone.push(kept.shift()!);
       if (i % 250 === 0 || i > 19_900) {
-        for (const [at, keptId] of kept.entries()) expect(table.get(keptId, NOW_MS)?.charge.credits_micro).toBe(i - kept.length + 1 + at);
+        for (const [at, keptId] of kept.entries())
+          expect(table.get(keptId, NOW_MS)?.charge.credits_micro).toBe(i - kept.length + 1 + at);
         for (const goneId of gone.slice(-300)) expect(table.has(goneId)).toBe(false);
       }
     }
     expect([...table.values(NOW_MS)].map((r) => r.id)).toEqual(kept);
   });
 
-  test('the columns of a wrapped table restore the same records in the same order, expired ones kept but never read', () => {
-    const table = new RecordTable(5, TTL_MS);
-    const added = [
-      record('a'),
-      record('b', { answers: { q: 'gone with a' } }),
-      record('déjà', { service: 'decision', answers: { q: 'yes' }, usage: null, httpStatus: null }),
-      record('d', { status: 'error', errorCode: 'upstream_timeout', finishedAtMs: NOW_MS - TTL_MS }),
-      record('e', { keyId: 'key_other', model: 'model_07', stream: false }),
-      record('f'),
-      record('g', { status: 'cancelled', errorCode: 'request_cancelled', charge: { credits_micro: 0, tokens: 0 } }),
-    ];
-    for (const r of added) table.add(r);
-    const copy = new RecordTable(5, TTL_MS);
-    const { meta, blobs } = table.serializeColumns();
-    copy.restoreColumns(JSON.parse(JSON.stringify(meta)), blobs);
-    const live = ['déjà', 'e', 'f', 'g'];
-    expect([...copy.values(NOW_MS)]).toEqual([...table.values(NOW_MS)]);
-    expect([...copy.values(NOW_MS)].map((r) => r.id)).toEqual(live);
-    for (const r of added.filter((r) => live.includes(r.id))) expect(copy.get(r.id, NOW_MS)).toEqual(r);
-    // Kept, so that the restored table is the one the log made (FairSlots), but never read.
-    expect(copy.has('d')).toBe(true);
-    expect(copy.get('d', NOW_MS)).toBeUndefined();
-    // The restored table keeps evicting oldest first.
-    copy.add(record('h'));
-    copy.add(record('i'));
-    expect([...copy.values(NOW_MS)].map((r) => r.id)).toEqual(['e', 'f', 'g', 'h', 'i']);
-  });
+  test(
+    'the columns of a wrapped table restore the same records in the same order, expired ones ' +
+      'kept but never read',
+    () => {
+      const table = new RecordTable(5, TTL_MS);
+      const added = [
+        record('a'),
+        record('b', { answers: { q: 'gone with a' } }),
+        record('déjà', {
+          service: 'decision',
+          answers: { q: 'yes' },
+          usage: null,
+          httpStatus: null,
+        }),
+        record('d', {
+          status: 'error',
+          errorCode: 'upstream_timeout',
+          finishedAtMs: NOW_MS - TTL_MS,
+        }),
+        record('e', { keyId: 'key_other', model: 'model_07', stream: false }),
+        record('f'),
+        record('g', {
+          status: 'cancelled',
+          errorCode: 'request_cancelled',
+          charge: { credits_micro: 0, tokens: 0 },
+        }),
+      ];
+      for (const r of added) table.add(r);
+      const copy = new RecordTable(5, TTL_MS);
+      const { meta, blobs } = table.serializeColumns();
+      copy.restoreColumns(JSON.parse(JSON.stringify(meta)), blobs);
+      const live = ['déjà', 'e', 'f', 'g'];
+      expect([...copy.values(NOW_MS)]).toEqual([...table.values(NOW_MS)]);
+      expect([...copy.values(NOW_MS)].map((r) => r.id)).toEqual(live);
+      for (const r of added.filter((r) => live.includes(r.id)))
+        expect(copy.get(r.id, NOW_MS)).toEqual(r);
+      // Kept, so that the restored table is the one the log made (FairSlots), but never read.
+      expect(copy.has('d')).toBe(true);
+      expect(copy.get('d', NOW_MS)).toBeUndefined();
+      // The restored table keeps evicting oldest first.
+      copy.add(record('h'));
+      copy.add(record('i'));
+      expect([...copy.values(NOW_MS)].map((r) => r.id)).toEqual(['e', 'f', 'g', 'h', 'i']);
+    },
+  );
 
-  test('one key flooding a full table evicts its own records, never another key within its share', () => {
-    const table = new RecordTable(50, TTL_MS, 1_000);
-    table.add(record('victim-1', { keyId: 'key_victim' }));
-    table.add(record('victim-2', { keyId: 'key_victim' }));
-    for (let i = 0; i < 5_000; i++) table.add(record(`flood-${i}`, { keyId: 'key_attacker' }));
-    expect(table.get('victim-1', NOW_MS)?.keyId).toBe('key_victim');
-    expect(table.get('victim-2', NOW_MS)?.keyId).toBe('key_victim');
-    expect(table.heldBy('key_attacker')).toBe(48);
-    expect(table.has('flood-4951')).toBe(false);
-    expect(table.has('flood-4952')).toBe(true);
-    // The per-key bound: a key past it loses its own oldest even when the table has room.
-    const bounded = new RecordTable(1_000, TTL_MS, 3);
-    for (const id of ['a', 'b', 'c', 'd']) bounded.add(record(id));
-    bounded.add(record('other', { keyId: 'key_other' }));
-    expect([...bounded.values(NOW_MS)].map((r) => r.id)).toEqual(['b', 'c', 'd', 'other']);
-  });
+  test(
+    'one key flooding a full table evicts its own ' + 'records, never another key within its share',
+    () => {
+      const table = new RecordTable(50, TTL_MS, 1_000);
+      table.add(record('victim-1', { keyId: 'key_victim' }));
+      table.add(record('victim-2', { keyId: 'key_victim' }));
+      for (let i = 0; i < 5_000; i++) table.add(record(`flood-${i}`, { keyId: 'key_attacker' }));
+      expect(table.get('victim-1', NOW_MS)?.keyId).toBe('key_victim');
+      expect(table.get('victim-2', NOW_MS)?.keyId).toBe('key_victim');
+      expect(table.heldBy('key_attacker')).toBe(48);
+      expect(table.has('flood-4951')).toBe(false);
+      expect(table.has('flood-4952')).toBe(true);
+      // The per-key bound: a key past it loses its own oldest even when the table has room.
+      const bounded = new RecordTable(1_000, TTL_MS, 3);
+      for (const id of ['a', 'b', 'c', 'd']) bounded.add(record(id));
+      bounded.add(record('other', { keyId: 'key_other' }));
+      expect([...bounded.values(NOW_MS)].map((r) => r.id)).toEqual(['b', 'c', 'd', 'other']);
+    },
+  );
 
-  test('a snapshot of interleaved keys restores each key’s own order, so eviction goes on the same way', () => {
-    const table = new RecordTable(6, TTL_MS, 4);
-    for (let i = 0; i < 20; i++) table.add(record(`r${i}`, { keyId: i % 3 === 0 ? 'key_a' : 'key_b' }));
-    const copy = new RecordTable(6, TTL_MS, 4);
-    const { meta, blobs } = table.serializeColumns();
-    copy.restoreColumns(JSON.parse(JSON.stringify(meta)), blobs);
-    expect([...copy.values(NOW_MS)]).toEqual([...table.values(NOW_MS)]);
-    for (const t of [table, copy]) {
-      t.add(record('n1', { keyId: 'key_b' }));
-      t.add(record('n2', { keyId: 'key_a' }));
-    }
-    expect([...copy.values(NOW_MS)]).toEqual([...table.values(NOW_MS)]);
-    expect([copy.heldBy('key_a'), copy.heldBy('key_b')]).toEqual([table.heldBy('key_a'), table.heldBy('key_b')]);
-  });
+  test(
+    'a snapshot of interleaved keys restores each key’s own order, so eviction goes on the ' +
+      'same way',
+    () => {
+      const table = new RecordTable(6, TTL_MS, 4);
+      for (let i = 0; i < 20; i++)
+        table.add(record(`r${i}`, { keyId: i % 3 === 0 ? 'key_a' : 'key_b' }));
+      const copy = new RecordTable(6, TTL_MS, 4);
+      const { meta, blobs } = table.serializeColumns();
+      copy.restoreColumns(JSON.parse(JSON.stringify(meta)), blobs);
+      expect([...copy.values(NOW_MS)]).toEqual([...table.values(NOW_MS)]);
+      for (const t of [table, copy]) {
+        t.add(record('n1', { keyId: 'key_b' }));
+        t.add(record('n2', { keyId: 'key_a' }));
+      }
+      expect([...copy.values(NOW_MS)]).toEqual([...table.values(NOW_MS)]);
+      expect([copy.heldBy('key_a'), copy.heldBy('key_b')]).toEqual([
+        table.heldBy('key_a'),
+        table.heldBy('key_b'),
+      ]);
+    },
+  );
 
   test('an id is added once; an unfinished record is refused', () => {
     const table = new RecordTable(3, TTL_MS);

@@ -1,6 +1,8 @@
-// Test support for state tests: event builders with every field filled, and store options on a temp dir.
-import type { KeyCreated, RequestFinished, RequestStarted } from '../../src/state/events.ts';
+// Test support for state tests: event builders with every field filled, and store options on a temp
+// dir.
+
 import type { StateLimits } from '../../src/state/apply.ts';
+import type { KeyCreated, RequestFinished, RequestStarted } from '../../src/state/events.ts';
 import type { StoreOptions } from '../../src/state/store.ts';
 import { createLogger } from '../../src/util/log.ts';
 
@@ -34,7 +36,11 @@ function secretOf(keyId: string): string {
   return hex.padEnd(64, '0').slice(0, 64);
 }
 
-export function keyCreated(keyId: string, creditsMicro = 0, overrides: Partial<KeyCreated> = {}): KeyCreated {
+export function keyCreated(
+  keyId: string,
+  creditsMicro = 0,
+  overrides: Partial<KeyCreated> = {},
+): KeyCreated {
   return {
     type: 'key.created',
     key_id: keyId,
@@ -51,7 +57,13 @@ export function keyCreated(keyId: string, creditsMicro = 0, overrides: Partial<K
 }
 
 export function keyCredited(keyId: string, creditsMicro: number, tokens = 0) {
-  return { type: 'key.credited' as const, key_id: keyId, credits_micro: creditsMicro, tokens, at_ms: T0_MS + 1 };
+  return {
+    type: 'key.credited' as const,
+    key_id: keyId,
+    credits_micro: creditsMicro,
+    tokens,
+    at_ms: T0_MS + 1,
+  };
 }
 
 export function requestStarted(
@@ -75,7 +87,11 @@ export function requestStarted(
   };
 }
 
-export function requestFinished(requestId: string, chargeMicro: number, overrides: Partial<RequestFinished> = {}): RequestFinished {
+export function requestFinished(
+  requestId: string,
+  chargeMicro: number,
+  overrides: Partial<RequestFinished> = {},
+): RequestFinished {
   return {
     type: 'request.finished',
     request_id: requestId,

@@ -1,9 +1,16 @@
-// A fake OpenAI-compatible upstream for decision prompts: a script decides each reply; calls and aborts are seen.
+// A fake OpenAI-compatible upstream for decision prompts: a script decides each reply; calls and
+// aborts are seen.
 
 /** One reply of the fake upstream to one Chat Completions call. */
 export type UpstreamReply =
   /** A submit_decision tool call whose arguments the test controls (an object is JSON-encoded). */
-  | { kind: 'tool'; arguments: string | Record<string, unknown>; usage?: UpstreamUsage | null; format?: 'json' | 'sse'; name?: string }
+  | {
+      kind: 'tool';
+      arguments: string | Record<string, unknown>;
+      usage?: UpstreamUsage | null;
+      format?: 'json' | 'sse';
+      name?: string;
+    }
   /** A plain text answer. */
   | { kind: 'text'; content: string; usage?: UpstreamUsage | null; format?: 'json' | 'sse' }
   /** An HTTP error status with an OpenAI-style error body. */
@@ -55,34 +62,87 @@ export function validArguments(body: any): Record<string, unknown> {
 }
 
 /** Answers every call with valid arguments (SSE, with usage). */
-export const answerValidly = (call: UpstreamCall): UpstreamReply => ({ kind: 'tool', arguments: validArguments(call.body), usage: DEFAULT_USAGE });
+export const answerValidly = (call: UpstreamCall): UpstreamReply => ({
+  kind: 'tool',
+  arguments: validArguments(call.body),
+  usage: DEFAULT_USAGE,
+});
 
 const encoder = new TextEncoder();
 
 function completion(reply: Extract<UpstreamReply, { kind: 'tool' | 'text' }>): Response {
   const usage = reply.usage === undefined ? DEFAULT_USAGE : reply.usage;
-  const usageBlock = usage === null ? undefined : { ...usage, total_tokens: usage.prompt_tokens + usage.completion_tokens };
-  const args = reply.kind === 'tool' ? (typeof reply.arguments === 'string' ? reply.arguments : JSON.stringify(reply.arguments)) : '';
-  const toolCall = { id: 'call_fake_1', type: 'function', function: { name: reply.kind === 'tool' ? (reply.name ?? 'submit_decision') : '', arguments: args } };
+  const usageBlock =
+    usage === null
+      ? undefined
+      : { ...usage, total_tokens: usage.prompt_tokens + usage.completion_tokens };
+  const args =
+    reply.kind === 'tool'
+      ? typeof reply.arguments === 'string'
+        ? reply.arguments
+        : JSON.stringify(reply.arguments)
+      : '';
+  const toolCall = {
+    id: 'call_fake_1',
+    type: 'function',
+    function: {
+      name: reply.kind === 'tool' ? (reply.name ?? 'submit_decision') : '',
+      arguments: args,
+    },
+  };
   if ((reply.format ?? 'sse') === 'json') {
-    const message = reply.kind === 'tool' ? { role: 'assistant', content: null, tool_calls: [toolCall] } : { role: 'assistant', content: reply.content };
+    const message =
+      reply.kind === 'tool'
+        ? { role: 'assistant', content: null, tool_calls: [toolCall] }
+        : { role: 'assistant', content: reply.content };
     return Response.json({
       id: 'up-1',
       object: 'chat.completion',
       created: 0,
       model: 'up',
-      choices: [{ index: 0, message, finish_reason: reply.kind === 'tool' ? 'tool_calls' : 'stop' }],
+      choices: [
+        { index: 0, message, finish_reason: reply.kind === 'tool' ? 'tool_calls' : 'stop' },
+      ],
       ...(usageBlock ? { usage: usageBlock } : {}),
     });
   }
   const frame = (choices: unknown[], extra: Record<string, unknown> = {}) =>
-    encoder.encode(`data: ${JSON.stringify({ id: 'up-1', object: 'chat.completion.chunk', created: 0, model: 'up', choices, ...extra })}\n\n`);
-  const frames: Uint8Array[] = [frame([{ index: 0, delta: { role: 'assistant' }, finish_reason: null }])];
+    encoder.encode(
+      `data: ` +
+        `${JSON.stringify({ id: 'up-1', object: 'chat.completion.chunk', created: 0, model: 'up', choices, ...extra })}\n\n`,
+    );
+  const frames: Uint8Array[] = [
+    frame([{ index: 0, delta: { role: 'assistant' }, finish_reason: null }]),
+  ];
   if (reply.kind === 'tool') {
     // The arguments arrive in two pieces, as real servers split them.
     const half = Math.floor(args.length / 2);
-    frames.push(frame([{ index: 0, delta: { tool_calls: [{ index: 0, ...toolCall, function: { name: toolCall.function.name, arguments: args.slice(0, half) } }] }, finish_reason: null }]));
-    frames.push(frame([{ index: 0, delta: { tool_calls: [{ index: 0, function: { arguments: args.slice(half) } }] }, finish_reason: null }]));
+    frames.push(
+      frame([
+        {
+          index: 0,
+          delta: {
+            tool_calls: [
+              {
+                index: 0,
+                ...toolCall,
+                function: { name: toolCall.function.name, arguments: args.slice(0, half) },
+              },
+            ],
+          },
+          finish_reason: null,
+        },
+      ]),
+    );
+    frames.push(
+      frame([
+        {
+          index: 0,
+          delta: { tool_calls: [{ index: 0, function: { arguments: args.slice(half) } }] },
+          finish_reason: null,
+        },
+      ]),
+    );
     frames.push(frame([{ index: 0, delta: {}, finish_reason: 'tool_calls' }]));
   } else {
     frames.push(frame([{ index: 0, delta: { content: reply.content }, finish_reason: null }]));
@@ -96,7 +156,10 @@ function completion(reply: Extract<UpstreamReply, { kind: 'tool' | 'text' }>): R
 async function render(reply: UpstreamReply): Promise<Response> {
   switch (reply.kind) {
     case 'status':
-      return Response.json({ error: { message: 'fake upstream failure', type: 'server_error', code: 'fake_failure' } }, { status: reply.status });
+      return Response.json(
+        { error: { message: 'fake upstream failure', type: 'server_error', code: 'fake_failure' } },
+        { status: reply.status },
+      );
     case 'hang':
       return new Promise<Response>(() => {});
     case 'wait':
@@ -107,7 +170,9 @@ async function render(reply: UpstreamReply): Promise<Response> {
   }
 }
 
-export function startDecisionUpstream(script: (call: UpstreamCall) => UpstreamReply = answerValidly): DecisionUpstream {
+export function startDecisionUpstream(
+  script: (call: UpstreamCall) => UpstreamReply = answerValidly,
+): DecisionUpstream {
   const state: DecisionUpstream = {
     url: '',
     calls: 0,
@@ -142,7 +207,10 @@ export function startDecisionUpstream(script: (call: UpstreamCall) => UpstreamRe
 }
 
 /** Gateway config overrides that put model_03 (decision-fast) on `base_url`. */
-export function decisionUpstreamOverrides(baseUrl: string, extra: Record<string, unknown> = {}): Record<string, unknown> {
+export function decisionUpstreamOverrides(
+  baseUrl: string,
+  extra: Record<string, unknown> = {},
+): Record<string, unknown> {
   return {
     providers: { fake: { type: 'openai', base_url: baseUrl, timeout_ms: 5_000 } },
     models: { model_03: { provider: 'fake', upstream_model: 'up' } },

@@ -3,31 +3,39 @@ import { afterEach } from 'bun:test';
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
-import { createApp, type App } from '../../src/app.ts';
-import { deepMerge, validateConfig } from '../../src/config/load.ts';
+import { type App, createApp } from '../../src/app.ts';
 import { defaultConfig } from '../../src/config/defaults.ts';
+import { deepMerge, validateConfig } from '../../src/config/load.ts';
 import type { Config } from '../../src/config/model.ts';
-import { openGateway, type Gateway } from '../../src/gateway.ts';
-import { startServer, type RunningServer } from '../../src/server.ts';
+import { type Gateway, openGateway } from '../../src/gateway.ts';
+import { type RunningServer, startServer } from '../../src/server.ts';
 import { createLogger } from '../../src/util/log.ts';
 
 export const ADMIN_TOKEN = 'test-admin-token-0123456789';
 
 /** A fast simulator so tests never wait on made-up latency. */
-export const FAST_SIMULATOR = { type: 'simulator', ttft_ms: 0, tokens_per_second: 100_000, completion_tokens: 12 };
+export const FAST_SIMULATOR = {
+  type: 'simulator',
+  ttft_ms: 0,
+  tokens_per_second: 100_000,
+  completion_tokens: 12,
+};
 
 export function tempDir(prefix = 'tollgate-test-'): string {
   return mkdtempSync(join(tmpdir(), prefix));
 }
 
 export function testConfig(overrides: unknown = {}, dataDir = tempDir()): Config {
-  const base = deepMerge(defaultConfig() as any, {
-    data_dir: dataDir,
-    admin_token: ADMIN_TOKEN,
-    log_level: 'silent',
-    providers: { simulator: FAST_SIMULATOR },
-    wal: { fsync: 'off' },
-  } as any);
+  const base = deepMerge(
+    defaultConfig() as any,
+    {
+      data_dir: dataDir,
+      admin_token: ADMIN_TOKEN,
+      log_level: 'silent',
+      providers: { simulator: FAST_SIMULATOR },
+      wal: { fsync: 'off' },
+    } as any,
+  );
   return validateConfig(deepMerge(base, overrides as any));
 }
 
@@ -46,7 +54,8 @@ export function openTestGateway(overrides: unknown = {}, dataDir?: string): Test
   const logger = createLogger('silent');
   const gateway = openGateway(config, logger, ADMIN_TOKEN);
   const app = createApp(gateway);
-  const request = (path: string, init?: RequestInit) => app.handle(new Request(`http://gateway.test${path}`, init));
+  const request = (path: string, init?: RequestInit) =>
+    app.handle(new Request(`http://gateway.test${path}`, init));
   return {
     gateway,
     app,
@@ -58,7 +67,8 @@ export function openTestGateway(overrides: unknown = {}, dataDir?: string): Test
         headers: { authorization: `Bearer ${ADMIN_TOKEN}`, 'content-type': 'application/json' },
         body: JSON.stringify({ name: 'test', credits: 1000, ...body }),
       });
-      if (response.status !== 201) throw new Error(`key creation failed: ${response.status} ${await response.text()}`);
+      if (response.status !== 201)
+        throw new Error(`key creation failed: ${response.status} ${await response.text()}`);
       return (await response.json()) as { id: string; key: string };
     },
     async close() {
@@ -74,7 +84,10 @@ export interface TestServer extends TestGateway {
 }
 
 /** A real listening gateway on port 0 (streaming, aborts, the SDK). */
-export async function startTestServer(overrides: unknown = {}, dataDir?: string): Promise<TestServer> {
+export async function startTestServer(
+  overrides: unknown = {},
+  dataDir?: string,
+): Promise<TestServer> {
   const opened = openTestGateway(overrides, dataDir);
   const server = await startServer(opened.gateway, { hostname: '127.0.0.1', port: 0 });
   return {

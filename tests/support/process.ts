@@ -1,4 +1,5 @@
-// Test support: the gateway as a real process (`bun src/main.ts serve`), its log lines and its exit.
+// Test support: the gateway as a real process (`bun src/main.ts serve`), its log lines and its
+// exit.
 import { resolve } from 'node:path';
 
 const REPO_ROOT = resolve(import.meta.dir, '../..');
@@ -15,17 +16,23 @@ export interface GatewayProcess {
 }
 
 /**
- * Starts the gateway on port 0 with `env` over the defaults and waits for its "tollgate listening" line.
- * `command` may wrap the bun invocation (e.g. ['sh', '-c', 'ulimit -n 64; exec "$0" "$@"']).
+ * Starts the gateway on port 0 with `env` over the defaults and waits for its "tollgate listening"
+ * line. `command` may wrap the bun invocation (e.g. ['sh', '-c', 'ulimit -n 64; exec "$0" "$@"']).
  */
-export async function startGatewayProcess(env: Record<string, string>, command: string[] = []): Promise<GatewayProcess> {
-  const proc = Bun.spawn([...command, process.execPath, resolve(REPO_ROOT, 'src/main.ts'), 'serve'], {
-    cwd: REPO_ROOT,
-    env: { ...process.env, PORT: '0', HOST: '127.0.0.1', LOG_LEVEL: 'info', ...env },
-    stdin: 'ignore',
-    stdout: 'pipe',
-    stderr: 'inherit',
-  });
+export async function startGatewayProcess(
+  env: Record<string, string>,
+  command: string[] = [],
+): Promise<GatewayProcess> {
+  const proc = Bun.spawn(
+    [...command, process.execPath, resolve(REPO_ROOT, 'src/main.ts'), 'serve'],
+    {
+      cwd: REPO_ROOT,
+      env: { ...process.env, PORT: '0', HOST: '127.0.0.1', LOG_LEVEL: 'info', ...env },
+      stdin: 'ignore',
+      stdout: 'pipe',
+      stderr: 'inherit',
+    },
+  );
   const lines: Array<Record<string, unknown>> = [];
   const listening = Promise.withResolvers<string>();
   void (async () => {
@@ -47,8 +54,15 @@ export async function startGatewayProcess(env: Record<string, string>, command: 
     }
   })();
   const exited = proc.exited;
-  void exited.then((code) => listening.reject(new Error(`gateway exited with ${code} before listening: ${JSON.stringify(lines.slice(-5))}`)));
-  const timer = setTimeout(() => listening.reject(new Error('gateway did not start in time')), START_TIMEOUT_MS);
+  void exited.then((code) =>
+    listening.reject(
+      new Error(`gateway exited with ${code} before listening: ${JSON.stringify(lines.slice(-5))}`),
+    ),
+  );
+  const timer = setTimeout(
+    () => listening.reject(new Error('gateway did not start in time')),
+    START_TIMEOUT_MS,
+  );
   try {
     const url = await listening.promise;
     return {

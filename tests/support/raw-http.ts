@@ -1,4 +1,5 @@
-// Test support: a raw TCP client that writes HTTP by hand (slow, partial, stuck) and sees when the server closes.
+// Test support: a raw TCP client that writes HTTP by hand (slow, partial, stuck) and sees when the
+// server closes.
 import net from 'node:net';
 
 export interface RawConnection {
@@ -11,7 +12,10 @@ export interface RawConnection {
   /** Resolves once `text` has been received (or rejects if the connection closes first). */
   receivedText(text: string): Promise<void>;
   write(text: string): void;
-  /** Sends `text` one byte at a time, `everyMs` apart, until it is all sent or the connection closes. */
+  /**
+   * Sends `text` one byte at a time, `everyMs` apart, until it is all sent or the connection
+   * closes.
+   */
   trickle(text: string, everyMs: number): void;
   /** Stops reading: the server's writes fill the socket buffers and then wait. */
   stopReading(): void;
@@ -41,7 +45,13 @@ export function rawConnect(port: number): Promise<RawConnection> {
   socket.on('close', () => {
     isClosed = true;
     for (const timer of timers) clearInterval(timer);
-    for (const wait of waiting) wait.reject(new Error(`closed before ${JSON.stringify(wait.text)} arrived; got ${JSON.stringify(text.slice(0, 300))}`));
+    for (const wait of waiting)
+      wait.reject(
+        new Error(
+          `closed before ${JSON.stringify(wait.text)} ` +
+            `arrived; got ${JSON.stringify(text.slice(0, 300))}`,
+        ),
+      );
     waiting = [];
     closed.resolve(Date.now() - startMs);
   });
@@ -54,7 +64,8 @@ export function rawConnect(port: number): Promise<RawConnection> {
       receivedText(expected) {
         if (text.includes(expected)) return Promise.resolve();
         const wait = Promise.withResolvers<void>();
-        if (isClosed) return Promise.reject(new Error(`closed before ${JSON.stringify(expected)} arrived`));
+        if (isClosed)
+          return Promise.reject(new Error(`closed before ${JSON.stringify(expected)} arrived`));
         waiting.push({ text: expected, resolve: wait.resolve, reject: wait.reject });
         return wait.promise;
       },
@@ -81,9 +92,15 @@ export function rawConnect(port: number): Promise<RawConnection> {
 }
 
 /** The head of a POST with a JSON body (or none), as a client would write it. */
-export function postHead(path: string, headers: Record<string, string>, contentLength: number | 'chunked'): string {
+export function postHead(
+  path: string,
+  headers: Record<string, string>,
+  contentLength: number | 'chunked',
+): string {
   const lines = [`POST ${path} HTTP/1.1`, 'Host: 127.0.0.1', 'Content-Type: application/json'];
   for (const [name, value] of Object.entries(headers)) lines.push(`${name}: ${value}`);
-  lines.push(contentLength === 'chunked' ? 'Transfer-Encoding: chunked' : `Content-Length: ${contentLength}`);
+  lines.push(
+    contentLength === 'chunked' ? 'Transfer-Encoding: chunked' : `Content-Length: ${contentLength}`,
+  );
   return `${lines.join('\r\n')}\r\n\r\n`;
 }

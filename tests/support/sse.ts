@@ -5,7 +5,9 @@ export class SseReader {
   private readonly reader: ReadableStreamDefaultReader<Uint8Array>;
 
   constructor(response: Response) {
-    this.reader = (response.body as ReadableStream<Uint8Array>).getReader() as ReadableStreamDefaultReader<Uint8Array>;
+    this.reader = (
+      response.body as ReadableStream<Uint8Array>
+    ).getReader() as ReadableStreamDefaultReader<Uint8Array>;
   }
 
   /** The next event's data, or null at the end of the stream. */

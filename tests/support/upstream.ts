@@ -16,7 +16,13 @@ export interface FakeUpstream {
 const encoder = new TextEncoder();
 
 function chunk(content: string, finish: string | null = null): Uint8Array {
-  const body = { id: 'up-1', object: 'chat.completion.chunk', created: 0, model: 'up', choices: [{ index: 0, delta: { content }, finish_reason: finish }] };
+  const body = {
+    id: 'up-1',
+    object: 'chat.completion.chunk',
+    created: 0,
+    model: 'up',
+    choices: [{ index: 0, delta: { content }, finish_reason: finish }],
+  };
   return encoder.encode(`data: ${JSON.stringify(body)}\n\n`);
 }
 
@@ -46,7 +52,10 @@ export function startFakeUpstream(mode: UpstreamMode = 'ok'): FakeUpstream {
       await request.json();
       switch (state.mode) {
         case 'error500':
-          return Response.json({ error: { message: 'boom', type: 'server_error' } }, { status: 500 });
+          return Response.json(
+            { error: { message: 'boom', type: 'server_error' } },
+            { status: 500 },
+          );
         case 'hang':
           return new Promise<Response>(() => {});
         case 'endless': {
@@ -66,9 +75,18 @@ export function startFakeUpstream(mode: UpstreamMode = 'ok'): FakeUpstream {
         }
         case 'ok': {
           const frames = [chunk('Hello'), chunk(' there'), chunk('', 'stop')];
-          const usage = { id: 'up-1', object: 'chat.completion.chunk', created: 0, model: 'up', choices: [], usage: { prompt_tokens: 11, completion_tokens: 2, total_tokens: 13 } };
+          const usage = {
+            id: 'up-1',
+            object: 'chat.completion.chunk',
+            created: 0,
+            model: 'up',
+            choices: [],
+            usage: { prompt_tokens: 11, completion_tokens: 2, total_tokens: 13 },
+          };
           frames.push(encoder.encode(`data: ${JSON.stringify(usage)}\n\ndata: [DONE]\n\n`));
-          return new Response(new Blob(frames), { headers: { 'content-type': 'text/event-stream' } });
+          return new Response(new Blob(frames), {
+            headers: { 'content-type': 'text/event-stream' },
+          });
         }
       }
     },
@@ -78,7 +96,10 @@ export function startFakeUpstream(mode: UpstreamMode = 'ok'): FakeUpstream {
 }
 
 /** Gateway config overrides that put model_03 on the fake upstream. */
-export function upstreamOverrides(upstream: FakeUpstream, extra: Record<string, unknown> = {}): Record<string, unknown> {
+export function upstreamOverrides(
+  upstream: FakeUpstream,
+  extra: Record<string, unknown> = {},
+): Record<string, unknown> {
   return {
     providers: { fake: { type: 'openai', base_url: upstream.url, timeout_ms: 5_000 } },
     models: { model_03: { provider: 'fake', upstream_model: 'up' } },

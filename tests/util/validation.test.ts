@@ -1,13 +1,16 @@
-// The validation helper: the first TypeBox error in words that name the field and the bound, a union's branch included.
+// The validation helper: the first TypeBox error in words that name the field and the bound, a
+// union's branch included.
 import { describe, expect, test } from 'bun:test';
-import { Type, type TSchema } from '@sinclair/typebox';
+import { type TSchema, Type } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
 import { fieldPath, firstProblem, mustBe } from '../../src/util/validation.ts';
 
 /** `field problem`, as the chat and admin APIs word it. */
 function message(schema: TSchema, value: unknown): string | null {
   const problem = firstProblem(Value.Errors(schema, value));
-  return problem === null ? null : `${fieldPath(value, problem.segments) || 'body'} ${problem.problem}`;
+  return problem === null
+    ? null
+    : `${fieldPath(value, problem.segments) || 'body'} ${problem.problem}`;
 }
 
 const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
@@ -35,7 +38,8 @@ describe('a union reports the error of the branch the value was meant for', () =
     [{ extra: 1, temperature: 3 }, 'temperature must be ≤ 2'],
   ];
   for (const [value, expected] of cases) {
-    test(`${JSON.stringify(value)} → ${expected}`, () => expect(message(schema, value)).toBe(expected));
+    test(`${JSON.stringify(value)} → ${expected}`, () =>
+      expect(message(schema, value)).toBe(expected));
   }
 });
 
@@ -43,7 +47,10 @@ describe('objects told apart by a literal field', () => {
   const schema = Type.Record(
     Type.String(),
     Type.Union([
-      Type.Object({ type: Type.Literal('a'), size: Type.Integer({ minimum: 1 }) }, { additionalProperties: false }),
+      Type.Object(
+        { type: Type.Literal('a'), size: Type.Integer({ minimum: 1 }) },
+        { additionalProperties: false },
+      ),
       Type.Object({ type: Type.Literal('b'), url: Type.String() }, { additionalProperties: false }),
     ]),
   );
@@ -51,7 +58,9 @@ describe('objects told apart by a literal field', () => {
   test('the branch whose literal matches names its own field', () => {
     expect(message(schema, { one: { type: 'a', size: 0 } })).toBe('one.size must be ≥ 1');
     expect(message(schema, { one: { type: 'b' } })).toBe('one.url is required');
-    expect(message(schema, { one: { type: 'b', url: 'x', size: 1 } })).toBe('one.size is not a known field');
+    expect(message(schema, { one: { type: 'b', url: 'x', size: 1 } })).toBe(
+      'one.size is not a known field',
+    );
   });
 
   test('no matching literal names the discriminating field and its choices', () => {
@@ -60,18 +69,33 @@ describe('objects told apart by a literal field', () => {
   });
 
   test('an object missing the literal of a mixed union is described by the object branch', () => {
-    const choice = Type.Union([Type.Literal('auto'), Type.Object({ type: Type.Literal('function'), name: Type.String() })]);
-    expect(message(Type.Object({ choice }), { choice: { name: 'x' } })).toBe('choice.type is required');
-    expect(message(Type.Object({ choice }), { choice: 7 })).toBe('choice must be "auto" or an object');
+    const choice = Type.Union([
+      Type.Literal('auto'),
+      Type.Object({ type: Type.Literal('function'), name: Type.String() }),
+    ]);
+    expect(message(Type.Object({ choice }), { choice: { name: 'x' } })).toBe(
+      'choice.type is required',
+    );
+    expect(message(Type.Object({ choice }), { choice: 7 })).toBe(
+      'choice must be "auto" or an object',
+    );
   });
 });
 
 describe('paths', () => {
-  test('array indexes in brackets, object keys that look like numbers with dots, pointer escapes undone', () => {
-    const schema = Type.Object({ list: Type.Array(Type.Record(Type.String(), Type.Integer())) });
-    expect(message(schema, { list: [{ '0': 1 }, { 'a/b~c': 'x' }] })).toBe('list[1].a/b~c must be an integer');
-    expect(message(Type.Record(Type.String(), Type.Integer()), { '12': 'x' })).toBe('12 must be an integer');
-  });
+  test(
+    'array indexes in brackets, object keys that look ' +
+      'like numbers with dots, pointer escapes undone',
+    () => {
+      const schema = Type.Object({ list: Type.Array(Type.Record(Type.String(), Type.Integer())) });
+      expect(message(schema, { list: [{ '0': 1 }, { 'a/b~c': 'x' }] })).toBe(
+        'list[1].a/b~c must be an integer',
+      );
+      expect(message(Type.Record(Type.String(), Type.Integer()), { '12': 'x' })).toBe(
+        '12 must be an integer',
+      );
+    },
+  );
 
   test('a prefix is prepended, a required field is named, a root error says body', () => {
     const schema = Type.Object({ id: Type.String() });

@@ -1,4 +1,5 @@
-// CRC-32C: published check values and the slicing-by-4 path against a plain bitwise reference; frame encoding.
+// CRC-32C: published check values and the slicing-by-4 path against a plain bitwise reference;
+// frame encoding.
 import { describe, expect, test } from 'bun:test';
 import { crc32c } from '../../src/wal/crc32c.ts';
 import { decodeFrame, encodeFrame, encodeTextFrame } from '../../src/wal/frame.ts';
@@ -49,7 +50,11 @@ describe('crc32c', () => {
       const start = next() % 64;
       const length = round < 64 ? round : next() % 4096;
       const end = start + length;
-      expect({ start, end, crc: crc32c(buffer, start, end) }).toEqual({ start, end, crc: crc32cBitwise(buffer, start, end) });
+      expect({ start, end, crc: crc32c(buffer, start, end) }).toEqual({
+        start,
+        end,
+        crc: crc32cBitwise(buffer, start, end),
+      });
     }
   });
 
@@ -88,18 +93,22 @@ describe('crc32c', () => {
 });
 
 describe('frames', () => {
-  test('a text frame is byte for byte the frame of its UTF-8 bytes, and decodes back (multi-byte text, seq over 2^32)', () => {
-    for (const [seq, text] of [
-      [1, '{"a":1}'],
-      [2 ** 32 + 7, '{"name":"Zoë ✓ 日本 🙂"}'],
-    ] as const) {
-      const frame = encodeTextFrame(seq, text);
-      expect(frame).toEqual(encodeFrame(seq, ENCODER.encode(text)));
-      const decoded = decodeFrame(frame, 0);
-      expect(decoded.kind).toBe('ok');
-      if (decoded.kind !== 'ok') continue;
-      expect(decoded.seq).toBe(seq);
-      expect(new TextDecoder().decode(decoded.payload)).toBe(text);
-    }
-  });
+  test(
+    'a text frame is byte for byte the frame of its UTF-8 bytes, and decodes back (multi-byte ' +
+      'text, seq over 2^32)',
+    () => {
+      for (const [seq, text] of [
+        [1, '{"a":1}'],
+        [2 ** 32 + 7, '{"name":"Zoë ✓ 日本 🙂"}'],
+      ] as const) {
+        const frame = encodeTextFrame(seq, text);
+        expect(frame).toEqual(encodeFrame(seq, ENCODER.encode(text)));
+        const decoded = decodeFrame(frame, 0);
+        expect(decoded.kind).toBe('ok');
+        if (decoded.kind !== 'ok') continue;
+        expect(decoded.seq).toBe(seq);
+        expect(new TextDecoder().decode(decoded.payload)).toBe(text);
+      }
+    },
+  );
 });

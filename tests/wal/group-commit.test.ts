@@ -6,8 +6,15 @@ import pino from 'pino';
 import { GatewayError } from '../../src/http/errors.ts';
 import { StateStore } from '../../src/state/store.ts';
 import { decodeFrame } from '../../src/wal/frame.ts';
-import { WalUnavailableError, WriteAheadLog, type FsyncPolicy } from '../../src/wal/log.ts';
-import { openRecording, replayOnly, segmentFiles, SILENT, tempDirs, walOptions } from './support.ts';
+import { type FsyncPolicy, WalUnavailableError, WriteAheadLog } from '../../src/wal/log.ts';
+import {
+  openRecording,
+  replayOnly,
+  SILENT,
+  segmentFiles,
+  tempDirs,
+  walOptions,
+} from './support.ts';
 
 const dirs = tempDirs('tollgate-wal-group-');
 afterAll(() => dirs.cleanup());
@@ -28,14 +35,17 @@ function countFrames(path: string): number {
 }
 
 function records(from: number, to: number, payload: (i: number) => unknown = (i) => ({ n: i })) {
-  return Array.from({ length: to - from + 1 }, (_, k) => ({ seq: from + k, payload: payload(from + k) }));
+  return Array.from({ length: to - from + 1 }, (_, k) => ({
+    seq: from + k,
+    payload: payload(from + k),
+  }));
 }
 
 describe('group commit', () => {
   /**
-   * Appends A, then B one event-loop turn later, and tells whether one fsync covered both: B is then
-   * acknowledged with A, before a macrotask queued at A's acknowledgement runs (its own fsync would
-   * come back in a later turn).
+   * Appends A, then B one event-loop turn later, and tells whether one fsync covered both: B is
+   * then acknowledged with A, before a macrotask queued at A's acknowledgement runs (its own fsync
+   * would come back in a later turn).
    */
   async function sharedOneFsync(expectedCommits: number): Promise<boolean> {
     const dir = dirs.make();
@@ -64,66 +74,85 @@ describe('group commit', () => {
     return events[1] === 'B acknowledged';
   }
 
-  test('fsync always: with other requests in flight, a commit waits a turn for theirs and shares its fsync', async () => {
-    expect(await sharedOneFsync(5)).toBe(true);
-  });
+  test(
+    'fsync always: with other requests in flight, a commit waits a turn for theirs and shares ' +
+      'its fsync',
+    async () => {
+      expect(await sharedOneFsync(5)).toBe(true);
+    },
+  );
 
   test('fsync always: alone (nothing else in flight), a commit does not wait', async () => {
     expect(await sharedOneFsync(1)).toBe(false);
   });
 
   for (const fsync of POLICIES) {
-    test(`appends in one tick share one write and resolve together, in order (fsync ${fsync})`, async () => {
-      const dir = dirs.make();
-      const { wal } = openRecording(dir, { fsync });
-      const count = 200;
-      const resolved: number[] = [];
-      let framesOnDiskAtFirstResolve = -1;
-      const promises = Array.from({ length: count }, (_, i) => wal.append({ n: i + 1 }));
-      expect(wal.lastSeq).toBe(count);
-      promises[0]!.then(() => {
-        framesOnDiskAtFirstResolve = countFrames(join(dir, segmentFiles(dir)[0]!));
-      });
-      promises.forEach((promise, i) => promise.then(() => resolved.push(i + 1)));
-      await Promise.all(promises);
-      // When the first record is acknowledged the whole batch is already written: one write, not 200.
-      expect(framesOnDiskAtFirstResolve).toBe(count);
-      expect(resolved).toEqual(records(1, count).map((r) => r.seq));
-      await wal.close();
-      expect(await replayOnly(dir)).toEqual({ snapshot: null, records: records(1, count) });
-    });
+    test(
+      `appends in one tick share one write and ` + `resolve together, in order (fsync ${fsync})`,
+      async () => {
+        const dir = dirs.make();
+        const { wal } = openRecording(dir, { fsync });
+        const count = 200;
+        const resolved: number[] = [];
+        let framesOnDiskAtFirstResolve = -1;
+        const promises = Array.from({ length: count }, (_, i) => wal.append({ n: i + 1 }));
+        expect(wal.lastSeq).toBe(count);
+        promises[0]!.then(() => {
+          framesOnDiskAtFirstResolve = countFrames(join(dir, segmentFiles(dir)[0]!));
+        });
+        for (const [i, promise] of promises.entries()) promise.then(() => resolved.push(i + 1));
+        await Promise.all(promises);
+        // When the first record is acknowledged the whole batch is already written: one write, not
+        // 200.
+        expect(framesOnDiskAtFirstResolve).toBe(count);
+        expect(resolved).toEqual(records(1, count).map((r) => r.seq));
+        await wal.close();
+        expect(await replayOnly(dir)).toEqual({ snapshot: null, records: records(1, count) });
+      },
+    );
 
-    test(`an append made as soon as the previous one is acknowledged is written too (fsync ${fsync})`, async () => {
-      // Regression: the waiter of a finished batch ran before the flush loop was marked idle, so an
-      // append it made was queued but never written, and close() then spun forever.
-      const dir = dirs.make();
-      const { wal } = openRecording(dir, { fsync });
-      for (let i = 1; i <= 50; i++) await wal.append({ n: i });
-      // Chained inside a `then`, the tightest form of the same race.
-      await wal.append({ n: 51 }).then(() => wal.append({ n: 52 })).then(() => wal.append({ n: 53 }));
-      await wal.close();
-      expect(await replayOnly(dir)).toEqual({ snapshot: null, records: records(1, 53) });
-    });
+    test(
+      `an append made as soon as the previous one is ` +
+        `acknowledged is written too (fsync ${fsync})`,
+      async () => {
+        // Regression: the waiter of a finished batch ran before the flush loop was marked idle, so
+        // an append it made was queued but never written, and close() then spun forever.
+        const dir = dirs.make();
+        const { wal } = openRecording(dir, { fsync });
+        for (let i = 1; i <= 50; i++) await wal.append({ n: i });
+        // Chained inside a `then`, the tightest form of the same race.
+        await wal
+          .append({ n: 51 })
+          .then(() => wal.append({ n: 52 }))
+          .then(() => wal.append({ n: 53 }));
+        await wal.close();
+        expect(await replayOnly(dir)).toEqual({ snapshot: null, records: records(1, 53) });
+      },
+    );
 
-    test(`every policy replays everything after close: mixed batches and segment rolls (fsync ${fsync})`, async () => {
-      const dir = dirs.make();
-      const { wal } = openRecording(dir, { fsync, segmentBytes: 4096 });
-      let n = 0;
-      const payload = (i: number) => ({ n: i, pad: 'p'.repeat((i * 37) % 300) });
-      for (let round = 0; round < 20; round++) {
-        const batch = Array.from({ length: round % 7 }, () => wal.append(payload(++n)));
-        // Appends made while a write or fsync is in flight join the next batch.
-        await Promise.resolve();
-        batch.push(wal.append(payload(++n)));
-        await Promise.all(batch);
-      }
-      // Appended without waiting: close() must still write them.
-      wal.append(payload(++n));
-      wal.append(payload(++n));
-      await wal.close();
-      expect(segmentFiles(dir).length).toBeGreaterThan(2);
-      expect(await replayOnly(dir)).toEqual({ snapshot: null, records: records(1, n, payload) });
-    });
+    test(
+      `every policy replays everything after close: ` +
+        `mixed batches and segment rolls (fsync ${fsync})`,
+      async () => {
+        const dir = dirs.make();
+        const { wal } = openRecording(dir, { fsync, segmentBytes: 4096 });
+        let n = 0;
+        const payload = (i: number) => ({ n: i, pad: 'p'.repeat((i * 37) % 300) });
+        for (let round = 0; round < 20; round++) {
+          const batch = Array.from({ length: round % 7 }, () => wal.append(payload(++n)));
+          // Appends made while a write or fsync is in flight join the next batch.
+          await Promise.resolve();
+          batch.push(wal.append(payload(++n)));
+          await Promise.all(batch);
+        }
+        // Appended without waiting: close() must still write them.
+        wal.append(payload(++n));
+        wal.append(payload(++n));
+        await wal.close();
+        expect(segmentFiles(dir).length).toBeGreaterThan(2);
+        expect(await replayOnly(dir)).toEqual({ snapshot: null, records: records(1, n, payload) });
+      },
+    );
   }
 
   test('a reopened log continues the sequence', async () => {
@@ -144,71 +173,94 @@ describe('failure', () => {
     const parent = dirs.make();
     const file = join(parent, 'not-a-dir');
     writeFileSync(file, 'x');
-    // A path under a regular file: ENOTDIR, whoever runs the test (root bypasses permissions, not this).
-    expect(() => WriteAheadLog.open(walOptions(join(file, 'wal')), { loadSnapshot() {}, applyRecord() {} })).toThrow();
+    // A path under a regular file: ENOTDIR, whoever runs the test (root bypasses permissions, not
+    // this).
+    expect(() =>
+      WriteAheadLog.open(walOptions(join(file, 'wal')), { loadSnapshot() {}, applyRecord() {} }),
+    ).toThrow();
   });
 
   test('open throws when the directory is a file', () => {
     const parent = dirs.make();
     const file = join(parent, 'wal');
     writeFileSync(file, 'x');
-    expect(() => WriteAheadLog.open(walOptions(file), { loadSnapshot() {}, applyRecord() {} })).toThrow();
+    expect(() =>
+      WriteAheadLog.open(walOptions(file), { loadSnapshot() {}, applyRecord() {} }),
+    ).toThrow();
   });
 
-  // The next segment is made a link to a device the kernel fails on, so a real write() or fsync() in the
-  // real code path returns an error: ENOSPC from /dev/full, EINVAL from fsync on /dev/null.
+  // The next segment is made a link to a device the kernel fails on, so a real write() or fsync()
+  // in the real code path returns an error: ENOSPC from /dev/full, EINVAL from fsync on /dev/null.
   function linkNextSegment(dir: string, device: string): string {
     const path = join(dir, 'segment-000000000002.wal');
     symlinkSync(device, path);
     return path;
   }
 
-  test('a failed write rejects the whole batch and every later append, and nothing after it is acknowledged', async () => {
-    const dir = dirs.make();
-    const { wal } = openRecording(dir, { fsync: 'always', segmentBytes: 1 });
-    const link = linkNextSegment(dir, '/dev/full');
-    await wal.append({ n: 1 }); // written to segment 1, then the log rolls onto /dev/full
-    const batch = [wal.append({ n: 2 }), wal.append({ n: 3 })];
-    const outcomes = await Promise.allSettled(batch);
-    for (const outcome of outcomes) {
-      expect(outcome.status).toBe('rejected');
-      expect((outcome as PromiseRejectedResult).reason).toBeInstanceOf(WalUnavailableError);
-      expect((outcome as PromiseRejectedResult).reason.message).toContain('ENOSPC');
-    }
-    expect(wal.failure?.message).toContain('ENOSPC');
-    expect(() => wal.append({ n: 4 })).toThrow(WalUnavailableError);
-    await wal.close();
-    // The device never held anything; without the link the log is the one acknowledged record.
-    unlinkSync(link);
-    expect(await replayOnly(dir)).toEqual({ snapshot: null, records: records(1, 1) });
-  });
+  test(
+    'a failed write rejects the whole batch and every ' +
+      'later append, and nothing after it is acknowledged',
+    async () => {
+      const dir = dirs.make();
+      const { wal } = openRecording(dir, { fsync: 'always', segmentBytes: 1 });
+      const link = linkNextSegment(dir, '/dev/full');
+      await wal.append({ n: 1 }); // written to segment 1, then the log rolls onto /dev/full
+      const batch = [wal.append({ n: 2 }), wal.append({ n: 3 })];
+      const outcomes = await Promise.allSettled(batch);
+      for (const outcome of outcomes) {
+        expect(outcome.status).toBe('rejected');
+        expect((outcome as PromiseRejectedResult).reason).toBeInstanceOf(WalUnavailableError);
+        expect((outcome as PromiseRejectedResult).reason.message).toContain('ENOSPC');
+      }
+      expect(wal.failure?.message).toContain('ENOSPC');
+      expect(() => wal.append({ n: 4 })).toThrow(WalUnavailableError);
+      await wal.close();
+      // The device never held anything; without the link the log is the one acknowledged record.
+      unlinkSync(link);
+      expect(await replayOnly(dir)).toEqual({ snapshot: null, records: records(1, 1) });
+    },
+  );
 
-  test('a failed fsync (policy always) rejects its batch: fatal, never retried, never acknowledged', async () => {
-    const dir = dirs.make();
-    const { wal } = openRecording(dir, { fsync: 'always', segmentBytes: 1 });
-    const link = linkNextSegment(dir, '/dev/null');
-    await wal.append({ n: 1 });
-    const outcomes = await Promise.allSettled([wal.append({ n: 2 }), wal.append({ n: 3 })]);
-    expect(outcomes.map((o) => o.status)).toEqual(['rejected', 'rejected']);
-    expect(((outcomes[0] as PromiseRejectedResult).reason as Error).message).toContain('EINVAL');
-    expect(wal.failure).not.toBeNull();
-    expect(() => wal.append({ n: 4 })).toThrow(WalUnavailableError);
-    // A snapshot is a write too.
-    await expect(wal.snapshot({ json: '{}', blobs: [] }, 1)).rejects.toBeInstanceOf(WalUnavailableError);
-    await wal.close();
-    unlinkSync(link);
-    expect((await replayOnly(dir)).records).toEqual(records(1, 1));
-  });
+  test(
+    'a failed fsync (policy always) rejects its ' +
+      'batch: fatal, never retried, never acknowledged',
+    async () => {
+      const dir = dirs.make();
+      const { wal } = openRecording(dir, { fsync: 'always', segmentBytes: 1 });
+      const link = linkNextSegment(dir, '/dev/null');
+      await wal.append({ n: 1 });
+      const outcomes = await Promise.allSettled([wal.append({ n: 2 }), wal.append({ n: 3 })]);
+      expect(outcomes.map((o) => o.status)).toEqual(['rejected', 'rejected']);
+      expect(((outcomes[0] as PromiseRejectedResult).reason as Error).message).toContain('EINVAL');
+      expect(wal.failure).not.toBeNull();
+      expect(() => wal.append({ n: 4 })).toThrow(WalUnavailableError);
+      // A snapshot is a write too.
+      await expect(wal.snapshot({ json: '{}', blobs: [] }, 1)).rejects.toBeInstanceOf(
+        WalUnavailableError,
+      );
+      await wal.close();
+      unlinkSync(link);
+      expect((await replayOnly(dir)).records).toEqual(records(1, 1));
+    },
+  );
 
   test('a failed fsync under policy interval stops all later appends', async () => {
     const dir = dirs.make();
     const fatal = Promise.withResolvers<string>();
-    const logger = pino({ level: 'fatal' }, {
-      write(line: string) {
-        fatal.resolve(line);
+    const logger = pino(
+      { level: 'fatal' },
+      {
+        write(line: string) {
+          fatal.resolve(line);
+        },
       },
+    );
+    const { wal } = openRecording(dir, {
+      fsync: 'interval',
+      fsyncIntervalMs: 1,
+      segmentBytes: 1,
+      logger,
     });
-    const { wal } = openRecording(dir, { fsync: 'interval', fsyncIntervalMs: 1, segmentBytes: 1, logger });
     linkNextSegment(dir, '/dev/null');
     await wal.append({ n: 1 });
     // Under `interval` a record is acknowledged once written; the timer's fsync is what fails.
@@ -220,7 +272,10 @@ describe('failure', () => {
     await wal.close();
   });
 
-  /** A store whose every record starts a new segment, so the next segment's file can be made to fail. */
+  /**
+   * A store whose every record starts a new segment, so the next segment's file can be made to
+   * fail.
+   */
   const openOneRecordSegments = (dataDir: string) =>
     StateStore.open({
       dataDir,
@@ -228,7 +283,13 @@ describe('failure', () => {
       fsyncIntervalMs: 5,
       segmentBytes: 1,
       snapshotEveryRecords: 1_000_000,
-      limits: { requestRecordsMax: 100, requestRecordTtlMs: 60_000, idempotencyKeysMax: 100, requestRecordsPerKey: 100, idempotencyKeysPerKey: 100 },
+      limits: {
+        requestRecordsMax: 100,
+        requestRecordTtlMs: 60_000,
+        idempotencyKeysMax: 100,
+        requestRecordsPerKey: 100,
+        idempotencyKeysPerKey: 100,
+      },
       logger: SILENT,
     });
 

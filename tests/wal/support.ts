@@ -1,10 +1,11 @@
-// Test support for the WAL tests: temp dirs that clean up, a log opened with recording handlers, segment paths.
+// Test support for the WAL tests: temp dirs that clean up, a log opened with recording handlers,
+// segment paths.
 import { expect } from 'bun:test';
 import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createLogger, type Logger } from '../../src/util/log.ts';
-import { WriteAheadLog, type FsyncPolicy, type WalOptions } from '../../src/wal/log.ts';
+import { type FsyncPolicy, type WalOptions, WriteAheadLog } from '../../src/wal/log.ts';
 
 export const SILENT: Logger = createLogger('silent');
 
@@ -29,11 +30,21 @@ export interface Replayed {
 }
 
 export function walOptions(dir: string, overrides: Partial<WalOptions> = {}): WalOptions {
-  return { dir, fsync: 'off' as FsyncPolicy, fsyncIntervalMs: 5, segmentBytes: 64 * 1024 * 1024, logger: SILENT, ...overrides };
+  return {
+    dir,
+    fsync: 'off' as FsyncPolicy,
+    fsyncIntervalMs: 5,
+    segmentBytes: 64 * 1024 * 1024,
+    logger: SILENT,
+    ...overrides,
+  };
 }
 
 /** Opens the log in `dir`, recording everything replay hands over. */
-export function openRecording(dir: string, overrides: Partial<WalOptions> = {}): { wal: WriteAheadLog; replayed: Replayed } {
+export function openRecording(
+  dir: string,
+  overrides: Partial<WalOptions> = {},
+): { wal: WriteAheadLog; replayed: Replayed } {
   const replayed: Replayed = { snapshot: null, records: [] };
   const wal = WriteAheadLog.open(walOptions(dir, overrides), {
     loadSnapshot(state, seq) {
@@ -49,7 +60,10 @@ export function openRecording(dir: string, overrides: Partial<WalOptions> = {}):
 }
 
 /** Opens, records the replay, closes: what a restart would see. */
-export async function replayOnly(dir: string, overrides: Partial<WalOptions> = {}): Promise<Replayed> {
+export async function replayOnly(
+  dir: string,
+  overrides: Partial<WalOptions> = {},
+): Promise<Replayed> {
   const { wal, replayed } = openRecording(dir, overrides);
   await wal.close();
   return replayed;
@@ -62,7 +76,9 @@ export function segmentFiles(dir: string): string[] {
 }
 
 /** Payload `i` of a test run: sizes vary so frames do not all share one length. */
-export function payloadOf(i: number, sizes: readonly number[] = [1, 57, 3, 130, 0, 250, 9]): { i: number; pad: string } {
+export function payloadOf(
+  i: number,
+  sizes: readonly number[] = [1, 57, 3, 130, 0, 250, 9],
+): { i: number; pad: string } {
   return { i, pad: 'x'.repeat(sizes[i % sizes.length]!) };
 }
-

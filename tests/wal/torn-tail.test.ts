@@ -1,4 +1,5 @@
-// Recovery from a torn or damaged log: a bad tail is cut back to the longest valid prefix, damage elsewhere refuses to start.
+// Recovery from a torn or damaged log: a bad tail is cut back to the longest valid prefix, damage
+// elsewhere refuses to start.
 import { afterAll, describe, expect, test } from 'bun:test';
 import { readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -25,7 +26,10 @@ function frameRanges(bytes: Uint8Array): Array<{ start: number; end: number; seq
   return ranges;
 }
 
-/** Writes `count` records with fsync off into a fresh dir, closes, and returns the dir and its one segment's bytes. */
+/**
+ * Writes `count` records with fsync off into a fresh dir, closes, and returns the dir and its one
+ * segment's bytes.
+ */
 async function writeFixture(count: number): Promise<{ dir: string; bytes: Uint8Array }> {
   const dir = dirs.make();
   const { wal, replayed } = openRecording(dir);
@@ -63,33 +67,50 @@ describe('torn tail', () => {
   test('the fixture replays whole', async () => {
     const { dir, bytes } = await writeFixture(RECORD_COUNT);
     expect(frameRanges(bytes).map((r) => r.seq)).toEqual([1, 2, 3, 4, 5, 6]);
-    expect(await replayOnly(dir)).toEqual({ snapshot: null, records: expectedRecords(RECORD_COUNT) });
+    expect(await replayOnly(dir)).toEqual({
+      snapshot: null,
+      records: expectedRecords(RECORD_COUNT),
+    });
   });
 
-  test('(a) truncation at every byte offset of the last record: prefix kept, file cut back, appends continue', async () => {
-    const { bytes } = await writeFixture(RECORD_COUNT);
-    const last = frameRanges(bytes).at(-1)!;
-    // The last record is the biggest payload of the fixture, so this covers header and payload cuts alike.
-    expect(last.end - last.start).toBeGreaterThan(16 + 200);
-    for (let cut = last.start; cut < last.end; cut++) {
-      const dir = dirWithSegment(bytes.subarray(0, cut));
-      const path = join(dir, SEGMENT);
+  test(
+    '(a) truncation at every byte offset of the last record: prefix kept, file cut back, ' +
+      'appends continue',
+    async () => {
+      const { bytes } = await writeFixture(RECORD_COUNT);
+      const last = frameRanges(bytes).at(-1)!;
+      // The last record is the biggest payload of the fixture, so this covers header and payload
+      // cuts alike.
+      expect(last.end - last.start).toBeGreaterThan(16 + 200);
+      for (let cut = last.start; cut < last.end; cut++) {
+        const dir = dirWithSegment(bytes.subarray(0, cut));
+        const path = join(dir, SEGMENT);
 
-      const first = openRecording(dir);
-      expect({ cut, replayed: first.replayed }).toEqual({ cut, replayed: { snapshot: null, records: expectedRecords(RECORD_COUNT - 1) } });
-      expect({ cut, size: statSync(path).size }).toEqual({ cut, size: last.start });
-      expect(first.wal.lastSeq).toBe(RECORD_COUNT - 1);
+        const first = openRecording(dir);
+        expect({ cut, replayed: first.replayed }).toEqual({
+          cut,
+          replayed: { snapshot: null, records: expectedRecords(RECORD_COUNT - 1) },
+        });
+        expect({ cut, size: statSync(path).size }).toEqual({ cut, size: last.start });
+        expect(first.wal.lastSeq).toBe(RECORD_COUNT - 1);
 
-      await first.wal.append({ after: cut });
-      await first.wal.close();
+        await first.wal.append({ after: cut });
+        await first.wal.close();
 
-      const second = await replayOnly(dir);
-      expect({ cut, replayed: second }).toEqual({
-        cut,
-        replayed: { snapshot: null, records: [...expectedRecords(RECORD_COUNT - 1), { seq: RECORD_COUNT, payload: { after: cut } }] },
-      });
-    }
-  });
+        const second = await replayOnly(dir);
+        expect({ cut, replayed: second }).toEqual({
+          cut,
+          replayed: {
+            snapshot: null,
+            records: [
+              ...expectedRecords(RECORD_COUNT - 1),
+              { seq: RECORD_COUNT, payload: { after: cut } },
+            ],
+          },
+        });
+      }
+    },
+  );
 
   test('(b) each byte of the last record flipped: exactly the longest valid prefix', async () => {
     const { bytes } = await writeFixture(RECORD_COUNT);
@@ -99,7 +120,10 @@ describe('torn tail', () => {
       damaged[at] = damaged[at]! ^ 0xff;
       const dir = dirWithSegment(damaged);
       const { wal, replayed } = openRecording(dir);
-      expect({ at, replayed }).toEqual({ at, replayed: { snapshot: null, records: expectedRecords(RECORD_COUNT - 1) } });
+      expect({ at, replayed }).toEqual({
+        at,
+        replayed: { snapshot: null, records: expectedRecords(RECORD_COUNT - 1) },
+      });
       expect({ at, size: statSync(join(dir, SEGMENT)).size }).toEqual({ at, size: last.start });
       await wal.append({ after: at });
       await wal.close();
@@ -112,36 +136,50 @@ describe('torn tail', () => {
     const ranges = frameRanges(bytes);
     for (const [index, range] of ranges.entries()) {
       const dir = dirWithSegment(bytes.subarray(0, range.end));
-      expect(await replayOnly(dir)).toEqual({ snapshot: null, records: expectedRecords(index + 1) });
+      expect(await replayOnly(dir)).toEqual({
+        snapshot: null,
+        records: expectedRecords(index + 1),
+      });
       expect(statSync(join(dir, SEGMENT)).size).toBe(range.end);
     }
   });
 
-  test('(c) corruption in the middle refuses to start, names file and offset, and leaves the file alone', async () => {
-    const { bytes } = await writeFixture(5);
-    const second = frameRanges(bytes)[1]!;
-    for (let at = second.start; at < second.end; at++) {
-      const damaged = bytes.slice();
-      damaged[at] = damaged[at]! ^ 0xff;
-      const dir = dirWithSegment(damaged);
-      const path = join(dir, SEGMENT);
-      const error = expectCorruption(() => openRecording(dir));
-      expect(error.message).toContain(path);
-      expect(error.message).toContain(`offset ${second.start}`);
-      // Refusing must not "repair": the valid records after the damage are still on disk.
-      expect(new Uint8Array(readFileSync(path))).toEqual(damaged);
-    }
-  });
+  test(
+    '(c) corruption in the middle refuses to start, names file and offset, and leaves the ' +
+      'file alone',
+    async () => {
+      const { bytes } = await writeFixture(5);
+      const second = frameRanges(bytes)[1]!;
+      for (let at = second.start; at < second.end; at++) {
+        const damaged = bytes.slice();
+        damaged[at] = damaged[at]! ^ 0xff;
+        const dir = dirWithSegment(damaged);
+        const path = join(dir, SEGMENT);
+        const error = expectCorruption(() => openRecording(dir));
+        expect(error.message).toContain(path);
+        expect(error.message).toContain(`offset ${second.start}`);
+        // Refusing must not "repair": the valid records after the damage are still on disk.
+        expect(new Uint8Array(readFileSync(path))).toEqual(damaged);
+      }
+    },
+  );
 
-  test('(c) a record cut out of the middle (length pointing past the end) refuses to start', async () => {
-    const { bytes } = await writeFixture(5);
-    const ranges = frameRanges(bytes);
-    // Record 2's header followed directly by record 4 and 5: record 2's length now swallows record 3.
-    const spliced = new Uint8Array([...bytes.subarray(0, ranges[1]!.start + 20), ...bytes.subarray(ranges[2]!.end)]);
-    const dir = dirWithSegment(spliced);
-    const error = expectCorruption(() => openRecording(dir));
-    expect(error.message).toContain(join(dir, SEGMENT));
-  });
+  test(
+    '(c) a record cut out of the middle (length ' + 'pointing past the end) refuses to start',
+    async () => {
+      const { bytes } = await writeFixture(5);
+      const ranges = frameRanges(bytes);
+      // Record 2's header followed directly by record 4 and 5: record 2's length now swallows
+      // record 3.
+      const spliced = new Uint8Array([
+        ...bytes.subarray(0, ranges[1]!.start + 20),
+        ...bytes.subarray(ranges[2]!.end),
+      ]);
+      const dir = dirWithSegment(spliced);
+      const error = expectCorruption(() => openRecording(dir));
+      expect(error.message).toContain(join(dir, SEGMENT));
+    },
+  );
 
   test('(d) a bad frame in a segment that is not the last refuses to start', async () => {
     const dir = dirs.make();
@@ -153,7 +191,8 @@ describe('torn tail', () => {
     expect(segments.length).toBe(6);
     expect((await replayOnly(dir, { segmentBytes: 32 })).records).toEqual(expectedRecords(5));
 
-    // The last record of the first segment, flipped: in the last segment this would be a torn tail, here it is not.
+    // The last record of the first segment, flipped: in the last segment this would be a torn tail,
+    // here it is not.
     const firstPath = join(dir, segments[0]!);
     const original = new Uint8Array(readFileSync(firstPath));
     const lastOfFirst = frameRanges(original).at(-1)!;
@@ -177,22 +216,29 @@ describe('torn tail', () => {
     expect((await replayOnly(dir, { segmentBytes: 32 })).records).toEqual(expectedRecords(5));
   });
 
-  test('(d) a torn tail in the second-to-last segment is refused even when the last segment is empty', async () => {
-    const dir = dirs.make();
-    const { wal } = openRecording(dir, { segmentBytes: 32 });
-    for (let i = 0; i < 3; i++) await wal.append(payloadOf(i, [100]));
-    await wal.close();
-    const segments = segmentFiles(dir);
-    const lastPath = join(dir, segments.at(-1)!);
-    expect(statSync(lastPath).size).toBe(0);
-    const previousPath = join(dir, segments.at(-2)!);
-    const bytes = readFileSync(previousPath);
-    writeFileSync(previousPath, bytes.subarray(0, bytes.length - 3));
-    expect(expectCorruption(() => openRecording(dir, { segmentBytes: 32 })).message).toContain(previousPath);
-  });
+  test(
+    '(d) a torn tail in the second-to-last segment ' +
+      'is refused even when the last segment is empty',
+    async () => {
+      const dir = dirs.make();
+      const { wal } = openRecording(dir, { segmentBytes: 32 });
+      for (let i = 0; i < 3; i++) await wal.append(payloadOf(i, [100]));
+      await wal.close();
+      const segments = segmentFiles(dir);
+      const lastPath = join(dir, segments.at(-1)!);
+      expect(statSync(lastPath).size).toBe(0);
+      const previousPath = join(dir, segments.at(-2)!);
+      const bytes = readFileSync(previousPath);
+      writeFileSync(previousPath, bytes.subarray(0, bytes.length - 3));
+      expect(expectCorruption(() => openRecording(dir, { segmentBytes: 32 })).message).toContain(
+        previousPath,
+      );
+    },
+  );
 
   test('(e) a gap in sequence numbers refuses to start', () => {
-    const frame = (seq: number) => encodeFrame(seq, new TextEncoder().encode(JSON.stringify({ seq })));
+    const frame = (seq: number) =>
+      encodeFrame(seq, new TextEncoder().encode(JSON.stringify({ seq })));
     const join3 = (...frames: Uint8Array[]) => new Uint8Array(frames.flatMap((f) => [...f]));
 
     const gapDir = dirWithSegment(join3(frame(1), frame(2), frame(4), frame(5)));
@@ -206,7 +252,9 @@ describe('torn tail', () => {
 
     // A log that does not start at 1 (its first records lost, no snapshot to cover them).
     const headlessDir = dirWithSegment(join3(frame(3), frame(4)));
-    expect(expectCorruption(() => openRecording(headlessDir)).message).toContain('seq 3, expected 1');
+    expect(expectCorruption(() => openRecording(headlessDir)).message).toContain(
+      'seq 3, expected 1',
+    );
 
     // A gap between segments.
     const acrossDir = dirWithSegment(join3(frame(1), frame(2)));

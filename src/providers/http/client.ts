@@ -1,14 +1,21 @@
-// HTTP/1.1 client for upstream calls, on Bun's TCP sockets: a keep-alive pool per origin, one thread.
+// HTTP/1.1 client for upstream calls, on Bun's TCP sockets: a keep-alive pool per origin, one
+// thread.
 //
 // Why not `fetch`: Bun runs fetch on its own HTTP thread, so every call and every body read crosses
-// threads twice, and each streamed body holds a 256 KB read buffer. Measured side by side (bench/README):
-// a server that parses the body, calls the upstream and answers JSON costs 1.2 × the CPU of a trivial
-// fetch-based proxy when it uses fetch and 0.75 × when it uses this client, and its open streams cost a
-// fraction of the memory. What it does not do: proxies (HTTP(S)_PROXY are not read), HTTP/2,
-// redirects, compressed bodies (it asks for identity and refuses anything else).
+// threads twice, and each streamed body holds a 256 KB read buffer. Measured side by side
+// (bench/README): a server that parses the body, calls the upstream and answers JSON costs 1.2 ×
+// the CPU of a trivial fetch-based proxy when it uses fetch and 0.75 × when it uses this client,
+// and its open streams cost a fraction of the memory. What it does not do: proxies (HTTP(S)_PROXY
+// are not read), HTTP/2, redirects, compressed bodies (it asks for identity and refuses anything
+// else).
 import { closeSync, openSync } from 'node:fs';
 import type { Socket, SocketHandler } from 'bun';
-import { HttpProtocolError, ResponseParser, type ResponseHead, type ResponseSink } from './response-parser.ts';
+import {
+  type HttpProtocolError,
+  type ResponseHead,
+  ResponseParser,
+  type ResponseSink,
+} from './response-parser.ts';
 
 export type HttpFailureKind = 'connect' | 'closed' | 'protocol';
 
@@ -25,7 +32,10 @@ export class HttpClientError extends Error {
   }
 }
 
-/** What an exchange reports, in order: one head, body pieces, then the end, or one error at any point. */
+/**
+ * What an exchange reports, in order: one head, body pieces, then the end, or one error at any
+ * point.
+ */
 export interface ExchangeHandler {
   onHead(head: ResponseHead): void;
   onBody(bytes: Uint8Array): void;
@@ -38,15 +48,17 @@ export interface HttpClientOptions {
   ca?: string;
   /** Idle connections kept; more are closed when their exchange ends. */
   idleMax?: number;
-  /** A kept connection closed unanswered this soon after the request is resent once (see `lost`). */
+  /**
+   * A kept connection closed unanswered this soon after the request is resent once (see `lost`).
+   */
   resendWindowMs?: number;
 }
 
 /**
- * The race a resend is for: the upstream closes an idle kept connection (its keep-alive timeout) just as
- * our request goes out on it, so the close crosses the request on the wire and comes back within a
- * round trip. A connection that dies later was reading our request and working on it: resending would
- * make the upstream do (and bill) the work twice.
+ * The race a resend is for: the upstream closes an idle kept connection (its keep-alive timeout)
+ * just as our request goes out on it, so the close crosses the request on the wire and comes back
+ * within a round trip. A connection that dies later was reading our request and working on it:
+ * resending would make the upstream do (and bill) the work twice.
  */
 const RESEND_WINDOW_MS = 1_000;
 
@@ -59,18 +71,26 @@ export class HttpExchange {
   connection: Connection | null = null;
   /** Ended: completed, failed or aborted; no callback follows. */
   finished = false;
-  /** Sent once more already, on a new connection, after a kept one closed with no answer (see `lost`). */
+  /**
+   * Sent once more already, on a new connection, after a kept one closed with no answer (see
+   * `lost`).
+   */
   retried = false;
   paused = false;
 
   constructor(
-    /** Request line, header fields and the empty line, then the body: one write when the socket takes it. */
+    /**
+     * Request line, header fields and the empty line, then the body: one write when the socket
+     * takes it.
+     */
     readonly requestText: string,
     readonly requestBytes: number,
     readonly handler: ExchangeHandler,
   ) {}
 
-  /** Stops the exchange at once: the connection is closed (never reused) and no callback follows. */
+  /**
+   * Stops the exchange at once: the connection is closed (never reused) and no callback follows.
+   */
   abort(): void {
     if (this.finished) return;
     this.finished = true;
@@ -118,11 +138,13 @@ class Connection implements ResponseSink {
     const socket = this.socket!;
     const written = socket.write(exchange.requestText);
     if (written < 0) {
-      // Closed before a byte of the request went out: a kept connection is retried there (see `lost`).
+      // Closed before a byte of the request went out: a kept connection is retried there (see
+      // `lost`).
       this.lost();
       return;
     }
-    if (written < exchange.requestBytes) this.pendingWrite = Buffer.from(exchange.requestText).subarray(written);
+    if (written < exchange.requestBytes)
+      this.pendingWrite = Buffer.from(exchange.requestText).subarray(written);
     if (exchange.paused) socket.pause();
   }
 
@@ -151,21 +173,30 @@ class Connection implements ResponseSink {
   received(bytes: Uint8Array): void {
     const parser = this.parser;
     if (this.exchange === null || parser === null) {
-      // Nothing was asked on this connection: whatever it says cannot be trusted with the next request.
+      // Nothing was asked on this connection: whatever it says cannot be trusted with the next
+      // request.
       this.drop();
       return;
     }
     try {
       parser.feed(bytes);
     } catch (error) {
-      this.fail(new HttpClientError('protocol', `malformed answer: ${(error as HttpProtocolError).message}`));
+      this.fail(
+        new HttpClientError(
+          'protocol',
+          `malformed answer: ${(error as HttpProtocolError).message}`,
+        ),
+      );
       return;
     }
     // A handler may have aborted the exchange from inside the read (then it is gone already).
     if (parser.done && this.exchange !== null) this.complete();
   }
 
-  /** The answer is complete: hand the connection back (when it can carry another request) and report. */
+  /**
+   * The answer is complete: hand the connection back (when it can carry another request) and
+   * report.
+   */
   private complete(): void {
     const exchange = this.exchange!;
     this.exchange = null;
@@ -203,21 +234,33 @@ class Connection implements ResponseSink {
     const exchange = this.exchange;
     if (exchange === null || exchange.finished) return;
     const parser = this.parser;
-    if (parser !== null && parser.close()) {
+    if (parser?.close()) {
       this.complete();
       return;
     }
-    if (this.reused && !exchange.retried && (parser === null || !parser.started) && performance.now() - this.startedAtMs <= this.client.resendWindowMs) {
-      // A kept connection the upstream closed before a byte of the answer (its keep-alive timeout met
-      // our request): CONTRACT §7 asks for one more try on a new connection before this is a failure.
-      // The upstream may have read the request, so this is the only resend there is: never on a new
-      // connection, never twice, never once any byte of an answer came (that answer was begun), never
-      // for a close long after the request (RESEND_WINDOW_MS: the upstream was working on it).
+    if (
+      this.reused &&
+      !exchange.retried &&
+      (parser === null || !parser.started) &&
+      performance.now() - this.startedAtMs <= this.client.resendWindowMs
+    ) {
+      // A kept connection the upstream closed before a byte of the answer (its keep-alive timeout
+      // met our request): CONTRACT §7 asks for one more try on a new connection before this is a
+      // failure. The upstream may have read the request, so this is the only resend there is: never
+      // on a new connection, never twice, never once any byte of an answer came (that answer was
+      // begun), never for a close long after the request (RESEND_WINDOW_MS: the upstream was
+      // working on it).
       this.retryElsewhere(exchange);
       return;
     }
     const code = errorCode(this.lastError);
-    this.fail(new HttpClientError('closed', `the connection closed before the answer was complete${code ? ` (${code})` : ''}`, code));
+    this.fail(
+      new HttpClientError(
+        'closed',
+        `the connection closed before the answer was complete${code ? ` (${code})` : ''}`,
+        code,
+      ),
+    );
   }
 
   private retryElsewhere(exchange: HttpExchange): void {
@@ -240,7 +283,10 @@ class Connection implements ResponseSink {
   }
 }
 
-/** EMFILE or ENFILE when this process cannot open a descriptor right now, else null (one open and close). */
+/**
+ * EMFILE or ENFILE when this process cannot open a descriptor right now, else null (one open and
+ * close).
+ */
 function descriptorShortage(): string | null {
   try {
     closeSync(openSync('/dev/null', 'r'));
@@ -293,7 +339,9 @@ function socketHandlers(tls: boolean): SocketHandler<Connection> {
         return;
       }
       const reason = authorizationError?.message ?? 'handshake failed';
-      socket.data.fail(new HttpClientError('connect', `TLS: ${reason}`, errorCode(authorizationError)));
+      socket.data.fail(
+        new HttpClientError('connect', `TLS: ${reason}`, errorCode(authorizationError)),
+      );
     },
     data(socket, bytes) {
       socket.data.received(bytes);
@@ -312,8 +360,8 @@ function socketHandlers(tls: boolean): SocketHandler<Connection> {
     connectError(socket, error) {
       const connection = socket.data;
       connection.closed = true;
-      // Bun reports a socket it could not even create (out of descriptors) as ECONNREFUSED; tell the two
-      // apart, since one is the upstream's doing and the other this process's.
+      // Bun reports a socket it could not even create (out of descriptors) as ECONNREFUSED; tell
+      // the two apart, since one is the upstream's doing and the other this process's.
       const code = descriptorShortage() ?? errorCode(error);
       connection.fail(new HttpClientError('connect', code ?? error.message, code));
     },
@@ -337,11 +385,16 @@ export class HttpClient {
 
   constructor(origin: URL, options: HttpClientOptions = {}) {
     const https = origin.protocol === 'https:';
-    if (!https && origin.protocol !== 'http:') throw new Error(`unsupported protocol ${origin.protocol}`);
+    if (!https && origin.protocol !== 'http:')
+      throw new Error(`unsupported protocol ${origin.protocol}`);
     // URL keeps IPv6 literals in brackets; sockets want the bare address.
-    this.hostname = origin.hostname.startsWith('[') ? origin.hostname.slice(1, -1) : origin.hostname;
+    this.hostname = origin.hostname.startsWith('[')
+      ? origin.hostname.slice(1, -1)
+      : origin.hostname;
     this.port = origin.port === '' ? (https ? 443 : 80) : Number(origin.port);
-    this.tls = https ? { serverName: this.hostname, ...(options.ca !== undefined ? { ca: options.ca } : {}) } : null;
+    this.tls = https
+      ? { serverName: this.hostname, ...(options.ca !== undefined ? { ca: options.ca } : {}) }
+      : null;
     this.handlers = socketHandlers(https);
     this.idleMax = options.idleMax ?? IDLE_MAX_DEFAULT;
     this.resendWindowMs = options.resendWindowMs ?? RESEND_WINDOW_MS;
@@ -353,8 +406,8 @@ export class HttpClient {
   }
 
   /**
-   * Sends a request. `requestText` holds the request line, the header fields, the empty line and the
-   * body; `requestBytes` is its length in UTF-8. The handler hears the answer (or the failure).
+   * Sends a request. `requestText` holds the request line, the header fields, the empty line and
+   * the body; `requestBytes` is its length in UTF-8. The handler hears the answer (or the failure).
    */
   request(requestText: string, requestBytes: number, handler: ExchangeHandler): HttpExchange {
     const exchange = new HttpExchange(requestText, requestBytes, handler);
@@ -416,7 +469,8 @@ export class HttpClient {
     for (;;) {
       const connection = this.idle.pop();
       if (connection === undefined) return null;
-      if (connection.closed || connection.socket === null || connection.socket.readyState !== 1) continue;
+      if (connection.closed || connection.socket === null || connection.socket.readyState !== 1)
+        continue;
       connection.socket.timeout(0);
       connection.socket.ref();
       return connection;

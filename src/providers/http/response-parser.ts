@@ -1,8 +1,9 @@
-// Incremental HTTP/1.1 response parser (RFC 9112): bytes in, split anywhere; head, body and end out.
+// Incremental HTTP/1.1 response parser (RFC 9112): bytes in, split anywhere; head, body and end
+// out.
 //
 // It reads the answers to our own requests to an upstream, so it is strict where a mistake would
-// misframe a message (status line, Content-Length, chunk sizes) and lenient where RFC 9112 allows it
-// (a bare LF ends a line, obs-fold is joined with a space). Every buffer it keeps has a limit.
+// misframe a message (status line, Content-Length, chunk sizes) and lenient where RFC 9112 allows
+// it (a bare LF ends a line, obs-fold is joined with a space). Every buffer it keeps has a limit.
 
 /** Status line plus header fields; a larger head is refused. */
 export const HEAD_BYTES_MAX_DEFAULT = 64 * 1024;
@@ -31,13 +32,15 @@ export interface ResponseHead {
 
 export interface ResponseSink {
   head(head: ResponseHead): void;
-  /** A piece of the decoded body (chunked framing removed); a view into the bytes given to `feed`. */
+  /**
+   * A piece of the decoded body (chunked framing removed); a view into the bytes given to `feed`.
+   */
   body(bytes: Uint8Array): void;
   /** The message is complete. */
   end(): void;
 }
 
-const enum State {
+enum State {
   Head,
   Length,
   ChunkSize,
@@ -47,7 +50,6 @@ const enum State {
   UntilClose,
   Done,
 }
-
 
 export class ResponseParser {
   private state = State.Head;
@@ -123,7 +125,8 @@ export class ResponseParser {
           at = bytes.length;
           break;
         case State.Done:
-          // Bytes after a complete answer to the one request sent: the connection is not trustworthy.
+          // Bytes after a complete answer to the one request sent: the connection is not
+          // trustworthy.
           this.reusable = false;
           return;
       }
@@ -131,8 +134,8 @@ export class ResponseParser {
   }
 
   /**
-   * The connection closed. Completes a body framed by the close and returns true; returns false when
-   * the answer was cut off (or never started).
+   * The connection closed. Completes a body framed by the close and returns true; returns false
+   * when the answer was cut off (or never started).
    */
   close(): boolean {
     if (this.state === State.UntilClose) {
@@ -156,7 +159,8 @@ export class ResponseParser {
       // The usual case: the whole head is in this read.
       const end = findHeadEnd(bytes, at);
       if (end !== -1) {
-        if (end - at > this.headBytesMax) throw new HttpProtocolError(`response head over ${this.headBytesMax} bytes`);
+        if (end - at > this.headBytesMax)
+          throw new HttpProtocolError(`response head over ${this.headBytesMax} bytes`);
         this.parseHead(latin1(bytes, at, end));
         return end;
       }
@@ -179,7 +183,8 @@ export class ResponseParser {
       this.keepHeadPart(joined);
       return bytes.length;
     }
-    if (end > this.headBytesMax) throw new HttpProtocolError(`response head over ${this.headBytesMax} bytes`);
+    if (end > this.headBytesMax)
+      throw new HttpProtocolError(`response head over ${this.headBytesMax} bytes`);
     this.headParts = null;
     this.headBytes = 0;
     this.parseHead(latin1(joined, 0, end));
@@ -189,13 +194,14 @@ export class ResponseParser {
 
   private keepHeadPart(part: Uint8Array): void {
     this.headBytes += part.length;
-    if (this.headBytes > this.headBytesMax) throw new HttpProtocolError(`response head over ${this.headBytesMax} bytes`);
+    if (this.headBytes > this.headBytesMax)
+      throw new HttpProtocolError(`response head over ${this.headBytesMax} bytes`);
     (this.headParts ??= []).push(part);
   }
 
   private parseHead(text: string): void {
-    // Lines end with LF, optionally preceded by CR; the text ends with the empty line. Scanned in place:
-    // this runs for every upstream answer.
+    // Lines end with LF, optionally preceded by CR; the text ends with the empty line. Scanned in
+    // place: this runs for every upstream answer.
     let newline = text.indexOf('\n');
     const status = parseStatusLine(text, lineEnd(text, 0, newline));
     if (status === -1) throw new HttpProtocolError('malformed status line');
@@ -228,7 +234,8 @@ export class ResponseParser {
     }
 
     if (status < 200) {
-      // Interim answers (100 Continue, 103 Early Hints) precede the real one; 101 would switch protocols.
+      // Interim answers (100 Continue, 103 Early Hints) precede the real one; 101 would switch
+      // protocols.
       if (status === 101) throw new HttpProtocolError('unexpected protocol switch');
       this.state = State.Head;
       return;
@@ -237,14 +244,15 @@ export class ResponseParser {
     this.reusable = !http10 && !hasToken(connection, 'close');
     const transferEncoding = headers.get('transfer-encoding');
     const contentLength = headers.get('content-length');
-    // The framing is settled before the head is reported, so the sink learns a declared size with it
-    // (and can refuse an oversized body before a byte of it is read).
+    // The framing is settled before the head is reported, so the sink learns a declared size with
+    // it (and can refuse an oversized body before a byte of it is read).
     let bodyBytes: number | null = null;
     if (status === 204 || status === 304) {
       bodyBytes = 0;
       this.state = State.Done;
     } else if (transferEncoding !== undefined) {
-      if (transferEncoding.trim().toLowerCase() !== 'chunked') throw new HttpProtocolError(`unsupported transfer-encoding ${transferEncoding}`);
+      if (transferEncoding.trim().toLowerCase() !== 'chunked')
+        throw new HttpProtocolError(`unsupported transfer-encoding ${transferEncoding}`);
       // With both, Transfer-Encoding wins and the connection is not reused (RFC 9112 §6.3).
       if (contentLength !== undefined) this.reusable = false;
       this.line = '';
@@ -264,7 +272,8 @@ export class ResponseParser {
   private feedChunkSize(bytes: Uint8Array, at: number): number {
     const newline = bytes.indexOf(LF, at);
     const end = newline === -1 ? bytes.length : newline;
-    if (this.line.length + (end - at) > LINE_BYTES_MAX) throw new HttpProtocolError('chunk-size line too long');
+    if (this.line.length + (end - at) > LINE_BYTES_MAX)
+      throw new HttpProtocolError('chunk-size line too long');
     this.line += latin1(bytes, at, end);
     if (newline === -1) return bytes.length;
     const line = stripCr(this.line);
@@ -287,7 +296,8 @@ export class ResponseParser {
     const newline = bytes.indexOf(LF, at);
     const end = newline === -1 ? bytes.length : newline;
     this.trailerBytes += end - at;
-    if (this.trailerBytes > TRAILER_BYTES_MAX) throw new HttpProtocolError('trailer fields too large');
+    if (this.trailerBytes > TRAILER_BYTES_MAX)
+      throw new HttpProtocolError('trailer fields too large');
     this.line += latin1(bytes, at, end);
     if (newline === -1) return bytes.length;
     const line = stripCr(this.line);
@@ -305,7 +315,9 @@ export class ResponseParser {
 
 /** Bytes `start` to `end` as latin1 text (one character per byte, whatever the byte), natively. */
 function latin1(bytes: Uint8Array, start: number, end: number): string {
-  const buffer = Buffer.isBuffer(bytes) ? bytes : Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const buffer = Buffer.isBuffer(bytes)
+    ? bytes
+    : Buffer.from(bytes.buffer, bytes.byteOffset, bytes.byteLength);
   return buffer.toString('latin1', start, end);
 }
 
@@ -314,7 +326,9 @@ function lineEnd(text: string, start: number, newline: number): number {
   return newline > start && text.charCodeAt(newline - 1) === CR ? newline - 1 : newline;
 }
 
-/** The status of "HTTP/1.x NNN reason" (the line ends at `end`), or -1 when the line is malformed. */
+/**
+ * The status of "HTTP/1.x NNN reason" (the line ends at `end`), or -1 when the line is malformed.
+ */
 function parseStatusLine(text: string, end: number): number {
   if (end < 12 || !text.startsWith('HTTP/1.') || text.charCodeAt(8) !== 32) return -1;
   const minor = text.charCodeAt(7);
@@ -347,7 +361,8 @@ function isWhitespace(c: number): boolean {
 
 /** tchar of RFC 9110 §5.6.2, by character code (upper-case letters are handled by the caller). */
 const IS_TOKEN = new Uint8Array(128);
-for (const c of "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz") IS_TOKEN[c.charCodeAt(0)] = 1;
+for (const c of "!#$%&'*+-.^_`|~0123456789abcdefghijklmnopqrstuvwxyz")
+  IS_TOKEN[c.charCodeAt(0)] = 1;
 
 /** Index just past the empty line that ends a head, or -1. */
 function findHeadEnd(bytes: Uint8Array, from: number): number {
@@ -383,7 +398,8 @@ function parseContentLength(value: string): number {
     const text = part.trim();
     if (!/^\d{1,15}$/.test(text)) throw new HttpProtocolError('malformed content-length');
     const parsed = Number(text);
-    if (length !== -1 && parsed !== length) throw new HttpProtocolError('conflicting content-length');
+    if (length !== -1 && parsed !== length)
+      throw new HttpProtocolError('conflicting content-length');
     length = parsed;
   }
   return length;

@@ -6,16 +6,25 @@ import { assert } from '../../util/assert.ts';
 import { newToolCallId } from '../../util/ids.ts';
 import type { Logger } from '../../util/log.ts';
 import { TextBuilder } from '../../util/text-builder.ts';
+import {
+  type ExchangeHandler,
+  HttpClient,
+  type HttpClientError,
+  type HttpExchange,
+  type ResponseHead,
+} from '../http/client.ts';
 import type { Delta, FinishReason, Provider, ProviderRequest } from '../provider.ts';
-import { HttpClient, type ExchangeHandler, type HttpClientError, type HttpExchange, type ResponseHead } from '../http/client.ts';
 import { SseEventTooLargeError, SseParser } from './sse-parse.ts';
 
 export interface OpenAIProviderOptions {
-  /** Used when the provider config sets no `timeout_ms` (the gateway passes limits.upstream_timeout_ms). */
+  /**
+   * Used when the provider config sets no `timeout_ms` (the gateway passes
+   * limits.upstream_timeout_ms).
+   */
   defaultTimeoutMs: number;
   /**
-   * limits.max_upstream_body_bytes: the largest JSON body, and the most content (text, tool-call ids,
-   * names and arguments) one streamed answer may carry.
+   * limits.max_upstream_body_bytes: the largest JSON body, and the most content (text, tool-call
+   * ids, names and arguments) one streamed answer may carry.
    */
   bodyBytesMax: number;
   /** limits.max_upstream_event_bytes: the largest single SSE event. */
@@ -29,13 +38,18 @@ export interface OpenAIProviderOptions {
  * per-call state of an endless stream of new calls bounded.
  */
 export const TOOL_CALLS_MAX = 128;
-/** Usage figures must be below this (a safe integer in [0, 2^31)): sums and prices of them stay exact. */
+/**
+ * Usage figures must be below this (a safe integer in [0, 2^31)): sums and prices of them stay
+ * exact.
+ */
 const USAGE_TOKENS_LIMIT = 2 ** 31;
 /** Only the error code of a failed call is read, so its body is cut off early. */
 const ERROR_BODY_BYTES_MAX = 64 * 1024;
 /** Upstream error codes are echoed only when they look like identifiers, never free text. */
 const SAFE_CODE_CHARS_MAX = 64;
-/** Body bytes received but not yet consumed before the upstream socket is paused (a slow client). */
+/**
+ * Body bytes received but not yet consumed before the upstream socket is paused (a slow client).
+ */
 const QUEUED_BYTES_MAX = 256 * 1024;
 
 type Usage = { promptTokens: number; completionTokens: number };
@@ -50,7 +64,10 @@ export class OpenAIProvider implements Provider {
   private readonly bodyBytesMax: number;
   private readonly eventBytesMax: number;
   private readonly apiKeyEnv: string | undefined;
-  /** A configured `authorization` field: sent when no key comes from `api_key_env`, which replaces it. */
+  /**
+   * A configured `authorization` field: sent when no key comes from `api_key_env`, which replaces
+   * it.
+   */
   private readonly configuredAuthorization: string = '';
   private readonly logger: Logger;
 
@@ -58,10 +75,13 @@ export class OpenAIProvider implements Provider {
     this.name = name;
     const base = new URL(config.base_url.endsWith('/') ? config.base_url : `${config.base_url}/`);
     const url = new URL('chat/completions', base);
-    this.client = new HttpClient(url, config.ca_file !== undefined ? { ca: readFileSync(config.ca_file, 'utf8') } : {});
-    // A configured field replaces the default of the same name (as it did when the headers were an object
-    // given to fetch): one field each, never two. Names and values were checked when the config was loaded
-    // (no CR, LF or framing fields).
+    this.client = new HttpClient(
+      url,
+      config.ca_file !== undefined ? { ca: readFileSync(config.ca_file, 'utf8') } : {},
+    );
+    // A configured field replaces the default of the same name (as it did when the headers were an
+    // object given to fetch): one field each, never two. Names and values were checked when the
+    // config was loaded (no CR, LF or framing fields).
     const fields = new Map<string, string>([
       ['accept', 'accept: text/event-stream, application/json'],
       ['user-agent', 'user-agent: tollgate'],
@@ -71,7 +91,9 @@ export class OpenAIProvider implements Provider {
       if (name === 'authorization') this.configuredAuthorization = `${field}: ${value}\r\n`;
       else fields.set(name, `${field}: ${value}`);
     }
-    let head = `POST ${url.pathname}${url.search} HTTP/1.1\r\nhost: ${url.host}\r\ncontent-type: application/json\r\naccept-encoding: identity\r\n`;
+    let head =
+      `POST ${url.pathname}${url.search} HTTP/1.1\r\nhost: ${url.host}\r\ncontent-type: ` +
+      `application/json\r\naccept-encoding: identity\r\n`;
     for (const line of fields.values()) head += `${line}\r\n`;
     this.requestHead = head;
     this.timeoutMs = config.timeout_ms ?? options.defaultTimeoutMs;
@@ -99,7 +121,9 @@ export class OpenAIProvider implements Provider {
     }
   }
 
-  /** The answer in one piece: a JSON completion needs no stream machinery between socket and caller. */
+  /**
+   * The answer in one piece: a JSON completion needs no stream machinery between socket and caller.
+   */
   async complete(request: ProviderRequest, signal: AbortSignal): Promise<Delta[]> {
     signal.throwIfAborted();
     const call = new UpstreamCall(this.name, this.timeoutMs, signal);
@@ -114,7 +138,10 @@ export class OpenAIProvider implements Provider {
       } else {
         // The usual JSON answer arrives with its head in one read: then its text is there already.
         const text = call.completeBody();
-        deltas = text !== null ? completionToDeltas(parseJson(text, this.name), this.name) : await this.readCompletion(call);
+        deltas =
+          text !== null
+            ? completionToDeltas(parseJson(text, this.name), this.name)
+            : await this.readCompletion(call);
       }
       call.throwIfAborted();
       call.finished = true;
@@ -124,18 +151,29 @@ export class OpenAIProvider implements Provider {
     }
   }
 
-  /** Sends the request and judges the answer's head: an event stream, a JSON completion, or an error. */
+  /**
+   * Sends the request and judges the answer's head: an event stream, a JSON completion, or an
+   * error.
+   */
   private async open(call: UpstreamCall, request: ProviderRequest): Promise<'sse' | 'json'> {
-    const head = await call.send(this.client, this.requestText(JSON.stringify(requestBody(request))));
-    if (head.status < 200 || head.status > 299) throw await this.errorFromResponse(head.status, call);
+    const head = await call.send(
+      this.client,
+      this.requestText(JSON.stringify(requestBody(request))),
+    );
+    if (head.status < 200 || head.status > 299)
+      throw await this.errorFromResponse(head.status, call);
     const encoding = head.headers.get('content-encoding');
-    if (encoding !== undefined && encoding.toLowerCase() !== 'identity') throw invalid(this.name, 'answered with a compressed body');
+    if (encoding !== undefined && encoding.toLowerCase() !== 'identity')
+      throw invalid(this.name, 'answered with a compressed body');
     const contentType = head.headers.get('content-type') ?? '';
     if (contentType.includes('text/event-stream')) return 'sse';
-    if (!contentType.includes('json')) throw invalid(this.name, 'answered with an unexpected content type');
-    // A JSON body is read whole before it is parsed: one over the bound is refused by its declared size
-    // before a byte of it is read, else (chunked, or until the close) the moment its count passes it.
-    if (head.bodyBytes !== null && head.bodyBytes > this.bodyBytesMax) throw oversizedBody(this.name, this.bodyBytesMax);
+    if (!contentType.includes('json'))
+      throw invalid(this.name, 'answered with an unexpected content type');
+    // A JSON body is read whole before it is parsed: one over the bound is refused by its declared
+    // size before a byte of it is read, else (chunked, or until the close) the moment its count
+    // passes it.
+    if (head.bodyBytes !== null && head.bodyBytes > this.bodyBytesMax)
+      throw oversizedBody(this.name, this.bodyBytesMax);
     call.limitBody(this.bodyBytesMax);
     return 'json';
   }
@@ -155,7 +193,11 @@ export class OpenAIProvider implements Provider {
     // Read per call, so a rotated key in the environment takes effect without a restart.
     const key = this.apiKeyEnv === undefined ? undefined : process.env[this.apiKeyEnv];
     if (key) {
-      if (!isHeaderValue(key)) throw new GatewayError('upstream_error', `The key in ${this.apiKeyEnv} for upstream ${this.name} is not a valid header value.`);
+      if (!isHeaderValue(key))
+        throw new GatewayError(
+          'upstream_error',
+          `The key in ${this.apiKeyEnv} for upstream ${this.name} is not a valid header value.`,
+        );
       head += `authorization: Bearer ${key}\r\n`;
     } else {
       head += this.configuredAuthorization;
@@ -168,10 +210,11 @@ export class OpenAIProvider implements Provider {
 
   private async *relaySse(call: UpstreamCall): AsyncGenerator<Delta> {
     const parser = new SseParser(this.eventBytesMax);
-    // The stream's content is bounded, not its raw bytes: SSE framing is about ten times the content it
-    // carries, so 16 MiB of raw events would cut off legitimate long answers. What the provider keeps
-    // per event is nothing (the parser holds one event, the translator counters), so events that carry
-    // no content (keep-alives, empty deltas) cost time, which the gateway's deadlines bound, not memory.
+    // The stream's content is bounded, not its raw bytes: SSE framing is about ten times the
+    // content it carries, so 16 MiB of raw events would cut off legitimate long answers. What the
+    // provider keeps per event is nothing (the parser holds one event, the translator counters), so
+    // events that carry no content (keep-alives, empty deltas) cost time, which the gateway's
+    // deadlines bound, not memory.
     const translator = new ChunkTranslator(this.name, this.bodyBytesMax);
     const out: Delta[] = [];
     let done = false;
@@ -186,7 +229,8 @@ export class OpenAIProvider implements Provider {
         if (!(error instanceof SseEventTooLargeError)) throw error;
         throw invalid(this.name, `sent a stream event over ${this.eventBytesMax} bytes`);
       }
-      // Translate the whole read before yielding: the parser reuses its event array on the next feed.
+      // Translate the whole read before yielding: the parser reuses its event array on the next
+      // feed.
       for (const data of events) {
         if (data === '[DONE]') {
           done = true;
@@ -218,7 +262,8 @@ export class OpenAIProvider implements Provider {
     let message = '';
     try {
       const body = JSON.parse(await call.readAll(ERROR_BODY_BYTES_MAX, true)) as unknown;
-      const error = isRecord(body) && isRecord(body.error) ? body.error : isRecord(body) ? body : null;
+      const error =
+        isRecord(body) && isRecord(body.error) ? body.error : isRecord(body) ? body : null;
       if (error) {
         if (typeof error.code === 'string') code = error.code;
         if (typeof error.message === 'string') message = error.message;
@@ -229,22 +274,31 @@ export class OpenAIProvider implements Provider {
     }
     const safeCode = code !== null && isIdentifier(code) ? code : null;
     this.logger.warn({ status, upstreamCode: safeCode }, 'upstream answered an error');
-    // vLLM and others say it only in the message; the message itself is never passed on (it may quote the prompt).
-    const contextExceeded = code === 'context_length_exceeded' || message.includes('maximum context length');
+    // vLLM and others say it only in the message; the message itself is never passed on (it may
+    // quote the prompt).
+    const contextExceeded =
+      code === 'context_length_exceeded' || message.includes('maximum context length');
     if (status === 400 && contextExceeded) {
-      return new GatewayError('context_length_exceeded', `The input is longer than the upstream model's context window.`, {
-        param: 'messages',
-      });
+      return new GatewayError(
+        'context_length_exceeded',
+        `The input is longer than the upstream model's context window.`,
+        {
+          param: 'messages',
+        },
+      );
     }
     const suffix = safeCode === null ? '' : ` (${safeCode})`;
-    return new GatewayError('upstream_error', `Upstream ${this.name} answered HTTP ${status}${suffix}.`);
+    return new GatewayError(
+      'upstream_error',
+      `Upstream ${this.name} answered HTTP ${status}${suffix}.`,
+    );
   }
 }
 
 /**
  * One HTTP exchange with its timer and its link to the caller's signal. The timer measures upstream
- * silence only while we wait (for headers, then for each read), so a slow consumer is not a timeout.
- * Body bytes arrive as the socket reads them and wait in a bounded queue for `read`.
+ * silence only while we wait (for headers, then for each read), so a slow consumer is not a
+ * timeout. Body bytes arrive as the socket reads them and wait in a bounded queue for `read`.
  */
 class UpstreamCall implements ExchangeHandler {
   readonly signal: AbortSignal;
@@ -276,7 +330,8 @@ class UpstreamCall implements ExchangeHandler {
     this.providerName = providerName;
     this.timeoutMs = timeoutMs;
     this.signal = signal;
-    // The timer and the abort listener reach this call without a closure each (one call per request).
+    // The timer and the abort listener reach this call without a closure each (one call per
+    // request).
     this.timer = setTimeout(timeOut, timeoutMs, this);
     signal.addEventListener('abort', this);
   }
@@ -304,9 +359,10 @@ class UpstreamCall implements ExchangeHandler {
       if (value !== undefined) {
         this.queuedBytes -= value.length;
         if (this.queuedBytes < QUEUED_BYTES_MAX / 2) this.exchange?.resume();
-        // Queued bytes are handed out through resolved promises, which never let the event loop run:
-        // an upstream faster than its consumer (a flood of tiny events) would keep every other request
-        // waiting for as long as the queue refills (§8: no request blocks the loop for 50 ms).
+        // Queued bytes are handed out through resolved promises, which never let the event loop
+        // run: an upstream faster than its consumer (a flood of tiny events) would keep every other
+        // request waiting for as long as the queue refills (§8: no request blocks the loop for 50
+        // ms).
         this.bytesThisTurn += value.length;
         if (this.bytesThisTurn > READ_BYTES_PER_TURN_MAX) {
           this.bytesThisTurn = 0;
@@ -322,8 +378,8 @@ class UpstreamCall implements ExchangeHandler {
   }
 
   /**
-   * From now on the body is refused once more than `bytesMax` of it arrived: the exchange is dropped at
-   * that read, and nothing past the bound is kept. Bytes that came with the head count.
+   * From now on the body is refused once more than `bytesMax` of it arrived: the exchange is
+   * dropped at that read, and nothing past the bound is kept. Bytes that came with the head count.
    */
   limitBody(bytesMax: number): void {
     this.bodyBytesMax = bytesMax;
@@ -337,7 +393,10 @@ class UpstreamCall implements ExchangeHandler {
   completeBody(): string | null {
     if (!this.ended || this.signal.aborted || this.timedOut) return null;
     const queue = this.queue;
-    const text = queue.length === 0 ? '' : DECODER.decode(queue.length === 1 ? queue[0] : Buffer.concat(queue));
+    const text =
+      queue.length === 0
+        ? ''
+        : DECODER.decode(queue.length === 1 ? queue[0] : Buffer.concat(queue));
     queue.length = 0;
     this.queuedBytes = 0;
     return text;
@@ -402,11 +461,13 @@ class UpstreamCall implements ExchangeHandler {
 
   close(): void {
     clearTimeout(this.timer);
-    // The abort listener stays: after this, it finds no exchange to stop, and it dies with the signal.
+    // The abort listener stays: after this, it finds no exchange to stop, and it dies with the
+    // signal.
     if (this.ended || this.exchange === null) return;
     if (this.finished) {
-      // The answer is complete ([DONE]) but the body's own end (the last chunk) is still on its way:
-      // let it arrive, so the connection is kept for the next call; bytes after it are not read.
+      // The answer is complete ([DONE]) but the body's own end (the last chunk) is still on its
+      // way: let it arrive, so the connection is kept for the next call; bytes after it are not
+      // read.
       this.draining = true;
       this.queue.length = 0;
       this.queuedBytes = 0;
@@ -456,14 +517,21 @@ class UpstreamCall implements ExchangeHandler {
     if (failure === null) return;
     if (failure instanceof GatewayError) throw failure;
     const code = failure.code === null ? '' : ` (${failure.code})`;
-    // Out of descriptors or buffers here, not at the provider: the gateway's own failure (503, nothing
-    // charged), never a provider error billed to whoever's call met it (CONTRACT §8).
+    // Out of descriptors or buffers here, not at the provider: the gateway's own failure (503,
+    // nothing charged), never a provider error billed to whoever's call met it (CONTRACT §8).
     if (failure.code !== null && LOCAL_RESOURCE_ERRORS.has(failure.code)) {
-      throw new GatewayError('service_unavailable', `The gateway is out of resources to reach upstream ${this.providerName}${code}; retry shortly.`);
+      throw new GatewayError(
+        'service_unavailable',
+        `The gateway is out of resources to reach upstream ` +
+          `${this.providerName}${code}; retry shortly.`,
+      );
     }
     if (failure.kind === 'protocol') throw invalid(this.providerName, `sent ${failure.message}`);
     if (failure.kind === 'connect' || this.phase === 'headers') {
-      throw new GatewayError('upstream_unreachable', `Could not reach upstream ${this.providerName}${code}.`);
+      throw new GatewayError(
+        'upstream_unreachable',
+        `Could not reach upstream ${this.providerName}${code}.`,
+      );
     }
     throw invalid(this.providerName, `broke the connection mid-answer${code}`);
   }
@@ -506,10 +574,14 @@ function stopDraining(call: UpstreamCall): void {
   call.stopDraining();
 }
 
-/** How long the end of a complete answer's body may take before the connection is dropped instead. */
+/**
+ * How long the end of a complete answer's body may take before the connection is dropped instead.
+ */
 const DRAIN_MS_MAX = 1_000;
 
-/** Turns chat.completion.chunk objects into deltas, remembering what the end of the stream needs. */
+/**
+ * Turns chat.completion.chunk objects into deltas, remembering what the end of the stream needs.
+ */
 class ChunkTranslator {
   finishReason: FinishReason | null = null;
   private usage: Usage | null = null;
@@ -526,21 +598,28 @@ class ChunkTranslator {
   }
 
   translate(chunk: unknown, out: Delta[]): void {
-    if (!isRecord(chunk)) throw invalid(this.providerName, 'sent a stream chunk that is not an object');
-    if (chunk.error !== undefined && chunk.error !== null) throw upstreamErrorInStream(this.providerName);
+    if (!isRecord(chunk))
+      throw invalid(this.providerName, 'sent a stream chunk that is not an object');
+    if (chunk.error !== undefined && chunk.error !== null)
+      throw upstreamErrorInStream(this.providerName);
     const usage = readUsage(chunk.usage, this.providerName);
     if (usage) this.usage = usage;
     const choices = chunk.choices;
-    if (choices === undefined || choices === null) return; // some servers omit it on the usage chunk
-    if (!Array.isArray(choices)) throw invalid(this.providerName, 'sent a stream chunk whose choices is not an array');
+    // some servers omit it on the usage chunk
+    if (choices === undefined || choices === null) return;
+    if (!Array.isArray(choices))
+      throw invalid(this.providerName, 'sent a stream chunk whose choices is not an array');
     for (const choice of choices) {
-      if (!isRecord(choice)) throw invalid(this.providerName, 'sent a stream choice that is not an object');
+      if (!isRecord(choice))
+        throw invalid(this.providerName, 'sent a stream choice that is not an object');
       // One answer was asked for; a server that still sends others is only relayed for index 0.
       if (choice.index !== undefined && choice.index !== 0) continue;
       const delta = choice.delta;
       if (isRecord(delta)) this.translateDelta(delta, out);
-      else if (delta !== undefined && delta !== null) throw invalid(this.providerName, 'sent a delta that is not an object');
-      if (typeof choice.finish_reason === 'string') this.finishReason = mapFinishReason(choice.finish_reason);
+      else if (delta !== undefined && delta !== null)
+        throw invalid(this.providerName, 'sent a delta that is not an object');
+      if (typeof choice.finish_reason === 'string')
+        this.finishReason = mapFinishReason(choice.finish_reason);
     }
   }
 
@@ -561,10 +640,12 @@ class ChunkTranslator {
     }
     const toolCalls = delta.tool_calls;
     if (toolCalls === undefined || toolCalls === null) return;
-    if (!Array.isArray(toolCalls)) throw invalid(this.providerName, 'sent tool_calls that is not an array');
+    if (!Array.isArray(toolCalls))
+      throw invalid(this.providerName, 'sent tool_calls that is not an array');
     for (let position = 0; position < toolCalls.length; position++) {
       const call: unknown = toolCalls[position];
-      if (!isRecord(call)) throw invalid(this.providerName, 'sent a tool call that is not an object');
+      if (!isRecord(call))
+        throw invalid(this.providerName, 'sent a tool call that is not an object');
       // Servers that omit the index send whole calls in order; their position is the index.
       const index = call.index === undefined ? position : call.index;
       if (typeof index !== 'number' || !Number.isSafeInteger(index) || index < 0) {
@@ -576,13 +657,20 @@ class ChunkTranslator {
         if (typeof fn.name !== 'string' || fn.name.length === 0) {
           throw invalid(this.providerName, 'started a tool call without a name');
         }
-        if (this.toolIndexes.size === TOOL_CALLS_MAX) throw invalid(this.providerName, `made more than ${TOOL_CALLS_MAX} tool calls`);
+        if (this.toolIndexes.size === TOOL_CALLS_MAX)
+          throw invalid(this.providerName, `made more than ${TOOL_CALLS_MAX} tool calls`);
         this.toolIndexes.add(index);
         const upstreamId = typeof call.id === 'string' && call.id.length > 0 ? call.id : null;
         if (upstreamId !== null) this.countContent(upstreamId);
         this.countContent(fn.name);
         this.countContent(args);
-        out.push({ type: 'tool_call', index, id: upstreamId ?? newToolCallId(), name: fn.name, arguments: args });
+        out.push({
+          type: 'tool_call',
+          index,
+          id: upstreamId ?? newToolCallId(),
+          name: fn.name,
+          arguments: args,
+        });
       } else if (args.length > 0) {
         this.countContent(args);
         out.push({ type: 'tool_call', index, id: null, name: null, arguments: args });
@@ -593,19 +681,27 @@ class ChunkTranslator {
   private countContent(text: string): void {
     this.contentBytes += Buffer.byteLength(text);
     if (this.contentBytes > this.contentBytesMax) {
-      throw invalid(this.providerName, `sent an answer with over ${this.contentBytesMax} bytes of content`);
+      throw invalid(
+        this.providerName,
+        `sent an answer with over ${this.contentBytesMax} bytes of content`,
+      );
     }
   }
 }
 
 /**
- * The deltas of a stream, folded into those a JSON answer gives: all text in one delta, each tool call
- * in one (with its own index), then the finish. `complete()` keeps this instead of every delta, so an
- * answer of a million one-character events costs its content, not a million objects.
+ * The deltas of a stream, folded into those a JSON answer gives: all text in one delta, each tool
+ * call in one (with its own index), then the finish. `complete()` keeps this instead of every
+ * delta, so an answer of a million one-character events costs its content, not a million objects.
  */
 class DeltaCollector {
   private readonly text = new TextBuilder();
-  private readonly toolCalls: { index: number; id: string; name: string; arguments: TextBuilder }[] = [];
+  private readonly toolCalls: {
+    index: number;
+    id: string;
+    name: string;
+    arguments: TextBuilder;
+  }[] = [];
   private finish: Extract<Delta, { type: 'finish' }> | null = null;
 
   add(delta: Delta): void {
@@ -617,10 +713,16 @@ class DeltaCollector {
         if (delta.id !== null && delta.name !== null) {
           const args = new TextBuilder();
           args.append(delta.arguments);
-          this.toolCalls.push({ index: delta.index, id: delta.id, name: delta.name, arguments: args });
+          this.toolCalls.push({
+            index: delta.index,
+            id: delta.id,
+            name: delta.name,
+            arguments: args,
+          });
           return;
         }
-        // The translator announces each index once (bounded by TOOL_CALLS_MAX), so this search is short.
+        // The translator announces each index once (bounded by TOOL_CALLS_MAX), so this search is
+        // short.
         const call = this.toolCalls.find((known) => known.index === delta.index);
         assert(call !== undefined, 'tool-call arguments before the call was announced');
         call.arguments.append(delta.arguments);
@@ -638,22 +740,32 @@ class DeltaCollector {
     const text = this.text.build();
     if (text.length > 0) deltas.push({ type: 'text', text });
     for (const call of this.toolCalls) {
-      deltas.push({ type: 'tool_call', index: call.index, id: call.id, name: call.name, arguments: call.arguments.build() });
+      deltas.push({
+        type: 'tool_call',
+        index: call.index,
+        id: call.id,
+        name: call.name,
+        arguments: call.arguments.build(),
+      });
     }
     deltas.push(this.finish);
     return deltas;
   }
 }
 
-
 /** The same deltas from a whole chat.completion object (a server that ignored `stream: true`). */
 function completionToDeltas(completion: unknown, name: string): Delta[] {
   if (!isRecord(completion)) throw invalid(name, 'answered with JSON that is not an object');
-  if (completion.error !== undefined && completion.error !== null) throw upstreamErrorInStream(name);
+  if (completion.error !== undefined && completion.error !== null)
+    throw upstreamErrorInStream(name);
   const choices = completion.choices;
-  if (!Array.isArray(choices) || choices.length === 0) throw invalid(name, 'answered without choices');
-  const choice: unknown = choices.find((c: unknown) => isRecord(c) && (c.index === undefined || c.index === 0)) ?? choices[0];
-  if (!isRecord(choice) || !isRecord(choice.message)) throw invalid(name, 'answered without a message');
+  if (!Array.isArray(choices) || choices.length === 0)
+    throw invalid(name, 'answered without choices');
+  const choice: unknown =
+    choices.find((c: unknown) => isRecord(c) && (c.index === undefined || c.index === 0)) ??
+    choices[0];
+  if (!isRecord(choice) || !isRecord(choice.message))
+    throw invalid(name, 'answered without a message');
   const message = choice.message;
   const deltas: Delta[] = [];
   if (typeof message.content === 'string') {
@@ -663,8 +775,10 @@ function completionToDeltas(completion: unknown, name: string): Delta[] {
   }
   const toolCalls = message.tool_calls;
   if (toolCalls !== undefined && toolCalls !== null) {
-    if (!Array.isArray(toolCalls)) throw invalid(name, 'answered with tool_calls that is not an array');
-    if (toolCalls.length > TOOL_CALLS_MAX) throw invalid(name, `made more than ${TOOL_CALLS_MAX} tool calls`);
+    if (!Array.isArray(toolCalls))
+      throw invalid(name, 'answered with tool_calls that is not an array');
+    if (toolCalls.length > TOOL_CALLS_MAX)
+      throw invalid(name, `made more than ${TOOL_CALLS_MAX} tool calls`);
     toolCalls.forEach((call: unknown, index: number) => {
       if (!isRecord(call) || !isRecord(call.function) || typeof call.function.name !== 'string') {
         throw invalid(name, 'answered with a malformed tool call');
@@ -676,7 +790,11 @@ function completionToDeltas(completion: unknown, name: string): Delta[] {
   }
   const hasToolCalls = Array.isArray(toolCalls) && toolCalls.length > 0;
   const reason =
-    typeof choice.finish_reason === 'string' ? mapFinishReason(choice.finish_reason) : hasToolCalls ? 'tool_calls' : 'stop';
+    typeof choice.finish_reason === 'string'
+      ? mapFinishReason(choice.finish_reason)
+      : hasToolCalls
+        ? 'tool_calls'
+        : 'stop';
   deltas.push({ type: 'finish', reason, usage: readUsage(completion.usage, name) });
   return deltas;
 }
@@ -694,7 +812,8 @@ function requestBody(request: ProviderRequest): Record<string, unknown> {
     body.tools = request.tools;
     if (request.toolChoice !== null) body.tool_choice = request.toolChoice;
   }
-  // A non-stream caller gets a non-stream upstream call: one JSON body instead of an event stream to parse.
+  // A non-stream caller gets a non-stream upstream call: one JSON body instead of an event stream
+  // to parse.
   if (request.stream) {
     body.stream = true;
     body.stream_options = { include_usage: true };
@@ -709,9 +828,10 @@ export function mapFinishReason(reason: string): FinishReason {
 }
 
 /**
- * The usage an answer reports. Absent usage (no object, or an object without both figures) is null: the
- * gateway counts the tokens itself. A figure that is there but is not a whole number in [0, 2^31) is an
- * unusable answer (CONTRACT §7): it would be billed, and a huge one broke the sums downstream.
+ * The usage an answer reports. Absent usage (no object, or an object without both figures) is null:
+ * the gateway counts the tokens itself. A figure that is there but is not a whole number in [0,
+ * 2^31) is an unusable answer (CONTRACT §7): it would be billed, and a huge one broke the sums
+ * downstream.
  */
 function readUsage(value: unknown, providerName: string): Usage | null {
   if (value === undefined || value === null) return null;
@@ -725,7 +845,12 @@ function readUsage(value: unknown, providerName: string): Usage | null {
 
 function usageFigure(value: unknown, providerName: string): number | null {
   if (value === undefined || value === null) return null;
-  if (typeof value !== 'number' || !Number.isSafeInteger(value) || value < 0 || value >= USAGE_TOKENS_LIMIT) {
+  if (
+    typeof value !== 'number' ||
+    !Number.isSafeInteger(value) ||
+    value < 0 ||
+    value >= USAGE_TOKENS_LIMIT
+  ) {
     throw invalid(providerName, 'sent a usage figure that is not a whole number in [0, 2^31)');
   }
   return value;
@@ -756,7 +881,10 @@ function oversizedBody(providerName: string, bytesMax: number): GatewayError {
 }
 
 function upstreamErrorInStream(providerName: string): GatewayError {
-  return new GatewayError('upstream_error', `Upstream ${providerName} reported an error inside its answer.`);
+  return new GatewayError(
+    'upstream_error',
+    `Upstream ${providerName} reported an error inside its answer.`,
+  );
 }
 
 function isRecord(value: unknown): value is Record<string, unknown> {
@@ -767,7 +895,13 @@ function isIdentifier(text: string): boolean {
   if (text.length === 0 || text.length > SAFE_CODE_CHARS_MAX) return false;
   for (let i = 0; i < text.length; i++) {
     const c = text.charCodeAt(i);
-    const ok = (c >= 48 && c <= 57) || (c >= 65 && c <= 90) || (c >= 97 && c <= 122) || c === 95 || c === 45 || c === 46;
+    const ok =
+      (c >= 48 && c <= 57) ||
+      (c >= 65 && c <= 90) ||
+      (c >= 97 && c <= 122) ||
+      c === 95 ||
+      c === 45 ||
+      c === 46;
     if (!ok) return false;
   }
   return true;

@@ -6,9 +6,9 @@
 // discarded. Reads may split the stream at any byte, including inside a UTF-8 character (the one
 // streaming TextDecoder keeps the partial bytes) and between CR and LF (remembered in a flag).
 //
-// One event is bounded: the bytes of its lines (field names, values and comments as sent, without the
-// line ends), the unfinished last line included. Nothing else is kept between reads, so a stream of
-// endless comments or empty events holds no more memory than one line of it.
+// One event is bounded: the bytes of its lines (field names, values and comments as sent, without
+// the line ends), the unfinished last line included. Nothing else is kept between reads, so a
+// stream of endless comments or empty events holds no more memory than one line of it.
 import { isAscii } from 'node:buffer';
 
 /** Bytes one event may hold when the caller names no bound. */
@@ -36,8 +36,9 @@ export class SseParser {
   /** The previous read ended with CR: a LF at the start of the next read belongs to it. */
   private skipLeadingLf = false;
   /**
-   * This read's characters are its bytes, one each: it is ASCII, and so was the one before (which then
-   * left no partial character to the decoder). The usual case; then no line needs its bytes counted.
+   * This read's characters are its bytes, one each: it is ASCII, and so was the one before (which
+   * then left no partial character to the decoder). The usual case; then no line needs its bytes
+   * counted.
    */
   private charsAreBytes = true;
   private previousAscii = true;
@@ -87,8 +88,9 @@ export class SseParser {
       if (text.charCodeAt(0) === LF) position = 1;
     }
     // Each search result is kept until the scan passes it, so a read with many lines and no CR (the
-    // usual case) scans for CR once, not once per line. Only the new text is searched: the unfinished
-    // line of earlier reads holds no line end, so a long line arriving in many reads is scanned once.
+    // usual case) scans for CR once, not once per line. Only the new text is searched: the
+    // unfinished line of earlier reads holds no line end, so a long line arriving in many reads is
+    // scanned once.
     let lfIndex = text.indexOf('\n', position);
     let crIndex = text.indexOf('\r', position);
     while (position < length) {
@@ -97,7 +99,7 @@ export class SseParser {
       let lineEnd: number;
       if (lfIndex === -1) lineEnd = crIndex;
       else if (crIndex === -1) lineEnd = lfIndex;
-      else lineEnd = lfIndex < crIndex ? lfIndex : crIndex;
+      else lineEnd = Math.min(lfIndex, crIndex);
       if (lineEnd === -1) break;
       if (this.line.length === 0) {
         if (position !== lineEnd) this.countLine(this.bytesOf(text, position, lineEnd));
@@ -118,7 +120,8 @@ export class SseParser {
     }
     if (position < length) {
       this.lineBytes += this.bytesOf(text, position, length);
-      this.line = this.line.length === 0 && position === 0 ? text : this.line + text.slice(position);
+      this.line =
+        this.line.length === 0 && position === 0 ? text : this.line + text.slice(position);
       if (this.eventBytes + this.lineBytes > this.eventBytesMax) this.tooLarge();
     }
   }
@@ -143,9 +146,14 @@ export class SseParser {
       this.dispatch();
       return;
     }
-    // Comments and fields other than `data` keep nothing (their bytes were counted by the caller); the
-    // field's name is checked in place instead of slicing the line.
-    if (end - start < 4 || buffer.charCodeAt(start) !== 100 /* d */ || !buffer.startsWith(DATA, start)) return;
+    // Comments and fields other than `data` keep nothing (their bytes were counted by the caller);
+    // the field's name is checked in place instead of slicing the line.
+    if (
+      end - start < 4 ||
+      buffer.charCodeAt(start) !== 100 /* d */ ||
+      !buffer.startsWith(DATA, start)
+    )
+      return;
     let valueStart = start + 4;
     if (valueStart < end) {
       if (buffer.charCodeAt(valueStart) !== COLON) return; // a longer field name, e.g. "database"
@@ -153,7 +161,7 @@ export class SseParser {
       if (valueStart < end && buffer.charCodeAt(valueStart) === SPACE) valueStart++;
     }
     const value = buffer.slice(valueStart, end);
-    if (this.hasData) this.data = this.data + '\n' + value;
+    if (this.hasData) this.data = `${this.data}\n${value}`;
     else {
       this.data = value;
       this.hasData = true;

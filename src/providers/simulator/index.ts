@@ -1,30 +1,99 @@
-// The embedded simulator provider: deterministic answers, paced like a real model, honouring limits.
+// The embedded simulator provider: deterministic answers, paced like a real model, honouring
+// limits.
 import { countTextTokensYielding } from '../../billing/tokens.ts';
-import { JSON_DEPTH_MAX, nestsDeeperThan } from '../../http/body.ts';
 import { defaultConfig } from '../../config/defaults.ts';
 import type { SimulatorProviderConfig } from '../../config/model.ts';
-import { JSON_SCHEMA_MARKER, type Delta, type FinishReason, type Provider, type ProviderRequest, type ToolDefinition } from '../provider.ts';
+import { JSON_DEPTH_MAX, nestsDeeperThan } from '../../http/body.ts';
+import {
+  type Delta,
+  type FinishReason,
+  JSON_SCHEMA_MARKER,
+  type Provider,
+  type ProviderRequest,
+  type ToolDefinition,
+} from '../provider.ts';
 import { SeededRandom } from './random.ts';
 import { valueForSchema } from './schema-value.ts';
 
 /**
- * Words that are exactly one o200k token both alone and after a space (a test checks every one), so a
- * text of N words is N tokens and the simulator's usage equals what a tokenizer would count.
+ * Words that are exactly one o200k token both alone and after a space (a test checks every one), so
+ * a text of N words is N tokens and the simulator's usage equals what a tokenizer would count.
  */
 export const SIMULATOR_WORDS: readonly string[] = [
-  'river', 'stone', 'light', 'quiet', 'garden', 'signal', 'answer', 'token',
-  'stream', 'cloud', 'green', 'blue', 'red', 'orange', 'apple', 'bridge',
-  'north', 'south', 'water', 'paper', 'window', 'road', 'music', 'simple',
-  'clear', 'small', 'large', 'early', 'late', 'bright', 'silver', 'gold',
-  'market', 'winter', 'summer', 'forest', 'city', 'letter', 'number', 'system',
-  'value', 'time', 'day', 'night', 'data', 'table', 'chair', 'house',
-  'field', 'glass', 'metal', 'sound', 'voice', 'story', 'world', 'plant',
-  'rain', 'snow', 'wind', 'fire', 'earth', 'star', 'moon', 'sun',
+  'river',
+  'stone',
+  'light',
+  'quiet',
+  'garden',
+  'signal',
+  'answer',
+  'token',
+  'stream',
+  'cloud',
+  'green',
+  'blue',
+  'red',
+  'orange',
+  'apple',
+  'bridge',
+  'north',
+  'south',
+  'water',
+  'paper',
+  'window',
+  'road',
+  'music',
+  'simple',
+  'clear',
+  'small',
+  'large',
+  'early',
+  'late',
+  'bright',
+  'silver',
+  'gold',
+  'market',
+  'winter',
+  'summer',
+  'forest',
+  'city',
+  'letter',
+  'number',
+  'system',
+  'value',
+  'time',
+  'day',
+  'night',
+  'data',
+  'table',
+  'chair',
+  'house',
+  'field',
+  'glass',
+  'metal',
+  'sound',
+  'voice',
+  'story',
+  'world',
+  'plant',
+  'rain',
+  'snow',
+  'wind',
+  'fire',
+  'earth',
+  'star',
+  'moon',
+  'sun',
 ];
 
-/** Timers fire at most this often; faster rates emit several tokens per tick instead of more timers. */
+/**
+ * Timers fire at most this often; faster rates emit several tokens per tick instead of more timers.
+ */
 export const SIMULATOR_TICK_MS_MIN = 4;
-/** Characters of tool-call arguments per streamed fragment (one fragment stands for one token of pace). */
+/**
+ * Characters of tool-call arguments per streamed fragment (one fragment stands for one token of
+ * pace).
+ */
 const ARGUMENT_FRAGMENT_CHARS = 12;
 const TOOL_CALL_ID_CHARS = 24;
 const ID_ALPHABET = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789';
@@ -43,11 +112,20 @@ interface Answer {
 export class SimulatorProvider implements Provider {
   readonly name: string;
   private readonly config: SimulatorProviderConfig;
-  /** limits.simulator_tool_arguments_bytes: the largest JSON a tool call's arguments (or a JSON answer) may be. */
+  /**
+   * limits.simulator_tool_arguments_bytes: the largest JSON a tool call's arguments (or a JSON
+   * answer) may be.
+   */
   private readonly argumentsBytesMax: number;
 
-  /** `argumentsBytesMax`: the gateway passes its config's limit; the default is the built-in one. */
-  constructor(name: string, config: SimulatorProviderConfig, argumentsBytesMax = DEFAULT_ARGUMENTS_BYTES_MAX) {
+  /**
+   * `argumentsBytesMax`: the gateway passes its config's limit; the default is the built-in one.
+   */
+  constructor(
+    name: string,
+    config: SimulatorProviderConfig,
+    argumentsBytesMax = DEFAULT_ARGUMENTS_BYTES_MAX,
+  ) {
     this.name = name;
     this.config = config;
     this.argumentsBytesMax = argumentsBytesMax;
@@ -61,16 +139,25 @@ export class SimulatorProvider implements Provider {
     if (this.config.ttft_ms > 0) await delay(this.config.ttft_ms, signal);
 
     if (answer.toolCall) {
-      yield { type: 'tool_call', index: 0, id: answer.toolCall.id, name: answer.toolCall.name, arguments: '' };
+      yield {
+        type: 'tool_call',
+        index: 0,
+        id: answer.toolCall.id,
+        name: answer.toolCall.name,
+        arguments: '',
+      };
       if (signal.aborted) throw signal.reason;
     }
     const { pieces } = answer;
     const tokensPerMs = this.config.tokens_per_second / 1000;
     let emitted = 0;
     while (emitted < pieces.length) {
-      // Piece k is due k / rate after the first; everything due by now goes out in one delta, so the
-      // pace holds however late a timer fires.
-      const due = Math.min(pieces.length, Math.floor((performance.now() - startMs) * tokensPerMs) + 1);
+      // Piece k is due k / rate after the first; everything due by now goes out in one delta, so
+      // the pace holds however late a timer fires.
+      const due = Math.min(
+        pieces.length,
+        Math.floor((performance.now() - startMs) * tokensPerMs) + 1,
+      );
       if (due > emitted) {
         const chunk = due - emitted === 1 ? pieces[emitted]! : pieces.slice(emitted, due).join('');
         emitted = due;
@@ -91,11 +178,15 @@ export class SimulatorProvider implements Provider {
     };
   }
 
-  /** Decides the whole answer from the request alone, so the same request always streams the same. */
+  /**
+   * Decides the whole answer from the request alone, so the same request always streams the same.
+   */
   private answer(request: ProviderRequest): Answer | Promise<Answer> {
-    // Stop and the output limit are left out of the hash on purpose: they cut the same answer short,
-    // which is what lets a caller (and a test) predict where a stop sequence lands.
-    const random = SeededRandom.fromText(JSON.stringify([request.model, request.messages, request.tools, request.seed]));
+    // Stop and the output limit are left out of the hash on purpose: they cut the same answer
+    // short, which is what lets a caller (and a test) predict where a stop sequence lands.
+    const random = SeededRandom.fromText(
+      JSON.stringify([request.model, request.messages, request.tools, request.seed]),
+    );
     const tool = chooseTool(request);
     if (tool) return toolAnswer(tool, request.maxOutputTokens, random, this.argumentsBytesMax);
     const schema = requestedJsonSchema(request);
@@ -120,7 +211,10 @@ function chooseTool(request: ProviderRequest): ToolDefinition | null {
   return last?.role === 'user' ? tools[0]! : null;
 }
 
-/** The schema a system message asks a JSON answer to satisfy (JSON_SCHEMA_MARKER, then the schema's line). */
+/**
+ * The schema a system message asks a JSON answer to satisfy (JSON_SCHEMA_MARKER, then the schema's
+ * line).
+ */
 function requestedJsonSchema(request: ProviderRequest): unknown {
   for (const message of request.messages) {
     if (message.role !== 'system') continue;
@@ -134,29 +228,50 @@ function requestedJsonSchema(request: ProviderRequest): unknown {
     } catch {
       return undefined;
     }
-    // Any caller can write the marker into a system message: its schema is as untrusted as a tool's, and
-    // nested no deeper than a request body may be, so nothing that walks it can overflow the stack.
+    // Any caller can write the marker into a system message: its schema is as untrusted as a
+    // tool's, and nested no deeper than a request body may be, so nothing that walks it can
+    // overflow the stack.
     return nestsDeeperThan(schema, JSON_DEPTH_MAX) ? undefined : schema;
   }
   return undefined;
 }
 
-/** A text answer that is one JSON object valid against `schema`, as a model asked for JSON gives. */
-async function jsonAnswer(schema: unknown, random: SeededRandom, bytesMax: number): Promise<Answer> {
+/**
+ * A text answer that is one JSON object valid against `schema`, as a model asked for JSON gives.
+ */
+async function jsonAnswer(
+  schema: unknown,
+  random: SeededRandom,
+  bytesMax: number,
+): Promise<Answer> {
   const text = JSON.stringify(valueForSchema(schema, random, bytesMax));
   const pieces: string[] = [];
-  for (let at = 0; at < text.length; at += ARGUMENT_FRAGMENT_CHARS) pieces.push(text.slice(at, at + ARGUMENT_FRAGMENT_CHARS));
-  // Up to 64 KiB: counted in steps that let the event loop run (random text costs ~1 µs a character).
-  return { pieces, toolCall: null, reason: 'stop', completionTokens: await countTextTokensYielding(text) };
+  for (let at = 0; at < text.length; at += ARGUMENT_FRAGMENT_CHARS)
+    pieces.push(text.slice(at, at + ARGUMENT_FRAGMENT_CHARS));
+  // Up to 64 KiB: counted in steps that let the event loop run (random text costs ~1 µs a
+  // character).
+  return {
+    pieces,
+    toolCall: null,
+    reason: 'stop',
+    completionTokens: await countTextTokensYielding(text),
+  };
 }
 
-function textAnswer(completionTokens: number, request: ProviderRequest, random: SeededRandom): Answer {
-  const limit = request.maxOutputTokens === null ? completionTokens : Math.max(0, Math.min(completionTokens, request.maxOutputTokens));
+function textAnswer(
+  completionTokens: number,
+  request: ProviderRequest,
+  random: SeededRandom,
+): Answer {
+  const limit =
+    request.maxOutputTokens === null
+      ? completionTokens
+      : Math.max(0, Math.min(completionTokens, request.maxOutputTokens));
   let reason: FinishReason = limit < completionTokens ? 'length' : 'stop';
   const pieces: string[] = new Array(limit);
   for (let i = 0; i < limit; i++) {
     const word = random.pick(SIMULATOR_WORDS);
-    pieces[i] = i === 0 ? word : ' ' + word;
+    pieces[i] = i === 0 ? word : ` ${word}`;
   }
   const stops = request.stop;
   if (stops && stops.length > 0 && limit > 0) {
@@ -169,11 +284,12 @@ function textAnswer(completionTokens: number, request: ProviderRequest, random: 
     }
     if (cut !== -1) {
       reason = 'stop';
-      // Keep whole pieces before the cut and the part of the piece it falls in; that piece was still
-      // generated, so it is counted.
+      // Keep whole pieces before the cut and the part of the piece it falls in; that piece was
+      // still generated, so it is counted.
       let length = 0;
       let kept = 0;
-      while (kept < pieces.length && length + pieces[kept]!.length <= cut) length += pieces[kept++]!.length;
+      while (kept < pieces.length && length + pieces[kept]!.length <= cut)
+        length += pieces[kept++]!.length;
       const counted = kept < pieces.length && cut > length ? kept + 1 : kept;
       if (counted > kept) pieces[kept] = pieces[kept]!.slice(0, cut - length);
       pieces.length = counted;
@@ -182,12 +298,20 @@ function textAnswer(completionTokens: number, request: ProviderRequest, random: 
   return { pieces, toolCall: null, reason, completionTokens: pieces.length };
 }
 
-async function toolAnswer(tool: ToolDefinition, maxOutputTokens: number | null, random: SeededRandom, bytesMax: number): Promise<Answer> {
+async function toolAnswer(
+  tool: ToolDefinition,
+  maxOutputTokens: number | null,
+  random: SeededRandom,
+  bytesMax: number,
+): Promise<Answer> {
   const name = tool.function.name;
   const parameters = tool.function.parameters;
-  let args = JSON.stringify(parameters === undefined ? {} : valueForSchema(parameters, random, bytesMax));
+  let args = JSON.stringify(
+    parameters === undefined ? {} : valueForSchema(parameters, random, bytesMax),
+  );
   let id = 'call_';
-  for (let i = 0; i < TOOL_CALL_ID_CHARS; i++) id += ID_ALPHABET[Math.floor(random.next() * ID_ALPHABET.length)];
+  for (let i = 0; i < TOOL_CALL_ID_CHARS; i++)
+    id += ID_ALPHABET[Math.floor(random.next() * ID_ALPHABET.length)];
 
   // Up to 64 KiB of arguments: counted in steps that let the event loop run.
   let completionTokens = await countTextTokensYielding(name + args);
@@ -199,23 +323,32 @@ async function toolAnswer(tool: ToolDefinition, maxOutputTokens: number | null, 
     reason = 'length';
   }
   const pieces: string[] = [];
-  for (let at = 0; at < args.length; at += ARGUMENT_FRAGMENT_CHARS) pieces.push(args.slice(at, at + ARGUMENT_FRAGMENT_CHARS));
+  for (let at = 0; at < args.length; at += ARGUMENT_FRAGMENT_CHARS)
+    pieces.push(args.slice(at, at + ARGUMENT_FRAGMENT_CHARS));
   return { pieces, toolCall: { id, name }, reason, completionTokens };
 }
 
 /**
- * The longest prefix of `args` whose tokens, with the name's, are at most `maxTokens` (`totalTokens`
- * is the whole call's). Arguments reach 64 KiB and bisection would count ~17 prefixes of them (50 ms),
- * so every other probe interpolates on the token density, which lands next to the answer, and each
- * count stops once it passes the limit.
+ * The longest prefix of `args` whose tokens, with the name's, are at most `maxTokens`
+ * (`totalTokens` is the whole call's). Arguments reach 64 KiB and bisection would count ~17
+ * prefixes of them (50 ms), so every other probe interpolates on the token density, which lands
+ * next to the answer, and each count stops once it passes the limit.
  */
-async function fittingPrefixLength(name: string, args: string, maxTokens: number, totalTokens: number): Promise<number> {
+async function fittingPrefixLength(
+  name: string,
+  args: string,
+  maxTokens: number,
+  totalTokens: number,
+): Promise<number> {
   let low = 0; // fits (or nothing does)
   let lowTokens = 0;
   let high = args.length; // does not fit
   let highTokens = totalTokens;
   for (let probe = 0; high - low > 1; probe++) {
-    const guess = probe % 2 === 0 ? low + Math.floor(((high - low) * (maxTokens - lowTokens)) / (highTokens - lowTokens)) : (low + high) >> 1;
+    const guess =
+      probe % 2 === 0
+        ? low + Math.floor(((high - low) * (maxTokens - lowTokens)) / (highTokens - lowTokens))
+        : (low + high) >> 1;
     const middle = Math.min(high - 1, Math.max(low + 1, guess));
     const tokens = await countTextTokensYielding(name + args.slice(0, middle), maxTokens);
     if (tokens <= maxTokens) {

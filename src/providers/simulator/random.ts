@@ -1,4 +1,5 @@
-// A small seeded PRNG (mulberry32): the simulator's answers must repeat exactly for the same request.
+// A small seeded PRNG (mulberry32): the simulator's answers must repeat exactly for the same
+// request.
 
 export class SeededRandom {
   private state: number;

@@ -1,4 +1,5 @@
-// Builds a value that satisfies a tool's JSON Schema, so simulated tool calls parse and validate, in bounded bytes and work.
+// Builds a value that satisfies a tool's JSON Schema, so simulated tool calls parse and validate,
+// in bounded bytes and work.
 //
 // Covered: type (also arrays such as ["string", "null"]), const, enum, anyOf/oneOf (first branch),
 // allOf (merged), local $ref (#/$defs, #/definitions), object properties/required/
@@ -6,43 +7,69 @@
 // (inclusive and exclusive)/multipleOf, boolean, null, array items/prefixItems/minItems/maxItems/
 // uniqueItems. Ignored, because a plausible value rarely needs them: format, pattern, not, if/then.
 //
-// The schema is the caller's (CONTRACT §8: generated work is bounded), so `minItems: 1e8`, a required
-// recursive `$ref` or a huge enum must cost neither memory nor time. A value is built under a budget of
-// bytes (the JSON it prints to) and of steps; a schema that spends it gets its smallest instance
-// instead, found by `smallestInstance` under its own bounds, and the chat validation refuses a tool
-// whose smallest instance does not fit before the simulator is asked (chat/model.ts). What a node
-// costs to read (its type list, required list, allOf merge, $ref walk) is worked out once per node.
+// The schema is the caller's (CONTRACT §8: generated work is bounded), so `minItems: 1e8`, a
+// required recursive `$ref` or a huge enum must cost neither memory nor time. A value is built
+// under a budget of bytes (the JSON it prints to) and of steps; a schema that spends it gets its
+// smallest instance instead, found by `smallestInstance` under its own bounds, and the chat
+// validation refuses a tool whose smallest instance does not fit before the simulator is asked
+// (chat/model.ts). What a node costs to read (its type list, required list, allOf merge, $ref walk)
+// is worked out once per node.
 import type { SeededRandom } from './random.ts';
 
 type Schema = Record<string, unknown>;
 
-/** Nesting bound of one generated value: deeper, the budget counts as spent (and the smallest instance is used). */
+/**
+ * Nesting bound of one generated value: deeper, the budget counts as spent (and the smallest
+ * instance is used).
+ */
 const SCHEMA_DEPTH_MAX = 16;
-/** Below this depth optional properties and extra array items are filled in; deeper only what is required, so optional recursion ends. */
+/**
+ * Below this depth optional properties and extra array items are filled in; deeper only what is
+ * required, so optional recursion ends.
+ */
 const OPTIONAL_DEPTH_MAX = 8;
-/** Schema nodes one varied value may visit (about 0.3 µs each: a few ms at most); past it the smallest instance is used. */
+/**
+ * Schema nodes one varied value may visit (about 0.3 µs each: a few ms at most); past it the
+ * smallest instance is used.
+ */
 const GENERATE_STEPS_MAX = 10_000;
 /**
- * Schema nodes (and listed items) the smallest-instance search may visit (under 10 ms); a schema that
- * needs more is refused as too complex. Each node of a schema is searched once unless it lies on a
- * recursive cycle, so an ordinary schema of thousands of nodes stays far below it.
+ * Schema nodes (and listed items) the smallest-instance search may visit (under 10 ms); a schema
+ * that needs more is refused as too complex. Each node of a schema is searched once unless it lies
+ * on a recursive cycle, so an ordinary schema of thousands of nodes stays far below it.
  */
 const SMALLEST_STEPS_MAX = 20_000;
-/** Schema nodes open at once in that search (a chain of $refs); deeper is too complex, not a stack overflow. */
+/**
+ * Schema nodes open at once in that search (a chain of $refs); deeper is too complex, not a stack
+ * overflow.
+ */
 const SMALLEST_DEPTH_MAX = 512;
 const ARRAY_ITEMS_DEFAULT_MAX = 3;
 const UNIQUE_ATTEMPTS_MAX = 8;
 /** Width of the range a number gets when the schema bounds only one side (or neither). */
 const NUMBER_SPAN_DEFAULT = 100;
 
-const WORDS = ['alpha', 'bravo', 'delta', 'echo', 'river', 'stone', 'maple', 'cedar', 'amber', 'coral'];
+const WORDS = [
+  'alpha',
+  'bravo',
+  'delta',
+  'echo',
+  'river',
+  'stone',
+  'maple',
+  'cedar',
+  'amber',
+  'coral',
+];
 
-/** Thrown inside a generation or search whose bytes or steps are spent; caught at the entry points. */
+/**
+ * Thrown inside a generation or search whose bytes or steps are spent; caught at the entry points.
+ */
 const SPENT = Symbol('schema budget spent');
 
 /**
- * A value valid against `schema` whose JSON is at most `bytesMax` UTF-8 bytes: a varied one when the
- * budget allows, else the schema's smallest instance, else (none fits) `{}`.
+ * A value valid against `schema` whose JSON is at most `bytesMax` UTF-8 bytes: a varied one when
+ * the budget allows, else the schema's smallest instance, else (none fits) `{}`.
  */
 export function valueForSchema(schema: unknown, random: SeededRandom, bytesMax: number): unknown {
   const generator = new Generator(isSchema(schema) ? schema : {}, random, bytesMax);
@@ -56,11 +83,14 @@ export function valueForSchema(schema: unknown, random: SeededRandom, bytesMax: 
   return smallest.fits ? smallest.value : {};
 }
 
-export type SmallestInstance = { fits: true; value: unknown; bytes: number } | { fits: false; reason: 'too_large' | 'too_complex' };
+export type SmallestInstance =
+  | { fits: true; value: unknown; bytes: number }
+  | { fits: false; reason: 'too_large' | 'too_complex' };
 
 /**
  * Steps the searches of one request may take together (a request may carry 128 tools: each with a
- * budget of its own, they took half a second of the event loop). Made by the caller, passed to each.
+ * budget of its own, they took half a second of the event loop). Made by the caller, passed to
+ * each.
  */
 export class SearchBudget {
   constructor(public stepsLeft = SMALLEST_STEPS_MAX) {}
@@ -74,14 +104,23 @@ const smallestCache = new WeakMap<object, { bytesMax: number; result: SmallestIn
  * bytes. Bounded work: sizes add up arithmetically (1e8 items are never built), a size past
  * `bytesMax` stops the search, and it visits at most SMALLEST_STEPS_MAX nodes (else `too_complex`).
  */
-export function smallestInstance(schema: unknown, bytesMax: number, budget = new SearchBudget()): SmallestInstance {
+export function smallestInstance(
+  schema: unknown,
+  bytesMax: number,
+  budget = new SearchBudget(),
+): SmallestInstance {
   const key = typeof schema === 'object' && schema !== null ? schema : null;
   const cached = key === null ? undefined : smallestCache.get(key);
   if (cached !== undefined && cached.bytesMax === bytesMax) return cached.result;
   let result: SmallestInstance;
   try {
-    const found = new SmallestSearch(isSchema(schema) ? schema : {}, bytesMax, budget).visit(schema).found;
-    result = found.bytes <= bytesMax ? { fits: true, value: found.value, bytes: found.bytes } : { fits: false, reason: 'too_large' };
+    const found = new SmallestSearch(isSchema(schema) ? schema : {}, bytesMax, budget).visit(
+      schema,
+    ).found;
+    result =
+      found.bytes <= bytesMax
+        ? { fits: true, value: found.value, bytes: found.bytes }
+        : { fits: false, reason: 'too_large' };
   } catch (thrown) {
     if (thrown !== SPENT) throw thrown;
     result = { fits: false, reason: 'too_complex' };
@@ -101,12 +140,18 @@ function own(object: Schema, key: string): unknown {
 
 /** Sets `key` as an own field, "__proto__" included (an assignment would replace the prototype). */
 function setOwn(object: Record<string, unknown>, key: string, value: unknown): void {
-  Object.defineProperty(object, key, { value, enumerable: true, writable: true, configurable: true });
+  Object.defineProperty(object, key, {
+    value,
+    enumerable: true,
+    writable: true,
+    configurable: true,
+  });
 }
 
-// ---------------------------------------------------------------------------------------------------
-// What a schema node says, read once per node: a node may be visited thousands of times (the items of
-// an array, a $ref target), and its lists may be long (a `type` or `required` of 100,000 entries).
+// ------------------------------------------------------------------------------------------
+// What a schema node says, read once per node: a node may be visited thousands of times (the items
+// of an array, a $ref target), and its lists may be long (a `type` or `required` of 100,000
+// entries).
 
 interface ObjectPlan {
   declared: Schema;
@@ -137,7 +182,9 @@ function anyOfBranches(schema: Schema): unknown[] | null {
   return null;
 }
 
-/** The type to generate: the first non-null entry of a type list, else inferred from the keywords. */
+/**
+ * The type to generate: the first non-null entry of a type list, else inferred from the keywords.
+ */
 function typeOf(schema: Schema): string {
   let type = typeCache.get(schema);
   if (type === undefined) {
@@ -162,7 +209,9 @@ function readType(schema: Schema): string {
   return 'string';
 }
 
-/** What a node's object keywords say; `charge` is told the size of its lists before they are read. */
+/**
+ * What a node's object keywords say; `charge` is told the size of its lists before they are read.
+ */
 function objectPlan(schema: Schema, charge: (count: number) => void): ObjectPlan {
   let plan = objectPlanCache.get(schema);
   if (plan === undefined) {
@@ -170,8 +219,15 @@ function objectPlan(schema: Schema, charge: (count: number) => void): ObjectPlan
     const declared = isSchema(properties) ? properties : {};
     const required = own(schema, 'required');
     // A `required` of 300,000 names is read in full below: it is charged like as many nodes.
-    charge((Array.isArray(required) ? required.length : 0) + (isSchema(properties) ? Object.keys(properties).length : 0));
-    const requiredSet = new Set(Array.isArray(required) ? required.filter((key): key is string => typeof key === 'string') : []);
+    charge(
+      (Array.isArray(required) ? required.length : 0) +
+        (isSchema(properties) ? Object.keys(properties).length : 0),
+    );
+    const requiredSet = new Set(
+      Array.isArray(required)
+        ? required.filter((key): key is string => typeof key === 'string')
+        : [],
+    );
     const extra = own(schema, 'additionalProperties');
     const propertiesMin = own(schema, 'minProperties');
     const declaredKeys = Object.keys(declared);
@@ -221,8 +277,9 @@ function walkPointer(root: Schema, ref: string): unknown {
 }
 
 /**
- * allOf as one schema: properties and required lists are unioned, other keywords the last wins. Each
- * key copied is charged to `step` (the caller's budget): many allOf nodes may name one large part.
+ * allOf as one schema: properties and required lists are unioned, other keywords the last wins.
+ * Each key copied is charged to `step` (the caller's budget): many allOf nodes may name one large
+ * part.
  */
 function mergeAllOf(schema: Schema, root: Schema, step: (count: number) => void): Schema {
   let merged = mergedCache.get(schema);
@@ -269,8 +326,9 @@ function mergeParts(schema: Schema, root: Schema, step: (count: number) => void)
 }
 
 /**
- * Bytes a property of `plan`'s object adds besides its value: its quoted name, the colon and a comma.
- * Kept per object, so a long name met again (an object on a recursive cycle) is not read again.
+ * Bytes a property of `plan`'s object adds besides its value: its quoted name, the colon and a
+ * comma. Kept per object, so a long name met again (an object on a recursive cycle) is not read
+ * again.
  */
 function propertyBytes(plan: ObjectPlan, key: string): number {
   let bytes = plan.keyBytes.get(key);
@@ -296,8 +354,12 @@ function arrayShape(schema: Schema): ArrayShape {
   const itemSchema: unknown = prefix === null ? (items ?? true) : isSchema(items) ? items : true;
   const minItems = own(schema, 'minItems');
   const maxItems = own(schema, 'maxItems');
-  const itemsMin = typeof minItems === 'number' && Number.isFinite(minItems) ? Math.max(0, Math.ceil(minItems)) : 0;
-  const itemsMax = typeof maxItems === 'number' ? Math.max(0, Math.floor(maxItems)) : Number.POSITIVE_INFINITY;
+  const itemsMin =
+    typeof minItems === 'number' && Number.isFinite(minItems)
+      ? Math.max(0, Math.ceil(minItems))
+      : 0;
+  const itemsMax =
+    typeof maxItems === 'number' ? Math.max(0, Math.floor(maxItems)) : Number.POSITIVE_INFINITY;
   return { prefix, itemSchema, itemsMin, itemsMax };
 }
 
@@ -305,8 +367,12 @@ function stringBounds(schema: Schema): { lengthMin: number; lengthMax: number } 
   const minLength = own(schema, 'minLength');
   const maxLength = own(schema, 'maxLength');
   return {
-    lengthMin: typeof minLength === 'number' && Number.isFinite(minLength) ? Math.max(0, Math.ceil(minLength)) : 0,
-    lengthMax: typeof maxLength === 'number' ? Math.max(0, Math.floor(maxLength)) : Number.POSITIVE_INFINITY,
+    lengthMin:
+      typeof minLength === 'number' && Number.isFinite(minLength)
+        ? Math.max(0, Math.ceil(minLength))
+        : 0,
+    lengthMax:
+      typeof maxLength === 'number' ? Math.max(0, Math.floor(maxLength)) : Number.POSITIVE_INFINITY,
   };
 }
 
@@ -353,7 +419,10 @@ function numberRange(schema: Schema): NumberRange {
   const lowInteger = lowExclusive ? Math.floor(low) + 1 : Math.ceil(low);
   const highInteger = highExclusive ? Math.ceil(high) - 1 : Math.floor(high);
   const multipleOf = own(schema, 'multipleOf');
-  const step = typeof multipleOf === 'number' && multipleOf > 0 && Number.isInteger(multipleOf) ? multipleOf : null;
+  const step =
+    typeof multipleOf === 'number' && multipleOf > 0 && Number.isInteger(multipleOf)
+      ? multipleOf
+      : null;
   return { lowInteger, highInteger, step, low, high };
 }
 
@@ -363,7 +432,8 @@ function smallestNumber(schema: Schema, integer: boolean): number {
   const unit = step ?? 1;
   const lowStep = Math.ceil(lowInteger / unit);
   const highStep = Math.floor(highInteger / unit);
-  if (lowStep > highStep) return step !== null ? lowStep * step : integer ? lowInteger : (low + high) / 2;
+  if (lowStep > highStep)
+    return step !== null ? lowStep * step : integer ? lowInteger : (low + high) / 2;
   if (lowStep > 0) return lowStep * unit;
   if (highStep < 0) return highStep * unit;
   return 0;
@@ -389,7 +459,8 @@ export function jsonBytesAtMost(value: unknown, cap: number): number {
   }
   let bytes = 2;
   if (Array.isArray(value)) {
-    for (let i = 0; i < value.length && bytes <= cap; i++) bytes += (i > 0 ? 1 : 0) + jsonBytesAtMost(value[i], cap - bytes);
+    for (let i = 0; i < value.length && bytes <= cap; i++)
+      bytes += (i > 0 ? 1 : 0) + jsonBytesAtMost(value[i], cap - bytes);
     return bytes;
   }
   let first = true;
@@ -408,21 +479,29 @@ function stringJsonBytes(text: string, cap: number): number {
   for (let i = 0; i < text.length && bytes <= cap; i++) {
     const code = text.charCodeAt(i);
     if (code === 0x22 || code === 0x5c) bytes += 2;
-    else if (code < 0x20) bytes += code === 0x08 || code === 0x09 || code === 0x0a || code === 0x0c || code === 0x0d ? 2 : 6;
+    else if (code < 0x20)
+      bytes +=
+        code === 0x08 || code === 0x09 || code === 0x0a || code === 0x0c || code === 0x0d ? 2 : 6;
     else if (code < 0x80) bytes += 1;
     else if (code < 0x800) bytes += 2;
-    else if (code >= 0xd800 && code <= 0xdbff && i + 1 < text.length && (text.charCodeAt(i + 1) & 0xfc00) === 0xdc00) {
+    else if (
+      code >= 0xd800 &&
+      code <= 0xdbff &&
+      i + 1 < text.length &&
+      (text.charCodeAt(i + 1) & 0xfc00) === 0xdc00
+    ) {
       bytes += 4;
       i++;
-    } else if (code >= 0xd800 && code <= 0xdfff) bytes += 6; // a lone surrogate prints as \uXXXX
+    } else if (code >= 0xd800 && code <= 0xdfff)
+      bytes += 6; // a lone surrogate prints as \uXXXX
     else bytes += 3;
   }
   return bytes;
 }
 
-// ---------------------------------------------------------------------------------------------------
-// The varied value: the first branch of a union, every declared property, 1-3 items, random words and
-// numbers; every byte it will print is charged before it is built.
+// ------------------------------------------------------------------------------------------
+// The varied value: the first branch of a union, every declared property, 1-3 items, random words
+// and numbers; every byte it will print is charged before it is built.
 
 class Generator {
   private bytesLeft: number;
@@ -454,7 +533,8 @@ class Generator {
 
   generate(schema: unknown, depth: number): unknown {
     if (--this.stepsLeft < 0 || depth > SCHEMA_DEPTH_MAX) throw SPENT;
-    if (schema === false) return this.spendValue(null); // nothing validates; any answer is as good as another
+    // nothing validates; any answer is as good as another
+    if (schema === false) return this.spendValue(null);
     if (!isSchema(schema)) return this.spendValue(this.random.pick(WORDS));
 
     const ref = own(schema, '$ref');
@@ -464,11 +544,13 @@ class Generator {
     }
     if (Object.hasOwn(schema, 'const')) return this.spendValue(schema.const);
     const choices = own(schema, 'enum');
-    if (Array.isArray(choices) && choices.length > 0) return this.spendValue(this.random.pick(choices));
+    if (Array.isArray(choices) && choices.length > 0)
+      return this.spendValue(this.random.pick(choices));
     const branches = anyOfBranches(schema);
     if (branches) return this.generate(branches[0], depth + 1);
     const allOf = own(schema, 'allOf');
-    if (Array.isArray(allOf) && allOf.length > 0) return this.generate(mergeAllOf(schema, this.root, this.charge), depth + 1);
+    if (Array.isArray(allOf) && allOf.length > 0)
+      return this.generate(mergeAllOf(schema, this.root, this.charge), depth + 1);
 
     switch (typeOf(schema)) {
       case 'object':
@@ -499,10 +581,13 @@ class Generator {
       setOwn(result, key, this.generate(propertySchema, depth + 1));
     };
     // Every declared property is filled in, optional ones too (that is always valid and shows the
-    // shape), down to OPTIONAL_DEPTH_MAX; deeper only the required ones, so an optional recursion ends.
-    if (depth < OPTIONAL_DEPTH_MAX) for (const key of plan.declaredKeys) add(key, plan.declared[key]);
+    // shape), down to OPTIONAL_DEPTH_MAX; deeper only the required ones, so an optional recursion
+    // ends.
+    if (depth < OPTIONAL_DEPTH_MAX)
+      for (const key of plan.declaredKeys) add(key, plan.declared[key]);
     for (const key of plan.requiredKeys) {
-      if (!Object.hasOwn(result, key)) add(key, Object.hasOwn(plan.declared, key) ? plan.declared[key] : plan.extraSchema);
+      if (!Object.hasOwn(result, key))
+        add(key, Object.hasOwn(plan.declared, key) ? plan.declared[key] : plan.extraSchema);
     }
     if (!plan.closed) {
       let count = Object.keys(result).length;
@@ -518,9 +603,15 @@ class Generator {
 
   private array(schema: Schema, depth: number): unknown[] {
     const { prefix, itemSchema, itemsMin, itemsMax } = arrayShape(schema);
-    let count = prefix !== null ? prefix.length : depth < OPTIONAL_DEPTH_MAX ? this.random.integer(1, ARRAY_ITEMS_DEFAULT_MAX) : 0;
+    let count =
+      prefix !== null
+        ? prefix.length
+        : depth < OPTIONAL_DEPTH_MAX
+          ? this.random.integer(1, ARRAY_ITEMS_DEFAULT_MAX)
+          : 0;
     count = Math.min(Math.max(count, itemsMin), itemsMax);
-    // Each item prints at least one byte and a comma: a count the bytes cannot hold is spent before any is built.
+    // Each item prints at least one byte and a comma: a count the bytes cannot hold is spent before
+    // any is built.
     if (2 * count > this.bytesLeft + 1) throw SPENT;
     this.spend(2);
     const seen = own(schema, 'uniqueItems') === true ? new Set<string>() : null;
@@ -553,10 +644,11 @@ class Generator {
   private string(schema: Schema): string {
     const { lengthMin, lengthMax } = stringBounds(schema);
     const length = Math.min(lengthMin, lengthMax);
-    // Words are ASCII, so the JSON is the length and two quotes: the minimum is charged before it is built.
+    // Words are ASCII, so the JSON is the length and two quotes: the minimum is charged before it
+    // is built.
     this.spend(length + 2);
     let text = this.random.pick(WORDS);
-    while (text.length < lengthMin) text += ' ' + this.random.pick(WORDS);
+    while (text.length < lengthMin) text += ` ${this.random.pick(WORDS)}`;
     if (text.length > lengthMax) text = text.slice(0, lengthMax);
     this.spend(text.length - length);
     return text;
@@ -576,11 +668,14 @@ class Generator {
   }
 }
 
-// ---------------------------------------------------------------------------------------------------
+// ------------------------------------------------------------------------------------------
 // The smallest instance: required properties only, minItems items, the shortest string and number,
 // the smallest union branch and enum member.
 
-/** An instance and its JSON bytes; bytes above the limit mean "none that fits" (the value is then meaningless). */
+/**
+ * An instance and its JSON bytes; bytes above the limit mean "none that fits" (the value is then
+ * meaningless).
+ */
 interface Found {
   value: unknown;
   bytes: number;
@@ -598,9 +693,9 @@ const NO_CYCLE = Number.POSITIVE_INFINITY;
 
 /**
  * A node's result is cached unless it depended on a node still open above it (a recursive $ref).
- * Meeting an open node counts as "no instance": exact for the node that opened the cycle (its smallest
- * instance never contains another instance of itself, which would be smaller still), not for the nodes
- * between, which are therefore searched again when met from elsewhere.
+ * Meeting an open node counts as "no instance": exact for the node that opened the cycle (its
+ * smallest instance never contains another instance of itself, which would be smaller still), not
+ * for the nodes between, which are therefore searched again when met from elsewhere.
  */
 class SmallestSearch {
   private readonly cache = new Map<object, Found>();
@@ -624,7 +719,11 @@ class SmallestSearch {
 
   visit(schema: unknown): Visit {
     this.step();
-    if (!isSchema(schema)) return { found: schema === false ? { value: null, bytes: 4 } : { value: '', bytes: 2 }, lowest: NO_CYCLE };
+    if (!isSchema(schema))
+      return {
+        found: schema === false ? { value: null, bytes: 4 } : { value: '', bytes: 2 },
+        lowest: NO_CYCLE,
+      };
     const cached = this.cache.get(schema);
     if (cached !== undefined) return { found: cached, lowest: NO_CYCLE };
     const openAt = this.open.get(schema);
@@ -651,7 +750,8 @@ class SmallestSearch {
     }
     if (Object.hasOwn(schema, 'const')) return this.leaf(schema.const);
     const choices = own(schema, 'enum');
-    if (Array.isArray(choices) && choices.length > 0) return { found: this.smallestChoice(choices), lowest: NO_CYCLE };
+    if (Array.isArray(choices) && choices.length > 0)
+      return { found: this.smallestChoice(choices), lowest: NO_CYCLE };
     const branches = anyOfBranches(schema);
     if (branches) {
       let best = NONE;
@@ -664,7 +764,8 @@ class SmallestSearch {
       return { found: best, lowest };
     }
     const allOf = own(schema, 'allOf');
-    if (Array.isArray(allOf) && allOf.length > 0) return this.visit(mergeAllOf(schema, this.root, this.charge));
+    if (Array.isArray(allOf) && allOf.length > 0)
+      return this.visit(mergeAllOf(schema, this.root, this.charge));
     switch (typeOf(schema)) {
       case 'object':
         return this.object(schema);
@@ -689,7 +790,9 @@ class SmallestSearch {
     }
   }
 
-  /** The shortest enum member. Enum nodes are leaves, so each is read once however often it is met. */
+  /**
+   * The shortest enum member. Enum nodes are leaves, so each is read once however often it is met.
+   */
   private smallestChoice(choices: unknown[]): Found {
     // Every member is measured: an enum of 600,000 members is charged like as many nodes.
     this.step(choices.length);
@@ -716,9 +819,11 @@ class SmallestSearch {
       return bytes <= this.bytesMax;
     };
     for (const key of plan.requiredKeys) {
-      if (!add(key, Object.hasOwn(plan.declared, key) ? plan.declared[key] : plan.extraSchema)) return { found: NONE, lowest };
+      if (!add(key, Object.hasOwn(plan.declared, key) ? plan.declared[key] : plan.extraSchema))
+        return { found: NONE, lowest };
     }
-    // minProperties: `field_<n>` names when extra properties are allowed, else the declared optional ones.
+    // minProperties: `field_<n>` names when extra properties are allowed, else the declared
+    // optional ones.
     const optional = plan.optionalKeys;
     for (let n = 0; count < plan.propertiesMin; n++) {
       this.step();
@@ -730,7 +835,8 @@ class SmallestSearch {
         key = `field_${n}`;
         if (Object.hasOwn(value, key)) continue;
       }
-      if (!add(key, plan.closed ? plan.declared[key] : plan.extraSchema)) return { found: NONE, lowest };
+      if (!add(key, plan.closed ? plan.declared[key] : plan.extraSchema))
+        return { found: NONE, lowest };
     }
     return { found: { value, bytes }, lowest };
   }
@@ -751,14 +857,21 @@ class SmallestSearch {
     }
     const rest = count - prefixCount;
     if (rest === 0) return { found: { value, bytes }, lowest };
-    // Each further item is at least one byte and a comma: a count the limit cannot hold is refused at once.
+    // Each further item is at least one byte and a comma: a count the limit cannot hold is refused
+    // at once.
     if (bytes + 2 * rest - 1 > this.bytesMax) return { found: NONE, lowest };
     const commaBefore = prefixCount > 0 ? 1 : 0;
     if (own(schema, 'uniqueItems') === true && rest > 1) {
       const distinct = this.distinctItems(itemSchema, rest, this.bytesMax - bytes - commaBefore);
       if (distinct === null) return { found: NONE, lowest };
       for (const item of distinct.values) value.push(item);
-      return { found: { value, bytes: bytes + (distinct.values.length > 0 ? commaBefore + distinct.bytes : 0) }, lowest };
+      return {
+        found: {
+          value,
+          bytes: bytes + (distinct.values.length > 0 ? commaBefore + distinct.bytes : 0),
+        },
+        lowest,
+      };
     }
     const next = this.visit(itemSchema);
     lowest = Math.min(lowest, next.lowest);
@@ -769,12 +882,17 @@ class SmallestSearch {
   }
 
   /**
-   * Up to `count` distinct small items for uniqueItems and their bytes with the commas between them;
-   * null when they cannot fit in `bytesLeft`. Enumerable kinds (enum, boolean, integers, strings, null)
-   * are listed smallest first, and fewer distinct values than asked stops short, as the generator does;
-   * any other kind repeats its smallest instance, a size distinct ones rarely undercut.
+   * Up to `count` distinct small items for uniqueItems and their bytes with the commas between
+   * them; null when they cannot fit in `bytesLeft`. Enumerable kinds (enum, boolean, integers,
+   * strings, null) are listed smallest first, and fewer distinct values than asked stops short, as
+   * the generator does; any other kind repeats its smallest instance, a size distinct ones rarely
+   * undercut.
    */
-  private distinctItems(itemSchema: unknown, count: number, bytesLeft: number): { values: unknown[]; bytes: number } | null {
+  private distinctItems(
+    itemSchema: unknown,
+    count: number,
+    bytesLeft: number,
+  ): { values: unknown[]; bytes: number } | null {
     const candidates = this.distinctCandidates(itemSchema, count);
     if (candidates === null) {
       const next = this.visit(itemSchema).found;
@@ -790,7 +908,10 @@ class SmallestSearch {
     return { values: candidates, bytes: Math.max(bytes, 0) };
   }
 
-  /** At most `count` distinct instances, smallest first, for the kinds that can be listed; null for the others. */
+  /**
+   * At most `count` distinct instances, smallest first, for the kinds that can be listed; null for
+   * the others.
+   */
   private distinctCandidates(itemSchema: unknown, count: number): unknown[] | null {
     let target = itemSchema;
     const ref = isSchema(target) ? own(target, '$ref') : undefined;
