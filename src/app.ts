@@ -4,10 +4,11 @@ import { adminController } from './admin/index.ts';
 import { chatController } from './chat/index.ts';
 import { decisionController } from './decision/index.ts';
 import type { Gateway } from './gateway.ts';
-import { errorResponse, GatewayError, internalError } from './http/errors.ts';
+import { errorResponse } from './http/errors.ts';
 import { urlPath } from './http/routes.ts';
 import { healthController } from './ops/health.ts';
 import { AssertionError } from './util/assert.ts';
+import { GatewayError, internalError } from './util/errors.ts';
 import { randomBase62 } from './util/ids.ts';
 
 export function createApp(gateway: Gateway) {

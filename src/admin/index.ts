@@ -6,7 +6,6 @@ import type { ValueErrorIterator } from '@sinclair/typebox/errors';
 import { Elysia } from 'elysia';
 import type { Gateway } from '../gateway.ts';
 import { parseJsonBody, readBodyText } from '../http/body.ts';
-import { GatewayError } from '../http/errors.ts';
 import {
   bearerToken,
   createKey,
@@ -16,6 +15,7 @@ import {
   keyView,
   revokeKey,
 } from '../keys/store.ts';
+import { GatewayError } from '../util/errors.ts';
 import { fieldPath, firstProblem } from '../util/validation.ts';
 import {
   type CreateKeyBody,

@@ -9,9 +9,9 @@ import {
 } from '../decision/model.ts';
 import { buildPrompt, type DecisionPrompt } from '../decision/prompt.ts';
 import { parseJsonBody } from '../http/body.ts';
-import { type ErrorCode, GatewayError } from '../http/errors.ts';
 import { requestFingerprint } from '../idempotency/fingerprint.ts';
 import type { ProviderMessage } from '../providers/provider.ts';
+import { type ErrorCode, GatewayError } from '../util/errors.ts';
 import { countPromptTokensSteps, countTextsSteps } from './tokens.ts';
 
 /**

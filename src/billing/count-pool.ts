@@ -1,6 +1,6 @@
 // A worker thread for CPU-heavy request work (token counts, fingerprints), with a fair, bounded
 // queue per API key.
-import { GatewayError } from '../http/errors.ts';
+import { GatewayError } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
 
 /**

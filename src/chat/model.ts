@@ -3,7 +3,6 @@
 import { type Static, type TSchema, Type } from '@sinclair/typebox';
 import { type TypeCheck, TypeCompiler } from '@sinclair/typebox/compiler';
 import type { Config, ModelConfig } from '../config/model.ts';
-import { GatewayError } from '../http/errors.ts';
 import type {
   ProviderMessage,
   ToolCall,
@@ -12,6 +11,7 @@ import type {
 } from '../providers/provider.ts';
 import { SearchBudget, smallestInstance } from '../providers/simulator/schema-value.ts';
 import { assert } from '../util/assert.ts';
+import { GatewayError } from '../util/errors.ts';
 import { fieldPath, firstProblem, mustBe } from '../util/validation.ts';
 
 const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);

@@ -2,7 +2,6 @@
 import { countAnswerTokens, StreamedText } from '../billing/offload.ts';
 import { chargeMicro, reservationMicro } from '../billing/pricing.ts';
 import { actorSettled, type Gateway, statusUrl } from '../gateway.ts';
-import { GatewayError, internalError } from '../http/errors.ts';
 import { checkIdempotency } from '../idempotency/store.ts';
 import {
   collectAnswer,
@@ -21,6 +20,7 @@ import {
 import type { KeyAccount } from '../state/apply.ts';
 import type { Event, Usage } from '../state/events.ts';
 import { assert } from '../util/assert.ts';
+import { GatewayError, internalError } from '../util/errors.ts';
 import { RESOLVED } from '../util/promise.ts';
 import { TextBuilder } from '../util/text-builder.ts';
 import type { ChatRequest } from './model.ts';

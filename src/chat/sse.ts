@@ -1,8 +1,9 @@
 // Chat streams: the SSE chunk framing and the sink that relays a run's output to the client,
 // bounded.
-import type { GatewayError } from '../http/errors.ts';
+
 import { errorBody } from '../http/errors.ts';
 import type { Usage } from '../state/events.ts';
+import type { GatewayError } from '../util/errors.ts';
 import type { ChatResult, ChatSink } from './service.ts';
 import type { PublicFinishReason } from './stream.ts';
 

@@ -9,12 +9,13 @@ import {
 } from '../billing/offload.ts';
 import type { Gateway } from '../gateway.ts';
 import { parseJsonBody, readBodyText } from '../http/body.ts';
-import { asGatewayError, errorResponse, GatewayError } from '../http/errors.ts';
+import { asGatewayError, errorResponse } from '../http/errors.ts';
 import { type NativeRoutes, nativePost } from '../http/routes.ts';
 import { parseIdempotencyKey } from '../idempotency/store.ts';
 import { authenticate, microToCredits } from '../keys/store.ts';
 import type { RequestRecord } from '../state/apply.ts';
 import { unavailableError } from '../state/store.ts';
+import { GatewayError } from '../util/errors.ts';
 import { newDecisionRequestId } from '../util/ids.ts';
 import { type DecisionRequest, validateDecisionRequest } from './model.ts';
 import { admitDecision, runDecision } from './service.ts';

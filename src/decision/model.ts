@@ -2,7 +2,7 @@
 // expected.
 import { type Static, Type } from '@sinclair/typebox';
 import type { Config, ModelConfig } from '../config/model.ts';
-import { GatewayError } from '../http/errors.ts';
+import { GatewayError } from '../util/errors.ts';
 
 export const QUESTION_ID_RE = /^[A-Za-z0-9_-]{1,64}$/;
 export const QUESTIONS_MAX = 64;

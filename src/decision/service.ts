@@ -3,7 +3,6 @@
 import { countAnswerTokens } from '../billing/offload.ts';
 import { costMicro, ratesFor } from '../billing/pricing.ts';
 import { actorSettled, type Gateway, statusUrl } from '../gateway.ts';
-import { GatewayError, internalError } from '../http/errors.ts';
 import { checkIdempotency } from '../idempotency/store.ts';
 import { collectAnswer, type ProviderRequest } from '../providers/provider.ts';
 import {
@@ -17,6 +16,7 @@ import {
 import { DAY_MS, type KeyAccount } from '../state/apply.ts';
 import type { Amount, Event, Usage } from '../state/events.ts';
 import { assert } from '../util/assert.ts';
+import { GatewayError, internalError } from '../util/errors.ts';
 import { RESOLVED } from '../util/promise.ts';
 import type { Answer, DecisionRequest } from './model.ts';
 import {

@@ -1,7 +1,7 @@
 // Request bodies: the size limit and the read deadline are enforced while reading (413 or 400
 // before parsing), chunked bodies too; a client that goes away mid-body is a 499, never an internal
 // error.
-import { GatewayError } from './errors.ts';
+import { GatewayError } from '../util/errors.ts';
 
 const DECODER = new TextDecoder('utf-8');
 

@@ -1,7 +1,8 @@
 // Idempotency-Key rules: the key format, and what a bound (API key, Idempotency-Key) pair answers.
-import { GatewayError } from '../http/errors.ts';
+
 import type { ActorRegistry } from '../requests/registry.ts';
 import type { GatewayState } from '../state/apply.ts';
+import { GatewayError } from '../util/errors.ts';
 
 const IDEMPOTENCY_KEY_RE = /^[A-Za-z0-9._:-]{8,255}$/;
 

@@ -1,6 +1,6 @@
 // Per-key token buckets: rate_limit_rpm requests per minute, shared by both services.
 import { LRUCache } from 'lru-cache';
-import { GatewayError } from '../http/errors.ts';
+import { GatewayError } from '../util/errors.ts';
 
 const MINUTE_MS = 60_000;
 

@@ -1,9 +1,10 @@
 // API keys: creation (secret shown once, SHA-256 stored), import, revoke, top-up, and
 // authentication.
-import { GatewayError } from '../http/errors.ts';
+
 import type { KeyAccount } from '../state/apply.ts';
 import type { Service } from '../state/events.ts';
 import type { StateStore } from '../state/store.ts';
+import { GatewayError } from '../util/errors.ts';
 import { newKeyId, randomBase62, sha256Hex } from '../util/ids.ts';
 
 export const KEY_PREFIX = 'tg-';

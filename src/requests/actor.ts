@@ -1,9 +1,10 @@
 // The request actor: one per accepted request; owns its state machine, AbortController and credit
 // hold.
-import { type ErrorCode, GatewayError } from '../http/errors.ts';
+
 import type { Amount, RequestStatus, Service, Usage } from '../state/events.ts';
 import type { StateStore } from '../state/store.ts';
 import { assert } from '../util/assert.ts';
+import { type ErrorCode, GatewayError } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
 import { ignore, RESOLVED } from '../util/promise.ts';
 

@@ -1,7 +1,8 @@
 // The only path that changes durable state: check events, apply them in order, append them to the
 // log.
-import { GatewayError } from '../http/errors.ts';
+
 import { assert } from '../util/assert.ts';
+import { GatewayError } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
 import { ignore } from '../util/promise.ts';
 import { type FsyncPolicy, WriteAheadLog } from '../wal/log.ts';

@@ -6,8 +6,8 @@ import { type CountJob, type CountResult, runCountJob } from '../../src/billing/
 import { CountPool, type JobOwner } from '../../src/billing/count-pool.ts';
 import { COUNT_WORKER_URL } from '../../src/billing/offload.ts';
 import { countPromptTokensOf, countTextTokens } from '../../src/billing/tokens.ts';
-import { GatewayError } from '../../src/http/errors.ts';
 import type { ProviderMessage } from '../../src/providers/provider.ts';
+import { GatewayError } from '../../src/util/errors.ts';
 import { createLogger } from '../../src/util/log.ts';
 import type { TestJob, TestResult } from './fixtures/test-worker.ts';
 

@@ -9,7 +9,7 @@ import {
   SseSink,
   STOPPED_DRAIN_MS_MAX,
 } from '../../src/chat/sse.ts';
-import { GatewayError } from '../../src/http/errors.ts';
+import { GatewayError } from '../../src/util/errors.ts';
 
 const encoder = new ChunkEncoder('chatcmpl-test', 1, 'model_03');
 const TEXT = 'word '.repeat(20);

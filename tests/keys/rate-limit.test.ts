@@ -1,8 +1,8 @@
 // RateLimiter with an injected clock: a burst of rpm, then 429 with Retry-After in whole seconds,
 // then refill.
 import { describe, expect, test } from 'bun:test';
-import { GatewayError } from '../../src/http/errors.ts';
 import { RateLimiter } from '../../src/keys/rate-limit.ts';
+import { GatewayError } from '../../src/util/errors.ts';
 
 const T0_MS = 1_800_000_000_000;
 

@@ -4,7 +4,6 @@ import { join } from 'node:path';
 import { countPromptTokens, countTextTokens } from '../../src/billing/tokens.ts';
 import { defaultConfig } from '../../src/config/defaults.ts';
 import type { OpenAIProviderConfig, SimulatorProviderConfig } from '../../src/config/model.ts';
-import { GatewayError } from '../../src/http/errors.ts';
 import { OpenAIProvider, type OpenAIProviderOptions } from '../../src/providers/openai/index.ts';
 import type {
   Delta,
@@ -14,6 +13,7 @@ import type {
   ToolDefinition,
 } from '../../src/providers/provider.ts';
 import { SimulatorProvider } from '../../src/providers/simulator/index.ts';
+import { GatewayError } from '../../src/util/errors.ts';
 import { createLogger } from '../../src/util/log.ts';
 import {
   type FakeUpstream,

@@ -4,9 +4,9 @@
 import { afterEach, describe, expect, test } from 'bun:test';
 import type { Socket } from 'bun';
 import { countPromptTokens } from '../../src/billing/tokens.ts';
-import { GatewayError } from '../../src/http/errors.ts';
 import { OpenAIProvider } from '../../src/providers/openai/index.ts';
 import type { Delta, ProviderRequest } from '../../src/providers/provider.ts';
+import { GatewayError } from '../../src/util/errors.ts';
 import { createLogger } from '../../src/util/log.ts';
 import { type FakeUpstream, sseResponse, startUpstream } from './fake-upstream.ts';
 

@@ -3,8 +3,8 @@ import { afterAll, describe, expect, test } from 'bun:test';
 import { readFileSync, symlinkSync, unlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import pino from 'pino';
-import { GatewayError } from '../../src/http/errors.ts';
 import { StateStore } from '../../src/state/store.ts';
+import { GatewayError } from '../../src/util/errors.ts';
 import { decodeFrame } from '../../src/wal/frame.ts';
 import { type FsyncPolicy, WalUnavailableError, WriteAheadLog } from '../../src/wal/log.ts';
 import {

@@ -1,8 +1,8 @@
 // The OpenAI-compatible provider: one streamed Chat Completions call, relayed as provider deltas.
 import { readFileSync } from 'node:fs';
 import type { OpenAIProviderConfig } from '../../config/model.ts';
-import { GatewayError } from '../../http/errors.ts';
 import { assert } from '../../util/assert.ts';
+import { GatewayError } from '../../util/errors.ts';
 import { newToolCallId } from '../../util/ids.ts';
 import type { Logger } from '../../util/log.ts';
 import { TextBuilder } from '../../util/text-builder.ts';
