@@ -4,7 +4,6 @@ import { RateLimiter } from './keys/rate-limit.ts';
 import { Metrics } from './ops/metrics.ts';
 import type { Provider } from './providers/provider.ts';
 import { createProviders } from './providers/registry.ts';
-import type { Outcome, RequestActor } from './requests/actor.ts';
 import { ActorRegistry } from './requests/registry.ts';
 import { StateStore } from './state/store.ts';
 import type { Logger } from './util/log.ts';
@@ -74,24 +73,4 @@ export function openGateway(config: Config, logger: Logger, adminToken: string):
   return gateway;
 }
 
-/** The status endpoint of a request: a path, or an absolute URL when public_base_url is set. */
-export function statusUrl(config: Config, service: 'chat' | 'decision', requestId: string): string {
-  const path =
-    service === 'chat' ? `/api/v1/requests/${requestId}` : `/decision/v1/requests/${requestId}/`;
-  return config.public_base_url ? config.public_base_url.replace(/\/+$/, '') + path : path;
-}
-
-/**
- * What happens when an actor's terminal state is durable: it leaves the registry and is counted.
- */
-export function actorSettled(gateway: Gateway): (actor: RequestActor, outcome: Outcome) => void {
-  return (actor, outcome) => {
-    gateway.registry.remove(actor);
-    gateway.metrics.requestFinished(
-      actor.init.service,
-      outcome.status,
-      outcome.error?.code ?? null,
-      outcome.charge.credits_micro,
-    );
-  };
-}
+export { statusUrl } from './requests/admit.ts';

@@ -62,19 +62,16 @@ async function completions(
     );
     const { idempotency, promptTokens } =
       measuring instanceof Promise ? await measuring : measuring;
-    const admission = admitChat(gateway, account, requestId, chat, idempotency, promptTokens);
+    const admission = admitChat(
+      gateway,
+      account,
+      requestId,
+      chat,
+      idempotency,
+      promptTokens,
+      request.signal,
+    );
     const { actor } = admission;
-    if (idempotency) {
-      // A request with an Idempotency-Key must not reach the provider before its binding is
-      // durable.
-      await admission.durable;
-    }
-    // The actor listens itself (handleEvent: the client went away). Never removed: once the actor
-    // is over, abort() is a no-op, and both die with the request.
-    const clientSignal = request.signal;
-    clientSignal.addEventListener('abort', actor);
-    // A client that left while the body was read or the binding became durable is gone already.
-    if (clientSignal.aborted) actor.abort('disconnected');
 
     const { limits } = gateway.config;
     if (chat.stream) {
@@ -111,14 +108,15 @@ async function completions(
     }
     const result = await runChat(gateway, admission, chat, null);
     if (!result.ok) return errorResponse(result.error, idHeader, holdKept(gateway, requestId));
+    const { value } = result;
     const body = completionBody(
       requestId,
       admission.createdS,
       chat.modelId,
-      result.content,
-      result.toolCalls,
-      result.finishReason,
-      result.usage,
+      value.content,
+      value.toolCalls,
+      value.finishReason,
+      value.usage,
     );
     return new Response(JSON.stringify(body), {
       status: 200,

@@ -1,38 +1,26 @@
-// Chat requests: admission (idempotency, rate, context, quota), the hold, and the actor's run loop.
+// Chat requests: the chat checks of admission (context, quota) and the chat `work` of a run:
+// relay the provider's deltas to a stream, or collect them into one answer, and price it.
 import { countAnswerTokens, StreamedText } from '../billing/offload.ts';
 import { chargeMicro, reservationMicro } from '../billing/pricing.ts';
-import { actorSettled, type Gateway, statusUrl } from '../gateway.ts';
-import { checkIdempotency } from '../idempotency/store.ts';
+import type { Gateway } from '../gateway.ts';
 import {
   collectAnswer,
   type Delta,
   type ProviderRequest,
   type ToolCall,
 } from '../providers/provider.ts';
-import {
-  abortError,
-  abortOnTimer,
-  notRecordedError,
-  type Outcome,
-  RequestActor,
-  statusForAbort,
-} from '../requests/actor.ts';
+import type { Completion, RunPolicy, RunResult } from '../requests/actor.ts';
+import { type Admission, admit, type Reservation } from '../requests/admit.ts';
 import type { KeyAccount } from '../state/apply.ts';
-import type { Event, Usage } from '../state/events.ts';
+import type { Usage } from '../state/events.ts';
 import { assert } from '../util/assert.ts';
-import { GatewayError, internalError } from '../util/errors.ts';
-import { RESOLVED } from '../util/promise.ts';
+import { GatewayError } from '../util/errors.ts';
 import { TextBuilder } from '../util/text-builder.ts';
 import type { ChatRequest } from './model.ts';
 import type { PublicFinishReason } from './stream.ts';
 
-export interface Admission {
-  actor: RequestActor;
+export interface ChatAdmission extends Admission {
   providerRequest: ProviderRequest;
-  /** Resolves when the hold (and the Idempotency-Key binding) is durable. */
-  durable: Promise<void>;
-  createdS: number;
-  createdMs: number;
 }
 
 export interface Idempotency {
@@ -41,9 +29,8 @@ export interface Idempotency {
 }
 
 /**
- * Runs the checks after shape and model, in the contract's order (idempotency → rate → context →
- * quota), then places the hold and binds the Idempotency-Key in one event. Everything from the
- * first check to the commit is synchronous, so two identical requests can never both pass.
+ * Admits a chat request (requests/admit: idempotency, rate, then the checks below, then the hold)
+ * or throws its refusal.
  */
 export function admitChat(
   gateway: Gateway,
@@ -52,26 +39,23 @@ export function admitChat(
   chat: ChatRequest,
   idempotency: Idempotency | null,
   promptTokens: number,
-): Admission {
-  const { config, store, registry } = gateway;
-  const nowMs = Date.now();
-  if (idempotency) {
-    checkIdempotency(
-      store.state,
-      registry,
-      account.id,
-      idempotency.key,
-      idempotency.fingerprint,
-      nowMs,
-      (id) => statusUrl(config, 'chat', id),
-    );
-  }
-  gateway.rateLimiter.take(
-    account.id,
-    account.rateLimitRpm ?? config.limits.default_rate_limit_rpm,
-    nowMs,
-  );
+  clientSignal: AbortSignal | null,
+): ChatAdmission {
+  const admission = admit(gateway, {
+    service: 'chat',
+    requestId,
+    account,
+    model: chat.modelId,
+    stream: chat.stream,
+    idempotency,
+    clientSignal,
+    reserve: (current) => reserveChat(chat, promptTokens, current),
+  });
+  return { ...admission, providerRequest: providerRequestFor(chat, promptTokens) };
+}
 
+/** Context (400), then quota (402): the hold is the prompt and the output cap at the model's rates. */
+function reserveChat(chat: ChatRequest, promptTokens: number, account: KeyAccount): Reservation {
   const { model } = chat;
   if (promptTokens > model.context_window) {
     throw new GatewayError(
@@ -80,20 +64,20 @@ export function admitChat(
       { param: 'messages' },
     );
   }
+  const outputMax = chat.maxOutputTokens;
   if (
-    chat.maxOutputTokens !== null &&
-    (chat.maxOutputTokens > model.max_output_tokens ||
-      promptTokens + chat.maxOutputTokens > model.context_window)
+    outputMax !== null &&
+    (outputMax > model.max_output_tokens || promptTokens + outputMax > model.context_window)
   ) {
     throw new GatewayError(
       'context_length_exceeded',
-      `The output limit ${chat.maxOutputTokens} is too large: this model allows ` +
-        `${model.max_output_tokens} output tokens and ${model.context_window} in all (the ` +
-        `messages have ${promptTokens}).`,
+      `The output limit ${outputMax} is too large: this model allows ` +
+        `${model.max_output_tokens} output tokens and ${model.context_window} in all ` +
+        `(the messages have ${promptTokens}).`,
       { param: 'max_completion_tokens' },
     );
   }
-  const outputCapTokens = chat.maxOutputTokens ?? model.max_output_tokens;
+  const outputCapTokens = outputMax ?? model.max_output_tokens;
   const holdMicro = reservationMicro(model, promptTokens, outputCapTokens);
   if (holdMicro > account.balanceMicro) {
     throw new GatewayError(
@@ -102,55 +86,12 @@ export function admitChat(
         `reservation of ${holdMicro / 1e6} credits.`,
     );
   }
-  if (!registry.admits(account.id))
-    throw new GatewayError(
-      'service_unavailable',
-      "The gateway is at its limit of requests in flight for this key's share; retry shortly.",
-    );
+  return { hold: { credits_micro: holdMicro, tokens: 0 }, budgetHoldMicro: 0 };
+}
 
-  const started: Event[] = [
-    {
-      type: 'request.started',
-      request_id: requestId,
-      key_id: account.id,
-      service: 'chat',
-      model: chat.modelId,
-      stream: chat.stream,
-      hold: { credits_micro: holdMicro, tokens: 0 },
-      idempotency: idempotency
-        ? {
-            key: idempotency.key,
-            fingerprint: idempotency.fingerprint,
-            expires_at_ms: nowMs + config.idempotency_ttl_s * 1000,
-          }
-        : null,
-      budget_hold_micro: 0,
-      at_ms: nowMs,
-    },
-  ];
-  // A stream names its id in its first chunk and an Idempotency-Key makes it findable: those starts
-  // are logged now (overlapping the provider call). A plain non-stream call's id is first seen with
-  // its answer, so its start goes to the log with its finish, sparing a separate fsync.
-  let durable: Promise<void> = RESOLVED;
-  if (chat.stream || idempotency) durable = store.commit(started);
-  else store.applyUnlogged(requestId, started);
-  const actor = new RequestActor(
-    {
-      id: requestId,
-      keyId: account.id,
-      service: 'chat',
-      model: chat.modelId,
-      stream: chat.stream,
-      hold: { credits_micro: holdMicro, tokens: 0 },
-    },
-    store,
-    actorSettled(gateway),
-    gateway.logger,
-  );
-  actor.started(durable);
-  registry.add(actor);
-  const body = chat.body;
-  const providerRequest: ProviderRequest = {
+function providerRequestFor(chat: ChatRequest, promptTokens: number): ProviderRequest {
+  const { body, model } = chat;
+  return {
     model: model.upstream_model ?? chat.modelId,
     messages: chat.messages,
     maxOutputTokens: chat.maxOutputTokens,
@@ -164,7 +105,6 @@ export function admitChat(
     promptTokens,
     stream: chat.stream,
   };
-  return { actor, providerRequest, durable, createdS: Math.floor(nowMs / 1000), createdMs: nowMs };
 }
 
 /**
@@ -190,15 +130,14 @@ export interface ChatSink {
   end(result: ChatResult): void;
 }
 
-export type ChatResult =
-  | {
-      ok: true;
-      content: string | null;
-      toolCalls: ToolCall[];
-      finishReason: PublicFinishReason;
-      usage: Usage;
-    }
-  | { ok: false; error: GatewayError };
+export interface ChatAnswer {
+  content: string | null;
+  toolCalls: ToolCall[];
+  finishReason: PublicFinishReason;
+  usage: Usage;
+}
+
+export type ChatResult = RunResult<ChatAnswer>;
 
 /**
  * What the provider said so far: text, tool calls (checked as they build up) and the finish. Text
@@ -324,158 +263,149 @@ class Answer {
   }
 }
 
+/** The run policies of a config: made once, not per request. */
+const policies = new WeakMap<Gateway['config'], { stream: RunPolicy; whole: RunPolicy }>();
+
+function policyFor(config: Gateway['config'], stream: boolean): RunPolicy {
+  let made = policies.get(config);
+  if (!made) {
+    // The hold is kept (billing.on_error "keep") for the provider's failures as the spec lists
+    // them: its errors, its validation, its timeouts, the stream's time limit.
+    const keepsHold = (error: GatewayError) =>
+      config.billing.on_error === 'keep' && chargedOnError(error);
+    made = {
+      stream: {
+        deadlineMs: config.limits.stream_timeout_ms,
+        deadlineKind: 'stream_timeout',
+        keepsHold,
+      },
+      whole: {
+        deadlineMs: config.limits.upstream_timeout_ms,
+        deadlineKind: 'upstream_timeout',
+        keepsHold,
+      },
+    };
+    policies.set(config, made);
+  }
+  return stream ? made.stream : made.whole;
+}
+
 /**
- * The actor's run loop: calls the provider, relays deltas to the sink (a stream; null for a
- * collected answer), enforces the time limit, and in `finally` settles the hold (completed),
- * releases it (cancelled) or keeps it per billing.on_error. Resolves with what the caller gets,
- * once it is durable.
+ * Runs an admitted chat request (the actor owns its life; this supplies the work), then ends the
+ * sink (a stream; null for a collected answer) with what the caller gets.
  */
 export async function runChat(
   gateway: Gateway,
-  admission: Admission,
+  admission: ChatAdmission,
   chat: ChatRequest,
   sink: ChatSink | null,
 ): Promise<ChatResult> {
-  const { actor, providerRequest, durable } = admission;
-  const { config } = gateway;
-  const provider = gateway.providers.get(chat.model.provider);
-  assert(provider, `no provider ${chat.model.provider}`);
-  const timer = setTimeout(
-    abortOnTimer,
-    chat.stream ? config.limits.stream_timeout_ms : config.limits.upstream_timeout_ms,
-    actor,
-    chat.stream ? 'stream_timeout' : 'upstream_timeout',
-  );
-
+  const { actor } = admission;
   const outputCapTokens = chat.maxOutputTokens ?? chat.model.max_output_tokens;
   const answer = new Answer(
     sink !== null
       ? { keyId: actor.init.keyId, limit: outputCapTokens, logger: gateway.logger }
       : null,
   );
-  let outcome: Outcome | null = null;
-  let result: ChatResult;
-  const hold = actor.init.hold;
-
-  try {
-    if (sink !== null) {
-      let began = false;
-      for await (const delta of provider.stream(providerRequest, actor.signal)) {
-        if (!began) {
-          // The hold must be durable before anything reaches the client; the provider call
-          // overlapped it.
-          await durable;
-          began = true;
-          gateway.metrics.firstToken(chat.modelId, (Date.now() - admission.createdMs) / 1000);
-          await sink.begin();
-        }
-        if (actor.signal.aborted) break;
-        const written = answer.add(delta, sink);
-        if (written) {
-          // The sink is full (a client that is behind): the upstream waits here. An abort wakes
-          // this wait (the sink listens to the signal), and the run ends now, without asking the
-          // provider again.
-          await written;
-          if (actor.signal.aborted) break;
-        }
-      }
-      if (actor.signal.aborted) throw actor.signal.reason;
-      if (!began) {
-        await durable;
-        await sink.begin();
-      }
-    } else {
-      // Nothing to relay before the end: the provider's whole answer, then one reply.
-      const deltas = await collectAnswer(provider, providerRequest, actor.signal);
-      if (actor.signal.aborted) throw actor.signal.reason;
-      await durable;
-      gateway.metrics.firstToken(chat.modelId, (Date.now() - admission.createdMs) / 1000);
-      for (const delta of deltas) answer.add(delta, null);
-    }
-    const { text, finish } = answer;
-    const toolCalls = answer.toolCalls();
-    if (!finish)
-      throw new GatewayError(
-        'upstream_invalid_response',
-        'The provider ended without finishing its answer.',
-      );
-    const promptTokens = finish.usage?.promptTokens ?? providerRequest.promptTokens;
-    const completionTokens =
-      finish.usage?.completionTokens ??
-      (await answer.countTokens(actor.init.keyId, outputCapTokens, actor.signal, gateway.logger));
-    const usage: Usage = {
-      prompt_tokens: promptTokens,
-      completion_tokens: completionTokens,
-      total_tokens: promptTokens + completionTokens,
-    };
-    outcome = {
-      status: 'completed',
-      error: null,
-      usage,
-      charge: {
-        credits_micro: chargeMicro(chat.model, promptTokens, completionTokens, hold.credits_micro),
-        tokens: 0,
-      },
-      budgetSpendMicro: 0,
-      answers: null,
-      httpStatus: 200,
-    };
-    const finishReason: PublicFinishReason = toolCalls.length > 0 ? 'tool_calls' : 'stop';
-    result = (await actor.finish(outcome))
-      ? {
-          ok: true,
-          content: answer.sawText || toolCalls.length === 0 ? text : null,
-          toolCalls,
-          finishReason,
-          usage,
-        }
-      : { ok: false, error: notRecordedError() };
-  } catch (thrown) {
-    const kind = actor.abortKind;
-    let error: GatewayError;
-    if (kind !== null) error = abortError(kind);
-    else if (thrown instanceof GatewayError) error = thrown;
-    else {
-      actor.logger.error({ err: (thrown as Error)?.stack ?? String(thrown) }, 'chat: run failed');
-      error = internalError();
-    }
-    const status = kind !== null ? statusForAbort(kind) : 'error';
-    // The hold is kept (billing.on_error "keep") for the provider's failures as the spec lists
-    // them: its errors, its validation, its timeouts, the stream's time limit. The gateway's own
-    // failures (503: draining, out of resources, its log; 500: a bug; an interrupt) charge nothing.
-    const keep =
-      status === 'error' &&
-      config.billing.on_error === 'keep' &&
-      kind !== 'interrupted' &&
-      chargedOnError(error);
-    outcome = {
-      status,
-      error,
-      usage: null,
-      charge: { credits_micro: keep ? hold.credits_micro : 0, tokens: 0 },
-      budgetSpendMicro: 0,
-      answers: null,
-      httpStatus: error.status,
-    };
-    result = { ok: false, error: (await actor.finish(outcome)) ? error : notRecordedError() };
-  } finally {
-    clearTimeout(timer);
-    answer.discard();
-    // Whatever happened above, the hold never outlives the run: an unexpected exit is an error.
-    if (!outcome) {
-      outcome = {
-        status: 'error',
-        error: internalError(),
-        usage: null,
-        charge: { credits_micro: 0, tokens: 0 },
-        budgetSpendMicro: 0,
-        answers: null,
-        httpStatus: 500,
-      };
-      await actor.finish(outcome);
-      result = { ok: false, error: outcome.error! };
-    }
-  }
+  const result = await actor.run(
+    () => chatWork(gateway, admission, chat, sink, answer),
+    policyFor(gateway.config, chat.stream),
+  );
+  answer.discard();
   sink?.end(result);
   return result;
+}
+
+/** The chat work: the provider's answer relayed or collected, then counted and priced. */
+async function chatWork(
+  gateway: Gateway,
+  admission: ChatAdmission,
+  chat: ChatRequest,
+  sink: ChatSink | null,
+  answer: Answer,
+): Promise<Completion<ChatAnswer>> {
+  const { actor, providerRequest } = admission;
+  if (sink !== null) await relay(gateway, admission, chat, sink, answer);
+  else {
+    const provider = gateway.providers.get(chat.model.provider);
+    assert(provider, `no provider ${chat.model.provider}`);
+    // Nothing to relay before the end: the provider's whole answer, then one reply.
+    const deltas = await collectAnswer(provider, providerRequest, actor.signal);
+    if (actor.signal.aborted) throw actor.signal.reason;
+    await actor.startDurable;
+    gateway.metrics.firstToken(chat.modelId, (Date.now() - admission.createdMs) / 1000);
+    for (const delta of deltas) answer.add(delta, null);
+  }
+  const { text, finish } = answer;
+  const toolCalls = answer.toolCalls();
+  if (!finish) {
+    throw new GatewayError(
+      'upstream_invalid_response',
+      'The provider ended without finishing its answer.',
+    );
+  }
+  const outputCapTokens = chat.maxOutputTokens ?? chat.model.max_output_tokens;
+  const promptTokens = finish.usage?.promptTokens ?? providerRequest.promptTokens;
+  const completionTokens =
+    finish.usage?.completionTokens ??
+    (await answer.countTokens(actor.init.keyId, outputCapTokens, actor.signal, gateway.logger));
+  const usage: Usage = {
+    prompt_tokens: promptTokens,
+    completion_tokens: completionTokens,
+    total_tokens: promptTokens + completionTokens,
+  };
+  const holdMicro = actor.init.hold.credits_micro;
+  return {
+    value: {
+      content: answer.sawText || toolCalls.length === 0 ? text : null,
+      toolCalls,
+      finishReason: toolCalls.length > 0 ? 'tool_calls' : 'stop',
+      usage,
+    },
+    usage,
+    charge: {
+      credits_micro: chargeMicro(chat.model, promptTokens, completionTokens, holdMicro),
+      tokens: 0,
+    },
+    budgetSpendMicro: 0,
+    answers: null,
+  };
+}
+
+/** Relays the provider's stream to the sink as it comes, waiting whenever the client is behind. */
+async function relay(
+  gateway: Gateway,
+  admission: ChatAdmission,
+  chat: ChatRequest,
+  sink: ChatSink,
+  answer: Answer,
+): Promise<void> {
+  const { actor, providerRequest } = admission;
+  const provider = gateway.providers.get(chat.model.provider);
+  assert(provider, `no provider ${chat.model.provider}`);
+  let began = false;
+  for await (const delta of provider.stream(providerRequest, actor.signal)) {
+    if (!began) {
+      // The hold must be durable before anything reaches the client; the provider call overlapped
+      // it.
+      await actor.startDurable;
+      began = true;
+      gateway.metrics.firstToken(chat.modelId, (Date.now() - admission.createdMs) / 1000);
+      await sink.begin();
+    }
+    if (actor.signal.aborted) break;
+    const written = answer.add(delta, sink);
+    if (written) {
+      // The sink is full (a client that is behind): the upstream waits here. An abort wakes this
+      // wait (the sink listens to the signal), and the run ends now, without asking the provider
+      // again.
+      await written;
+      if (actor.signal.aborted) break;
+    }
+  }
+  if (actor.signal.aborted) throw actor.signal.reason;
+  if (!began) {
+    await actor.startDurable;
+    await sink.begin();
+  }
 }

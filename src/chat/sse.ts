@@ -325,7 +325,9 @@ export class SseSink implements ChatSink {
     // everything within the contract's 1 s). Either way a client that has stopped reading is
     // dropped.
     const last = result.ok
-      ? this.encoder.finish(result.finishReason) + this.encoder.usage(result.usage) + DONE_FRAME
+      ? this.encoder.finish(result.value.finishReason) +
+        this.encoder.usage(result.value.usage) +
+        DONE_FRAME
       : errorFrame(result.error);
     this.pending.push(last);
     this.pendingChars += last.length;

@@ -96,15 +96,9 @@ async function decide(gateway: Gateway, request: Request): Promise<Response> {
       decision,
       prepared.idempotency,
       prepared,
+      request.signal,
     );
     admitted = true;
-    const { actor } = admission;
-    // The actor listens itself (handleEvent: the client went away); once it is over, that is a
-    // no-op.
-    const clientSignal = request.signal;
-    clientSignal.addEventListener('abort', actor);
-    // A client that left while the body was read is gone already: cancel before the model is asked.
-    if (clientSignal.aborted) actor.abort('disconnected');
     const result = await runDecision(gateway, admission, decision);
     if (!result.ok) return errorResponse(result.error, idHeader);
     const body = {

@@ -141,7 +141,7 @@ function checkQuestion(id: string, raw: unknown): Question {
           `question "${id}": ${shape}; label ${JSON.stringify(label)} has ${
             typeof description === 'string'
               ? 'an empty or oversized description'
-              : `a ` + `description that is ${describe(description)}`
+              : `a description that is ${describe(description)}`
           }`,
         );
       }

@@ -1,6 +1,5 @@
 // Idempotency-Key rules: the key format, and what a bound (API key, Idempotency-Key) pair answers.
 
-import type { ActorRegistry } from '../requests/registry.ts';
 import type { GatewayState } from '../state/apply.ts';
 import { GatewayError } from '../util/errors.ts';
 
@@ -26,7 +25,7 @@ export function parseIdempotencyKey(value: string | null): string | null {
  */
 export function checkIdempotency(
   state: GatewayState,
-  live: ActorRegistry,
+  live: { get(requestId: string): { durable: Promise<void> } | undefined },
   keyId: string,
   idempotencyKey: string,
   fingerprint: string,

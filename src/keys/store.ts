@@ -2,6 +2,7 @@
 // authentication.
 
 import type { KeyAccount } from '../state/apply.ts';
+import * as commands from '../state/commands.ts';
 import type { Service } from '../state/events.ts';
 import type { StateStore } from '../state/store.ts';
 import { GatewayError } from '../util/errors.ts';
@@ -81,20 +82,17 @@ export async function createKey(
     });
   }
   const id = newKeyId();
-  await store.commit([
-    {
-      type: 'key.created',
-      key_id: id,
-      name: input.name,
-      secret_sha256: secretSha256,
-      services: [...new Set(input.services)],
-      credits_micro: input.creditsMicro,
-      token_wallet: input.tokenWallet,
-      daily_decision_budget_micro: input.dailyDecisionBudgetMicro,
-      rate_limit_rpm: input.rateLimitRpm,
-      at_ms: Date.now(),
-    },
-  ]);
+  await commands.addKey(store, {
+    keyId: id,
+    name: input.name,
+    secretSha256,
+    services: [...new Set(input.services)],
+    creditsMicro: input.creditsMicro,
+    tokenWallet: input.tokenWallet,
+    dailyDecisionBudgetMicro: input.dailyDecisionBudgetMicro,
+    rateLimitRpm: input.rateLimitRpm,
+    atMs: Date.now(),
+  });
   return { account: store.state.account(id), secret };
 }
 
@@ -106,8 +104,7 @@ export function findKey(store: StateStore, id: string): KeyAccount {
 
 export async function revokeKey(store: StateStore, id: string): Promise<KeyAccount> {
   const account = findKey(store, id);
-  if (!account.revoked)
-    await store.commit([{ type: 'key.revoked', key_id: id, at_ms: Date.now() }]);
+  if (!account.revoked) await commands.revokeKey(store, id, Date.now());
   return account;
 }
 
@@ -126,9 +123,7 @@ export async function creditKey(
       param: 'credits',
     });
   }
-  await store.commit([
-    { type: 'key.credited', key_id: id, credits_micro: creditsMicro, tokens, at_ms: Date.now() },
-  ]);
+  await commands.topUp(store, id, creditsMicro, tokens, Date.now());
   return account;
 }
 

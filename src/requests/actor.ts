@@ -1,10 +1,11 @@
 // The request actor: one per accepted request; owns its state machine, AbortController and credit
 // hold.
 
+import * as commands from '../state/commands.ts';
 import type { Amount, RequestStatus, Service, Usage } from '../state/events.ts';
 import type { StateStore } from '../state/store.ts';
 import { assert } from '../util/assert.ts';
-import { type ErrorCode, GatewayError } from '../util/errors.ts';
+import { GatewayError, internalError } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
 import { ignore, RESOLVED } from '../util/promise.ts';
 
@@ -37,6 +38,30 @@ export interface Outcome {
   httpStatus: number | null;
 }
 
+/** What a service's `work` hands back when its answer is complete: the value and the bill. */
+export interface Completion<T> {
+  value: T;
+  usage: Usage;
+  charge: Amount;
+  budgetSpendMicro: number;
+  /** Decision: the answers the lookup endpoint shows. */
+  answers: Record<string, unknown> | null;
+}
+
+export type RunResult<T> = { ok: true; value: T } | { ok: false; error: GatewayError };
+
+/** What differs between the services' runs; everything else about a request's life is the same. */
+export interface RunPolicy {
+  /** The run's time limit, and the abort it fires. */
+  deadlineMs: number;
+  deadlineKind: AbortKind;
+  /**
+   * Whether a run that failed with `error` keeps its hold (billing.on_error "keep" for the
+   * provider's failures): asked only for status `error`, never for a cancel or an interrupt.
+   */
+  keepsHold(error: GatewayError): boolean;
+}
+
 export interface ActorInit {
   id: string;
   keyId: string;
@@ -44,6 +69,8 @@ export interface ActorInit {
   model: string;
   stream: boolean;
   hold: Amount;
+  /** Bound to an Idempotency-Key: the provider is not called before that binding is durable. */
+  idempotent: boolean;
 }
 
 /** A timer's callback (setTimeout passes the actor and kind): no closure per request. */
@@ -68,8 +95,10 @@ export class RequestActor {
   private done: PromiseWithResolvers<void> | null = null;
   private over = false;
   private finishing = false;
-  /** The commit that started this request (hold and binding); never rejects. */
+  /** The commit that started this request (hold and binding), as the store returned it. */
   private startCommit: Promise<void> = RESOLVED;
+  /** The same, for readers that only wait for it (never rejects). */
+  private startSettled: Promise<void> = RESOLVED;
   private childLogger: Logger | null = null;
 
   constructor(
@@ -106,7 +135,19 @@ export class RequestActor {
 
   /** Records the commit that started this request (hold and binding), once the actor exists. */
   started(durable: Promise<void>): void {
-    if (durable !== RESOLVED) this.startCommit = durable.catch(ignore);
+    if (durable === RESOLVED) return;
+    this.startCommit = durable;
+    // A rejection is the run's to handle (it ends the request); this copy only keeps readers from
+    // seeing it, and the promise from being reported unhandled when no run awaits it.
+    this.startSettled = durable.catch(ignore);
+  }
+
+  /**
+   * Resolves when the start is durable, or rejects with the store's 503: what a run must wait for
+   * before its first byte reaches the client.
+   */
+  get startDurable(): Promise<void> {
+    return this.startCommit;
   }
 
   /**
@@ -115,7 +156,7 @@ export class RequestActor {
    * waits).
    */
   get durable(): Promise<void> {
-    return this.finishing ? this.settled : this.startCommit;
+    return this.finishing ? this.settled : this.startSettled;
   }
 
   /** Resolves once the terminal state is durable (the hold settled or released). */
@@ -160,32 +201,95 @@ export class RequestActor {
   }
 
   /**
-   * Moves to the terminal state and commits it: the hold is settled (charge) or released. Called
-   * exactly once, from the run loop's `finally`. Resolves with whether the finish is durable: a
-   * failing log is logged, not thrown, and the caller must then not answer as if it were (§8: 503
-   * instead of a 200).
+   * Runs `work` (the service's part: turn the provider's deltas into its answer) as this request's
+   * whole life: the time limit, the abort reasons mapped to a terminal state, and the finish, which
+   * settles or releases the hold whatever happened. Resolves with what the caller gets, once the
+   * end is durable.
    */
-  async finish(outcome: Outcome): Promise<boolean> {
+  async run<T>(
+    work: (actor: RequestActor) => Promise<Completion<T>>,
+    policy: RunPolicy,
+  ): Promise<RunResult<T>> {
+    const timer = setTimeout(abortOnTimer, policy.deadlineMs, this, policy.deadlineKind);
+    let outcome: Outcome;
+    let value: T | undefined;
+    try {
+      // A request with an Idempotency-Key must not reach the provider before its binding is
+      // durable; any other start overlaps the provider call (the work waits before its first byte).
+      if (this.init.idempotent) await this.startCommit;
+      const done = await work(this);
+      // An abort that came while the work was finishing wins: the caller has gone or asked to stop.
+      if (this.controller.signal.aborted) throw this.controller.signal.reason;
+      value = done.value;
+      outcome = {
+        status: 'completed',
+        error: null,
+        usage: done.usage,
+        charge: done.charge,
+        budgetSpendMicro: done.budgetSpendMicro,
+        answers: done.answers,
+        httpStatus: 200,
+      };
+    } catch (thrown) {
+      outcome = this.failure(thrown, policy);
+    } finally {
+      clearTimeout(timer);
+    }
+    if (!(await this.finish(outcome))) return { ok: false, error: notRecordedError() };
+    return outcome.error === null
+      ? { ok: true, value: value as T }
+      : { ok: false, error: outcome.error };
+  }
+
+  /** The outcome of a run that threw: the abort's reason first, then the error, else a bug. */
+  private failure(thrown: unknown, policy: RunPolicy): Outcome {
+    const kind = this.abortKind;
+    let error: GatewayError;
+    if (kind !== null) error = abortError(kind);
+    else if (thrown instanceof GatewayError) error = thrown;
+    else {
+      this.logger.error(
+        { err: (thrown as Error)?.stack ?? String(thrown) },
+        `${this.init.service}: run failed`,
+      );
+      error = internalError();
+    }
+    const status = kind !== null ? statusForAbort(kind) : 'error';
+    // The gateway's own failures (an interrupt, a 503, a bug) never keep a hold; the service
+    // decides for the provider's.
+    const keep = status === 'error' && kind !== 'interrupted' && policy.keepsHold(error);
+    return {
+      status,
+      error,
+      usage: null,
+      charge: { credits_micro: keep ? this.init.hold.credits_micro : 0, tokens: 0 },
+      budgetSpendMicro: 0,
+      answers: null,
+      httpStatus: error.status,
+    };
+  }
+
+  /**
+   * Moves to the terminal state and commits it: the hold is settled (charge) or released. Called
+   * exactly once, by `run`. Resolves with whether the finish is durable: a failing log is logged,
+   * not thrown, and the caller must then not answer as if it were (§8: 503 instead of a 200).
+   */
+  private async finish(outcome: Outcome): Promise<boolean> {
     assert(!this.finishing, `finish twice for ${this.id}`);
     this.finishing = true;
     this.transition(outcome.status);
     let durable = false;
     try {
-      const commit = this.store.commit([
-        {
-          type: 'request.finished',
-          request_id: this.id,
-          status: outcome.status,
-          error_code: outcome.error?.code ?? null,
-          http_status: outcome.httpStatus,
-          usage: outcome.usage,
-          charge: outcome.charge,
-          budget_spend_micro: outcome.budgetSpendMicro,
-          answers: outcome.answers,
-          at_ms: Date.now(),
-        },
-      ]);
-      await commit;
+      await commands.finish(this.store, this.id, {
+        status: outcome.status as TerminalStatus,
+        errorCode: outcome.error?.code ?? null,
+        httpStatus: outcome.httpStatus,
+        usage: outcome.usage,
+        charge: outcome.charge,
+        budgetSpendMicro: outcome.budgetSpendMicro,
+        answers: outcome.answers,
+        atMs: Date.now(),
+      });
       durable = true;
     } catch (error) {
       this.logger.error(
@@ -231,5 +335,3 @@ export function abortError(kind: AbortKind): GatewayError {
 export function statusForAbort(kind: AbortKind): TerminalStatus {
   return kind === 'cancelled' || kind === 'disconnected' ? 'cancelled' : 'error';
 }
-
-export type { ErrorCode };

@@ -16,6 +16,13 @@ import { RecordTable } from './records.ts';
 
 export const DAY_MS = 86_400_000;
 
+/**
+ * Whether a request that ended without an answer (an error, a cancel) frees its Idempotency-Key,
+ * per service (CONTRACT, decision service: "a key whose original ended without a decision is
+ * freed"). A chat key stays bound to its original, whatever its end: the retry learns of it (409).
+ */
+const KEY_FREED_WITHOUT_ANSWER: Record<Service, boolean> = { chat: false, decision: true };
+
 export interface KeyAccount {
   id: string;
   name: string;
@@ -230,11 +237,11 @@ export class GatewayState {
     record.answers = event.answers;
     this.inFlight.delete(record.id);
     this.finished.add(record);
-    // Decision: an original that ended without a decision frees its Idempotency-Key for the retry.
+    // The one rule for an Idempotency-Key whose request ended without an answer.
     if (
-      record.service === 'decision' &&
       event.status !== 'completed' &&
-      record.idempotencyKey !== null
+      record.idempotencyKey !== null &&
+      KEY_FREED_WITHOUT_ANSWER[record.service]
     ) {
       this.idempotency.deleteIfBoundTo(record.keyId, record.idempotencyKey, record.id);
     }

@@ -16,10 +16,12 @@ const TEXT = 'word '.repeat(20);
 const FRAME_CHARS = encoder.text(TEXT).length;
 const OK: ChatResult = {
   ok: true,
-  content: TEXT,
-  toolCalls: [],
-  finishReason: 'stop',
-  usage: { prompt_tokens: 1, completion_tokens: 2, total_tokens: 3 },
+  value: {
+    content: TEXT,
+    toolCalls: [],
+    finishReason: 'stop',
+    usage: { prompt_tokens: 1, completion_tokens: 2, total_tokens: 3 },
+  },
 };
 const CANCELLED: ChatResult = {
   ok: false,

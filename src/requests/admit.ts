@@ -1,0 +1,161 @@
+// Admission, the same for both services: idempotency → rate → the service's own checks (context,
+// budget, quota) in the contract's order → a fair in-flight slot → the hold, and the actor that
+// owns the request from then on.
+import type { Config } from '../config/model.ts';
+import { checkIdempotency } from '../idempotency/store.ts';
+import type { KeyAccount } from '../state/apply.ts';
+import { placeHold } from '../state/commands.ts';
+import type { Amount, RequestStatus, Service } from '../state/events.ts';
+import type { StateStore } from '../state/store.ts';
+import { GatewayError } from '../util/errors.ts';
+import type { Logger } from '../util/log.ts';
+import { type Outcome, RequestActor } from './actor.ts';
+import type { ActorRegistry } from './registry.ts';
+
+/** What admission uses of the gateway (the Gateway satisfies it). */
+export interface AdmitContext {
+  config: Config;
+  store: StateStore;
+  registry: ActorRegistry;
+  rateLimiter: { take(keyId: string, rpm: number, nowMs: number): void };
+  metrics: {
+    requestFinished(
+      service: Service,
+      status: RequestStatus,
+      code: string | null,
+      chargedMicro: number,
+    ): void;
+  };
+  logger: Logger;
+}
+
+/** What a request holds while it runs. */
+export interface Reservation {
+  hold: Amount;
+  /** Decision only: the credits-equivalent reserved against the key's daily budget. */
+  budgetHoldMicro: number;
+}
+
+export interface AdmitCommand {
+  service: Service;
+  requestId: string;
+  account: KeyAccount;
+  /** The model name the request's record shows. */
+  model: string;
+  stream: boolean;
+  idempotency: { key: string; fingerprint: string } | null;
+  /** The client's connection: its abort cancels the request (`disconnected`). */
+  clientSignal: AbortSignal | null;
+  /**
+   * The service's checks after the rate limit, in the contract's order; throws its refusal or
+   * returns what to hold.
+   */
+  reserve(account: KeyAccount, nowMs: number): Reservation;
+}
+
+export interface Admission {
+  actor: RequestActor;
+  createdMs: number;
+  createdS: number;
+}
+
+/**
+ * Admits a request or throws its refusal. Synchronous from the first check to the hold, so two
+ * identical requests can never both pass; a refusal writes nothing (CONTRACT §8).
+ */
+export function admit(ctx: AdmitContext, command: AdmitCommand): Admission {
+  const { config, store, registry } = ctx;
+  const { account, idempotency, service, requestId } = command;
+  const nowMs = Date.now();
+  if (idempotency) {
+    checkIdempotency(
+      store.state,
+      registry,
+      account.id,
+      idempotency.key,
+      idempotency.fingerprint,
+      nowMs,
+      (id) => statusUrl(config, service, id),
+    );
+  }
+  ctx.rateLimiter.take(
+    account.id,
+    account.rateLimitRpm ?? config.limits.default_rate_limit_rpm,
+    nowMs,
+  );
+  const { hold, budgetHoldMicro } = command.reserve(account, nowMs);
+  if (!registry.admits(account.id)) {
+    throw new GatewayError(
+      'service_unavailable',
+      "The gateway is at its limit of requests in flight for this key's share; retry shortly.",
+    );
+  }
+  const durable = placeHold(store, {
+    requestId,
+    keyId: account.id,
+    service,
+    model: command.model,
+    stream: command.stream,
+    hold,
+    budgetHoldMicro,
+    idempotency: idempotency
+      ? { ...idempotency, expiresAtMs: nowMs + config.idempotency_ttl_s * 1000 }
+      : null,
+    atMs: nowMs,
+  });
+  const actor = new RequestActor(
+    {
+      id: requestId,
+      keyId: account.id,
+      service,
+      model: command.model,
+      stream: command.stream,
+      hold,
+      idempotent: idempotency !== null,
+    },
+    store,
+    settledBy(ctx),
+    ctx.logger,
+  );
+  actor.started(durable);
+  registry.add(actor);
+  const { clientSignal } = command;
+  if (clientSignal) {
+    // The actor listens itself (handleEvent: the client went away). Never removed: once the actor
+    // is over, abort() is a no-op, and both die with the request.
+    clientSignal.addEventListener('abort', actor);
+    // A client that left while its body was read or its prompt counted is gone already.
+    if (clientSignal.aborted) actor.abort('disconnected');
+  }
+  return { actor, createdMs: nowMs, createdS: Math.floor(nowMs / 1000) };
+}
+
+/** One callback per context, not per request: the actor leaves the registry and is counted. */
+const settledCallbacks = new WeakMap<
+  AdmitContext,
+  (actor: RequestActor, outcome: Outcome) => void
+>();
+
+function settledBy(ctx: AdmitContext): (actor: RequestActor, outcome: Outcome) => void {
+  let callback = settledCallbacks.get(ctx);
+  if (!callback) {
+    callback = (actor, outcome) => {
+      ctx.registry.remove(actor);
+      ctx.metrics.requestFinished(
+        actor.init.service,
+        outcome.status,
+        outcome.error?.code ?? null,
+        outcome.charge.credits_micro,
+      );
+    };
+    settledCallbacks.set(ctx, callback);
+  }
+  return callback;
+}
+
+/** The status endpoint of a request: a path, or an absolute URL when public_base_url is set. */
+export function statusUrl(config: Config, service: Service, requestId: string): string {
+  const path =
+    service === 'chat' ? `/api/v1/requests/${requestId}` : `/decision/v1/requests/${requestId}/`;
+  return config.public_base_url ? config.public_base_url.replace(/\/+$/, '') + path : path;
+}
