@@ -3,13 +3,13 @@ import type { Server } from 'bun';
 import { Elysia } from 'elysia';
 import { measureChat } from '../billing/offload.ts';
 import { type Gateway, statusUrl } from '../gateway.ts';
-import { parseJsonBody, readBodyText } from '../http/body.ts';
-import { asGatewayError, errorResponse } from '../http/errors.ts';
+import { parseJsonBody } from '../http/body.ts';
+import { errorResponse } from '../http/errors.ts';
+import { readRequest, refusalResponse } from '../http/intake.ts';
 import { liftIdle, type NativeRoutes, nativePost, settleIdle } from '../http/routes.ts';
 import { parseIdempotencyKey } from '../idempotency/store.ts';
 import { authenticate, microToCredits } from '../keys/store.ts';
-import type { RequestRecord } from '../state/apply.ts';
-import { unavailableError } from '../state/store.ts';
+import type { RequestRecord } from '../state/records.ts';
 import { GatewayError } from '../util/errors.ts';
 import { newChatRequestId } from '../util/ids.ts';
 import { validateChatRequest } from './model.ts';
@@ -30,20 +30,7 @@ async function completions(
   const requestId = newChatRequestId();
   const idHeader = { 'x-request-id': requestId };
   try {
-    if (gateway.draining)
-      throw new GatewayError('service_unavailable', 'The gateway is shutting down; retry shortly.');
-    const unavailable = gateway.store.unavailableReason;
-    if (unavailable)
-      throw new GatewayError(
-        'service_unavailable',
-        'The gateway cannot record requests right now; retry later.',
-      );
-    const text = await readBodyText(
-      request,
-      gateway.config.limits.max_body_bytes,
-      gateway.config.limits.request_read_timeout_ms,
-    );
-    const account = authenticate(gateway.store, request.headers.get('authorization'), 'chat');
+    const { text, account } = await readRequest(gateway, request, 'chat');
     const json = parseJsonBody(text, gateway.config.limits.max_body_json_values);
     const chat = validateChatRequest(json, gateway.config);
     const idempotencyKey = parseIdempotencyKey(request.headers.get('idempotency-key'));
@@ -123,21 +110,7 @@ async function completions(
       headers: { 'content-type': 'application/json', 'x-request-id': requestId },
     });
   } catch (thrown) {
-    let error = asGatewayError(gateway, thrown, requestId);
-    if (error.settleFirst) {
-      await error.settleFirst;
-      // What the 409 reports may be what the log just failed to record.
-      if (gateway.store.unavailableReason) error = unavailableError();
-    }
-    // A 499 here: the client left before its request was admitted (mid-body, or while its prompt
-    // was counted): one line, no stack; it is no bug.
-    if (error.status === 499)
-      gateway.logger.info(
-        { requestId, status: 499, code: error.code },
-        'chat: the client went away before its request was admitted',
-      );
-    gateway.metrics.requestRefused('chat', error.code);
-    return errorResponse(error, idHeader);
+    return refusalResponse(gateway, thrown, requestId, 'chat');
   }
 }
 

@@ -8,13 +8,13 @@ import {
   OFFLOAD_BODY_CHARS,
 } from '../billing/offload.ts';
 import type { Gateway } from '../gateway.ts';
-import { parseJsonBody, readBodyText } from '../http/body.ts';
-import { asGatewayError, errorResponse } from '../http/errors.ts';
+import { parseJsonBody } from '../http/body.ts';
+import { errorResponse } from '../http/errors.ts';
+import { readRequest, refusalResponse } from '../http/intake.ts';
 import { type NativeRoutes, nativePost } from '../http/routes.ts';
 import { parseIdempotencyKey } from '../idempotency/store.ts';
 import { authenticate, microToCredits } from '../keys/store.ts';
-import type { RequestRecord } from '../state/apply.ts';
-import { unavailableError } from '../state/store.ts';
+import type { RequestRecord } from '../state/records.ts';
 import { GatewayError } from '../util/errors.ts';
 import { newDecisionRequestId } from '../util/ids.ts';
 import { type DecisionRequest, validateDecisionRequest } from './model.ts';
@@ -32,24 +32,8 @@ const JSON_HEADERS = { 'content-type': 'application/json' };
 async function decide(gateway: Gateway, request: Request): Promise<Response> {
   const requestId = newDecisionRequestId();
   const idHeader = { 'x-request-id': requestId };
-  let admitted = false;
   try {
-    if (gateway.draining)
-      throw new GatewayError(
-        'service_unavailable',
-        'The decision service is shutting down; retry shortly.',
-      );
-    if (gateway.store.unavailableReason)
-      throw new GatewayError(
-        'service_unavailable',
-        'The decision service cannot record requests right now; retry later.',
-      );
-    const text = await readBodyText(
-      request,
-      gateway.config.limits.max_body_bytes,
-      gateway.config.limits.request_read_timeout_ms,
-    );
-    const account = authenticate(gateway.store, request.headers.get('authorization'), 'decision');
+    const { text, account } = await readRequest(gateway, request, 'decision');
     let decision: DecisionRequest;
     let prepared: DecisionMeasure;
     if (text.length > OFFLOAD_BODY_CHARS) {
@@ -98,7 +82,6 @@ async function decide(gateway: Gateway, request: Request): Promise<Response> {
       prepared,
       request.signal,
     );
-    admitted = true;
     const result = await runDecision(gateway, admission, decision);
     if (!result.ok) return errorResponse(result.error, idHeader);
     const body = {
@@ -118,16 +101,7 @@ async function decide(gateway: Gateway, request: Request): Promise<Response> {
       headers: { ...JSON_HEADERS, ...idHeader },
     });
   } catch (thrown) {
-    let error = asGatewayError(gateway, thrown, requestId);
-    if (error.settleFirst) {
-      await error.settleFirst;
-      // What the 409 reports may be what the log just failed to record.
-      if (gateway.store.unavailableReason) error = unavailableError();
-    }
-    // A refusal leaves no trace but a counter (§8: refusals are cheap): nothing logged, nothing
-    // kept.
-    if (!admitted) gateway.metrics.requestRefused('decision', error.code);
-    return errorResponse(error, idHeader);
+    return refusalResponse(gateway, thrown, requestId, 'decision');
   }
 }
 

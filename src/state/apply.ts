@@ -12,7 +12,7 @@ import type {
   Service,
   Usage,
 } from './events.ts';
-import { RecordTable } from './records.ts';
+import { RecordTable, type RequestRecord } from './records.ts';
 
 export const DAY_MS = 86_400_000;
 
@@ -47,25 +47,6 @@ export interface KeyAccount {
   budgetDay: number;
   budgetSpentMicro: number;
   budgetHeldMicro: number;
-}
-
-export interface RequestRecord {
-  id: string;
-  keyId: string;
-  service: Service;
-  model: string;
-  stream: boolean;
-  status: RequestStatus;
-  createdAtMs: number;
-  finishedAtMs: number | null;
-  hold: Amount;
-  charge: Amount;
-  budgetHoldMicro: number;
-  usage: Usage | null;
-  errorCode: string | null;
-  httpStatus: number | null;
-  answers: Record<string, unknown> | null;
-  idempotencyKey: string | null;
 }
 
 export interface StateLimits {

@@ -14,9 +14,28 @@
 // the total bound, an expired record first, else the oldest of the key holding the most), so one
 // key's traffic cannot push another key's records out.
 import { assert } from '../util/assert.ts';
-import type { RequestRecord } from './apply.ts';
-import type { RequestStatus, Service } from './events.ts';
+import type { Amount, RequestStatus, Service, Usage } from './events.ts';
 import { FairSlots } from './fair-slots.ts';
+
+/** A request as the status endpoints show it: in flight (GatewayState.inFlight) or finished. */
+export interface RequestRecord {
+  id: string;
+  keyId: string;
+  service: Service;
+  model: string;
+  stream: boolean;
+  status: RequestStatus;
+  createdAtMs: number;
+  finishedAtMs: number | null;
+  hold: Amount;
+  charge: Amount;
+  budgetHoldMicro: number;
+  usage: Usage | null;
+  errorCode: string | null;
+  httpStatus: number | null;
+  answers: Record<string, unknown> | null;
+  idempotencyKey: string | null;
+}
 
 const SERVICES: readonly Service[] = ['chat', 'decision'];
 const STATUSES: readonly RequestStatus[] = ['in_progress', 'completed', 'cancelled', 'error'];

@@ -1,8 +1,9 @@
 // Snapshot form of the state: JSON, taken synchronously so it matches one log sequence number.
 import { assert } from '../util/assert.ts';
 import type { SnapshotContent } from '../wal/log.ts';
-import type { GatewayState, KeyAccount, RequestRecord } from './apply.ts';
+import type { GatewayState, KeyAccount } from './apply.ts';
 import type { IdempotencyBinding } from './bindings.ts';
+import type { RequestRecord } from './records.ts';
 
 /**
  * Version 2 keeps finished records as the record table's columns (RecordTable.serializeColumns):

@@ -1,6 +1,6 @@
 // The finished-record ring: what goes in comes out the same, the oldest go first, old ones expire.
 import { describe, expect, test } from 'bun:test';
-import type { RequestRecord } from '../../src/state/apply.ts';
+import type { RequestRecord } from '../../src/state/records.ts';
 import { RecordTable } from '../../src/state/records.ts';
 
 const NOW_MS = 1_800_000_000_000;
