@@ -6,7 +6,7 @@ import { DataDirLock, DataDirLockError } from './admin/lock.ts';
 import { resolveAdminToken } from './admin/token.ts';
 import { ConfigError, loadConfig } from './config/load.ts';
 import type { Config } from './config/model.ts';
-import { createLogger } from './util/log.ts';
+import { createLogger, type Logger } from './util/log.ts';
 import { WalCorruptionError } from './wal/log.ts';
 
 /** EX_TEMPFAIL: the log could not be written; restart (CONTRACT §8, README "Operating"). */
@@ -78,28 +78,7 @@ async function serve(config: Config): Promise<number> {
   // The event-loop delay in /metrics (tollgate_event_loop_delay_*): the figure §8's 50 ms rule is
   // about.
   gateway.metrics.loopDelay.start();
-  // Crash-only (§8): once the log cannot be written, nothing more can be acknowledged and memory
-  // may hold what the log does not. For the grace every request and both probes answer 503 (a
-  // supervisor or a load balancer sees it at once), then the process exits and the next start
-  // recovers from the log, the holds of unfinished requests released.
-  gateway.onLogFailure = (error) => {
-    const graceMs = config.limits.shutdown_grace_ms;
-    logger.fatal(
-      { err: error.message, graceMs },
-      'write-ahead log failed; answering 503, then exiting 75 to restart from the log',
-    );
-    gateway.draining = true;
-    // Their ends cannot be recorded: stop their upstream calls now (each answers 503) rather than
-    // spend on answers nobody will be charged for.
-    for (const actor of gateway.registry.all()) actor.abort('interrupted');
-    setTimeout(() => {
-      void running.shutdown(0).finally(() => {
-        lock.release();
-        process.exit(EXIT_LOG_FAILED);
-      });
-      setTimeout(() => process.exit(EXIT_LOG_FAILED), 1_000).unref();
-    }, graceMs);
-  };
+  gateway.onLogFailure = (error) => exitOnLogFailure(error, gateway, running, lock, logger);
   logger.info(
     {
       url: running.url,
@@ -109,6 +88,50 @@ async function serve(config: Config): Promise<number> {
     },
     'tollgate listening',
   );
+  stopOnSignals(gateway, running, lock, logger);
+  return -1;
+}
+
+type Running = Awaited<ReturnType<typeof import('./server.ts').startServer>>;
+type OpenGateway = ReturnType<typeof import('./gateway.ts').openGateway>;
+
+// Crash-only (§8): once the log cannot be written, nothing more can be acknowledged and memory
+// may hold what the log does not. For the grace every request and both probes answer 503 (a
+// supervisor or a load balancer sees it at once), then the process exits and the next start
+// recovers from the log, the holds of unfinished requests released.
+function exitOnLogFailure(
+  error: Error,
+  gateway: OpenGateway,
+  running: Running,
+  lock: DataDirLock,
+  logger: Logger,
+): void {
+  const config = gateway.config;
+  const graceMs = config.limits.shutdown_grace_ms;
+  logger.fatal(
+    { err: error.message, graceMs },
+    'write-ahead log failed; answering 503, then exiting 75 to restart from the log',
+  );
+  gateway.draining = true;
+  // Their ends cannot be recorded: stop their upstream calls now (each answers 503) rather than
+  // spend on answers nobody will be charged for.
+  for (const actor of gateway.registry.all()) actor.abort('interrupted');
+  setTimeout(() => {
+    void running.shutdown(0).finally(() => {
+      lock.release();
+      process.exit(EXIT_LOG_FAILED);
+    });
+    setTimeout(() => process.exit(EXIT_LOG_FAILED), 1_000).unref();
+  }, graceMs);
+}
+
+/** SIGTERM/SIGINT: refuse new work, let in-flight requests finish within the grace, exit. */
+function stopOnSignals(
+  gateway: OpenGateway,
+  running: Running,
+  lock: DataDirLock,
+  logger: Logger,
+): void {
   const stop = (signal: string) => {
     logger.info(
       { signal, inFlight: gateway.registry.size },
@@ -124,7 +147,6 @@ async function serve(config: Config): Promise<number> {
   };
   process.once('SIGTERM', () => stop('SIGTERM'));
   process.once('SIGINT', () => stop('SIGINT'));
-  return -1;
 }
 
 async function main(argv: string[]): Promise<number> {

@@ -12,8 +12,8 @@ import { authenticate, microToCredits } from '../keys/store.ts';
 import type { RequestRecord } from '../state/records.ts';
 import { GatewayError } from '../util/errors.ts';
 import { newChatRequestId } from '../util/ids.ts';
-import { validateChatRequest } from './model.ts';
-import { admitChat, runChat } from './service.ts';
+import { type ChatRequest, validateChatRequest } from './model.ts';
+import { admitChat, type ChatAdmission, runChat } from './service.ts';
 import { ChunkEncoder, SseSink } from './sse.ts';
 import { completionBody } from './stream.ts';
 
@@ -58,41 +58,7 @@ async function completions(
       promptTokens,
       request.signal,
     );
-    const { actor } = admission;
-
-    const { limits } = gateway.config;
-    if (chat.stream) {
-      // A stream may be silent between tokens for longer than the read deadline: its connection's
-      // idle timer is lifted from here to the stream's end (lifted before the run starts, so its
-      // end, which settles it, always comes after).
-      liftIdle(request, server, limits.stream_timeout_ms);
-      const sink = new SseSink({
-        encoder: new ChunkEncoder(requestId, admission.createdS, chat.modelId),
-        bufferBytesMax: limits.stream_buffer_bytes,
-        signal: actor.signal,
-        onCancel: () => actor.abort('disconnected'),
-        onEnd: server
-          ? (stopped) => settleIdle(request, server, stopped ? 1 : limits.request_read_timeout_ms)
-          : undefined,
-        deadlineMs: admission.createdMs + limits.stream_timeout_ms,
-        ending: gateway.endingStreams,
-      });
-      void runChat(gateway, admission, chat, sink);
-      const early = await sink.opened.promise;
-      if (early) {
-        settleIdle(request, server, limits.request_read_timeout_ms);
-        return errorResponse(early, idHeader, holdKept(gateway, requestId));
-      }
-      return new Response(sink.body, {
-        status: 200,
-        headers: {
-          'content-type': 'text/event-stream',
-          'cache-control': 'no-cache',
-          connection: 'keep-alive',
-          'x-request-id': requestId,
-        },
-      });
-    }
+    if (chat.stream) return streamResponse(gateway, request, server, admission, chat);
     const result = await runChat(gateway, admission, chat, null);
     if (!result.ok) return errorResponse(result.error, idHeader, holdKept(gateway, requestId));
     const { value } = result;
@@ -112,6 +78,52 @@ async function completions(
   } catch (thrown) {
     return refusalResponse(gateway, thrown, requestId, 'chat');
   }
+}
+
+/**
+ * Starts the run of a stream and answers with its body, or with the error that ended it before its
+ * first byte (then a plain JSON error, as for a non-stream call).
+ */
+async function streamResponse(
+  gateway: Gateway,
+  request: Request,
+  server: Server<unknown> | undefined,
+  admission: ChatAdmission,
+  chat: ChatRequest,
+): Promise<Response> {
+  const { actor } = admission;
+  const requestId = actor.id;
+  const { limits } = gateway.config;
+  // A stream may be silent between tokens for longer than the read deadline: its connection's
+  // idle timer is lifted from here to the stream's end (lifted before the run starts, so its
+  // end, which settles it, always comes after).
+  liftIdle(request, server, limits.stream_timeout_ms);
+  const sink = new SseSink({
+    encoder: new ChunkEncoder(requestId, admission.createdS, chat.modelId),
+    bufferBytesMax: limits.stream_buffer_bytes,
+    signal: actor.signal,
+    onCancel: () => actor.abort('disconnected'),
+    onEnd: server
+      ? (stopped) => settleIdle(request, server, stopped ? 1 : limits.request_read_timeout_ms)
+      : undefined,
+    deadlineMs: admission.createdMs + limits.stream_timeout_ms,
+    ending: gateway.endingStreams,
+  });
+  void runChat(gateway, admission, chat, sink);
+  const early = await sink.opened.promise;
+  if (early) {
+    settleIdle(request, server, limits.request_read_timeout_ms);
+    return errorResponse(early, { 'x-request-id': requestId }, holdKept(gateway, requestId));
+  }
+  return new Response(sink.body, {
+    status: 200,
+    headers: {
+      'content-type': 'text/event-stream',
+      'cache-control': 'no-cache',
+      connection: 'keep-alive',
+      'x-request-id': requestId,
+    },
+  });
 }
 
 /**

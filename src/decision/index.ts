@@ -14,6 +14,7 @@ import { readRequest, refusalResponse } from '../http/intake.ts';
 import { type NativeRoutes, nativePost } from '../http/routes.ts';
 import { parseIdempotencyKey } from '../idempotency/store.ts';
 import { authenticate, microToCredits } from '../keys/store.ts';
+import type { KeyAccount } from '../state/apply.ts';
 import type { RequestRecord } from '../state/records.ts';
 import { GatewayError } from '../util/errors.ts';
 import { newDecisionRequestId } from '../util/ids.ts';
@@ -34,45 +35,7 @@ async function decide(gateway: Gateway, request: Request): Promise<Response> {
   const idHeader = { 'x-request-id': requestId };
   try {
     const { text, account } = await readRequest(gateway, request, 'decision');
-    let decision: DecisionRequest;
-    let prepared: DecisionMeasure;
-    if (text.length > OFFLOAD_BODY_CHARS) {
-      // Parsed, validated, fingerprinted and counted off the event loop, whatever its shape
-      // (CONTRACT §8).
-      const large = await measureLargeDecision(
-        gateway,
-        account,
-        text,
-        DECIDE_PATH,
-        request.headers.has('idempotency-key'),
-        request.signal,
-      );
-      decision = large.decision;
-      const idempotencyKey = parseIdempotencyKey(request.headers.get('idempotency-key'));
-      prepared = {
-        idempotency: idempotencyKey
-          ? { key: idempotencyKey, fingerprint: large.fingerprint! }
-          : null,
-        prompt: large.prompt,
-        promptTokens: large.promptTokens,
-      };
-    } else {
-      const json = parseJsonBody(text, gateway.config.limits.max_body_json_values);
-      decision = validateDecisionRequest(json, gateway.config);
-      const idempotencyKey = parseIdempotencyKey(request.headers.get('idempotency-key'));
-      // Fingerprint, prompt and its tokens: here for the usual request, off the loop when its
-      // prompt is long.
-      const measuring = measureDecision(
-        gateway,
-        account,
-        decision,
-        json,
-        idempotencyKey,
-        DECIDE_PATH,
-        request.signal,
-      );
-      prepared = measuring instanceof Promise ? await measuring : measuring;
-    }
+    const { decision, prepared } = await prepareDecision(gateway, request, text, account);
     const admission = admitDecision(
       gateway,
       account,
@@ -103,6 +66,49 @@ async function decide(gateway: Gateway, request: Request): Promise<Response> {
   } catch (thrown) {
     return refusalResponse(gateway, thrown, requestId, 'decision');
   }
+}
+
+/**
+ * Parses and validates the body, and measures it for admission (fingerprint, prompt, tokens): here
+ * for the usual request, off the event loop when the body or its prompt is large (CONTRACT §8).
+ */
+async function prepareDecision(
+  gateway: Gateway,
+  request: Request,
+  text: string,
+  account: KeyAccount,
+): Promise<{ decision: DecisionRequest; prepared: DecisionMeasure }> {
+  if (text.length > OFFLOAD_BODY_CHARS) {
+    // Parsed, validated, fingerprinted and counted off the event loop, whatever its shape.
+    const large = await measureLargeDecision(
+      gateway,
+      account,
+      text,
+      DECIDE_PATH,
+      request.headers.has('idempotency-key'),
+      request.signal,
+    );
+    const idempotencyKey = parseIdempotencyKey(request.headers.get('idempotency-key'));
+    const prepared = {
+      idempotency: idempotencyKey ? { key: idempotencyKey, fingerprint: large.fingerprint! } : null,
+      prompt: large.prompt,
+      promptTokens: large.promptTokens,
+    };
+    return { decision: large.decision, prepared };
+  }
+  const json = parseJsonBody(text, gateway.config.limits.max_body_json_values);
+  const decision = validateDecisionRequest(json, gateway.config);
+  const idempotencyKey = parseIdempotencyKey(request.headers.get('idempotency-key'));
+  const measuring = measureDecision(
+    gateway,
+    account,
+    decision,
+    json,
+    idempotencyKey,
+    DECIDE_PATH,
+    request.signal,
+  );
+  return { decision, prepared: measuring instanceof Promise ? await measuring : measuring };
 }
 
 function lookupView(record: RequestRecord): Record<string, unknown> {

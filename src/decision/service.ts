@@ -211,19 +211,14 @@ export function runDecision(
   );
 }
 
-/**
- * Ask, check, ask once more if the answer was not valid; charge a 200 only (the wallet or credits
- * that were held, at actual tokens).
- */
-async function decisionWork(
-  gateway: Gateway,
-  admission: DecisionAdmission,
+/** The question to the model: deterministic (temperature 0, a seed where the model takes one). */
+function providerRequestFor(
   decision: DecisionRequest,
-): Promise<Completion<DecisionSuccess>> {
-  const { actor, prompt } = admission;
-  const { config } = gateway;
-  const hold = actor.init.hold;
-  const request: ProviderRequest = {
+  prompt: DecisionPrompt,
+  promptTokens: number,
+  config: Gateway['config'],
+): ProviderRequest {
+  return {
     model: decision.model.upstream_model ?? decision.modelId,
     messages: prompt.messages,
     maxOutputTokens: config.decision.answer_tokens,
@@ -234,9 +229,24 @@ async function decisionWork(
     stop: null,
     tools: prompt.tools,
     toolChoice: prompt.toolChoice,
-    promptTokens: admission.promptTokens,
+    promptTokens: promptTokens,
     stream: false,
   };
+}
+
+/**
+ * Ask, check, ask once more if the answer was not valid; charge a 200 only (the wallet or credits
+ * that were held, at actual tokens).
+ */
+async function decisionWork(
+  gateway: Gateway,
+  admission: DecisionAdmission,
+  decision: DecisionRequest,
+): Promise<Completion<DecisionSuccess>> {
+  const { actor, prompt } = admission;
+  const hold = actor.init.hold;
+  const { config } = gateway;
+  const request = providerRequestFor(decision, prompt, admission.promptTokens, config);
   let promptTokens = 0;
   let completionTokens = 0;
   let answers: Record<string, Answer> | null = null;

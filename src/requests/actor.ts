@@ -174,6 +174,17 @@ export class RequestActor {
     this.abort('disconnected');
   }
 
+  /**
+   * Cancels this request when the client's connection goes away. The actor listens itself
+   * (handleEvent), so no closure per request; never removed: once the actor is over, abort() is a
+   * no-op, and both die with the request.
+   */
+  listenTo(clientSignal: AbortSignal): void {
+    clientSignal.addEventListener('abort', this);
+    // A client that left while its body was read or its prompt counted is gone already.
+    if (clientSignal.aborted) this.abort('disconnected');
+  }
+
   /** The one way the state changes; terminal states are one-way. */
   transition(next: TerminalStatus): void {
     assert(

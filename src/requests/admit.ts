@@ -119,14 +119,7 @@ export function admit(ctx: AdmitContext, command: AdmitCommand): Admission {
   );
   actor.started(durable);
   registry.add(actor);
-  const { clientSignal } = command;
-  if (clientSignal) {
-    // The actor listens itself (handleEvent: the client went away). Never removed: once the actor
-    // is over, abort() is a no-op, and both die with the request.
-    clientSignal.addEventListener('abort', actor);
-    // A client that left while its body was read or its prompt counted is gone already.
-    if (clientSignal.aborted) actor.abort('disconnected');
-  }
+  if (command.clientSignal) actor.listenTo(command.clientSignal);
   return { actor, createdMs: nowMs, createdS: Math.floor(nowMs / 1000) };
 }
 

@@ -2,16 +2,7 @@
 // here.
 import { AssertionError, assert } from '../util/assert.ts';
 import { BindingTable, type IdempotencyBinding } from './bindings.ts';
-import type {
-  Amount,
-  Event,
-  RequestFinished,
-  RequestRecorded,
-  RequestStarted,
-  RequestStatus,
-  Service,
-  Usage,
-} from './events.ts';
+import type { Event, RequestFinished, RequestRecorded, RequestStarted, Service } from './events.ts';
 import { RecordTable, type RequestRecord } from './records.ts';
 
 export const DAY_MS = 86_400_000;
