@@ -1,4 +1,4 @@
-// Lines of code over 100 columns (the formatter wraps code, not strings or comments): listed, exit 1.
+// Lines over 100 columns (the formatter wraps code, not strings or comments): listed, exit 1.
 import { execFileSync } from 'node:child_process';
 import { readFileSync } from 'node:fs';
 

@@ -54,7 +54,9 @@ export function admitChat(
   return { ...admission, providerRequest: providerRequestFor(chat, promptTokens) };
 }
 
-/** Context (400), then quota (402): the hold is the prompt and the output cap at the model's rates. */
+/**
+ * Context (400), then quota (402): the hold is the prompt and the output cap at the model's rates.
+ */
 function reserveChat(chat: ChatRequest, promptTokens: number, account: KeyAccount): Reservation {
   const { model } = chat;
   if (promptTokens > model.context_window) {

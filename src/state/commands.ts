@@ -19,12 +19,14 @@ export interface HoldPlacement {
 
 /**
  * Places a request's hold and binds its Idempotency-Key, in one event applied at once (the next
- * admission sees it); resolves when it is durable, and rejects with the store's 503 if it cannot be.
+ * admission sees it); resolves when it is durable, and rejects with the store's 503 if it cannot
+ * be.
  *
  * A request someone can name before its answer (a stream's first chunk carries its id; an
- * Idempotency-Key finds it) is logged now, overlapping the provider call. Any other request is first
- * named by its answer, so its start is logged with its finish, in one record and one fsync: a crash
- * before that loses nothing anyone was told, and the hold vanishes with the memory that held it.
+ * Idempotency-Key finds it) is logged now, overlapping the provider call. Any other request is
+ * first named by its answer, so its start is logged with its finish, in one record and one fsync: a
+ * crash before that loses nothing anyone was told, and the hold vanishes with the memory that held
+ * it.
  */
 export function placeHold(store: StateStore, placement: HoldPlacement): Promise<void> {
   const { idempotency } = placement;
