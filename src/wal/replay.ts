@@ -10,10 +10,9 @@ import { readSnapshotFile } from './snapshot.ts';
 
 export interface ReplayHandlers {
   /**
-   * Called once, before any record, when a snapshot exists; `blobs` are its bytes beside the JSON
-   * (format 2).
+   * Called once, before any record, when a snapshot exists; `blobs` are its bytes beside the JSON.
    */
-  loadSnapshot(state: unknown, seq: number, blobs: Uint8Array[] | null): void;
+  loadSnapshot(state: unknown, seq: number, blobs: Uint8Array[]): void;
   /** Called for each record after the snapshot, in sequence order. */
   applyRecord(seq: number, payload: unknown): void;
 }

@@ -22,7 +22,7 @@ export interface SnapshotContent {
 export interface LoadedSnapshot {
   seq: number;
   state: unknown;
-  blobs: Uint8Array[] | null;
+  blobs: Uint8Array[];
 }
 
 function writeAsync(
@@ -58,8 +58,8 @@ export function readSnapshotFile(dir: string): LoadedSnapshot | null {
 }
 
 /**
- * Reads a snapshot file of either format; a damaged one is a WalCorruptionError (starting would
- * lose facts).
+ * Reads a snapshot file, format 2; a damaged one is a WalCorruptionError (starting would lose
+ * facts), and so is any other format (format 1 was written only by unreleased builds).
  */
 function readSnapshot(bytes: Buffer, path: string): LoadedSnapshot {
   const corrupt = (why: string) => new WalCorruptionError(`${path}: ${why}; refusing to start`);
@@ -70,18 +70,15 @@ function readSnapshot(bytes: Buffer, path: string): LoadedSnapshot {
     json_bytes?: unknown;
     blob_bytes?: unknown;
     crc32?: unknown;
-    state?: unknown;
   };
   try {
-    // Format 1 is a single JSON object (no line break of its own); format 2 starts with a header
-    // line.
+    // The header is the first line; a file with no line break is read whole, and refused below.
     header = JSON.parse(bytes.toString('utf8', 0, newline === -1 ? bytes.length : newline));
   } catch {
     throw corrupt('not valid JSON');
   }
   if (!Number.isSafeInteger(header.seq)) throw corrupt('unknown format');
   const seq = header.seq as number;
-  if (header.format === 1) return { seq, state: header.state, blobs: null };
   if (
     header.format !== 2 ||
     !Number.isSafeInteger(header.json_bytes) ||
@@ -120,8 +117,7 @@ function readSnapshot(bytes: Buffer, path: string): LoadedSnapshot {
  * Snapshot file, format 2: one line of JSON,
  * `{"format":2,"seq","json_bytes","blob_bytes":[...],"crc32"}`, then the state JSON, then the
  * blobs, one after the other. The CRC-32 (IEEE, native) covers the header's fields (`seq` decides
- * which log records replay skips) and all that follows the line. Format 1, still read, was one
- * JSON object `{"format":1,"seq","state"}`.
+ * which log records replay skips) and all that follows the line.
  *
  * Written so that after a crash it is either the old file or the whole new one, and
  * asynchronously: a snapshot is megabytes, and its write and fsync must not stop the event loop.
