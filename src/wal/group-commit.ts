@@ -55,7 +55,7 @@ export class GroupCommit {
   /** Appends go on from `seq`, the last one replay found. */
   constructor(
     private readonly options: WalOptions,
-    private readonly segments: SegmentFiles,
+    private readonly files: SegmentFiles,
     seq: number,
   ) {
     this.expectedCommits = options.expectedCommits ?? (() => 0);
@@ -74,8 +74,8 @@ export class GroupCommit {
    * failed.
    */
   append(payload: unknown): Promise<void> {
-    this.segments.assertWritable();
-    assert(!this.segments.closed, 'append after close');
+    this.files.assertWritable();
+    assert(!this.files.closed, 'append after close');
     const json = JSON.stringify(payload);
     this.seq++;
     this.pendingTexts.push(json);
@@ -134,29 +134,29 @@ export class GroupCommit {
             await nextTurn();
           }
         }
-        if (this.segments.failure) throw this.segments.failure;
+        if (this.files.failure) throw this.files.failure;
         batch = this.pendingBatch;
         this.pendingBatch = null;
-        written = this.segments.writePosition;
+        written = this.files.writePosition;
         const lastSeq = this.writePending();
         this.writingBatch = batch;
         this.writingLastSeq = lastSeq;
-        const sync = this.segments.syncBatch();
+        const sync = this.files.syncBatch();
         if (sync !== null) await sync;
         this.durableSeq = Math.max(this.durableSeq, lastSeq);
       } catch (error) {
-        this.segments.fail(error as Error);
-        if (written !== null) this.segments.eraseFailedBatch(written.fd, written.offset);
+        this.files.fail(error as Error);
+        if (written !== null) this.files.eraseFailedBatch(written.fd, written.offset);
         this.writingBatch = null;
-        (batch ?? this.takeBatch())?.reject(this.segments.unavailableError(error as Error));
-        this.rollRequest?.reject(this.segments.unavailableError(error as Error));
+        (batch ?? this.takeBatch())?.reject(this.files.unavailableError(error as Error));
+        this.rollRequest?.reject(this.files.unavailableError(error as Error));
         this.rollRequest = null;
         continue;
       }
       this.writingBatch = null;
       batch?.resolve();
       // Between two batches no write or fsync is in flight: the one moment a segment may be closed.
-      if (this.rollRequest !== null || this.segments.full) this.rollBetweenBatches();
+      if (this.rollRequest !== null || this.files.full) this.rollBetweenBatches();
     }
     if (this.rollRequest !== null) this.rollBetweenBatches();
   }
@@ -165,21 +165,20 @@ export class GroupCommit {
   private rollBetweenBatches(): void {
     const request = this.rollRequest;
     this.rollRequest = null;
-    const closedIndex = this.segments.index;
-    this.segments.roll();
+    const closedIndex = this.files.index;
+    this.files.roll();
     if (request === null) return;
-    if (this.segments.failure)
-      request.reject(this.segments.unavailableError(this.segments.failure));
+    if (this.files.failure) request.reject(this.files.unavailableError(this.files.failure));
     else request.resolve(closedIndex);
   }
 
   /** Closes the current segment at the next moment no batch is on it; resolves with its index. */
   rollSegmentSoon(): Promise<number> {
     if (this.flushing === null) {
-      const closedIndex = this.segments.index;
-      this.segments.roll();
-      return this.segments.failure
-        ? Promise.reject(this.segments.unavailableError(this.segments.failure))
+      const closedIndex = this.files.index;
+      this.files.roll();
+      return this.files.failure
+        ? Promise.reject(this.files.unavailableError(this.files.failure))
         : Promise.resolve(closedIndex);
     }
     this.rollRequest ??= Promise.withResolvers<number>();
@@ -192,7 +191,7 @@ export class GroupCommit {
    */
   async flushThrough(seq: number): Promise<void> {
     while (this.durableSeq < seq) {
-      this.segments.assertWritable();
+      this.files.assertWritable();
       const batch =
         this.writingBatch !== null && seq <= this.writingLastSeq
           ? this.writingBatch
@@ -210,20 +209,19 @@ export class GroupCommit {
     return batch;
   }
 
-  /**
-   * Writes every pending record in one write; returns the last seq written (-1 when none was
-   * pending).
-   */
+  /** Writes every pending record in one write; returns the last seq written. */
   private writePending(): number {
     const texts = this.pendingTexts;
-    if (texts.length === 0) return -1;
+    // The flush loop runs only while records are pending, and only its own failure path takes
+    // them: a batch with none would be a bug.
+    assert(texts.length > 0, 'a batch written with no records pending');
     // append() bumps seq and queues its text in one step, so the batch ends at the current seq.
     const batchLastSeq = this.seq;
     const bytesMax = this.pendingBytesMax;
     this.pendingTexts = [];
     this.pendingBytesMax = 0;
     const batch = this.frameBatch(texts, batchLastSeq - texts.length + 1, bytesMax);
-    this.segments.write(batch, batchLastSeq);
+    this.files.write(batch, batchLastSeq);
     return batchLastSeq;
   }
 

@@ -31,7 +31,7 @@ export class WriteAheadLog {
     let replayed: Replayed;
     try {
       replayed = replay(options.dir, options.logger, handlers);
-      files.openAfterReplay(replayed.segments, replayed.segmentLastSeq);
+      files.openAfterReplay(replayed.segments);
     } catch (error) {
       // A damaged log stops the start; an embedding process (the CLI, tests) must not keep our
       // descriptors.
@@ -105,14 +105,7 @@ export class WriteAheadLog {
     files.assertWritable();
     await writeSnapshotFile(dir, files.dirFd, files.reserve, content, seq);
     this.recordsSinceSnapshot = this.commits.lastSeq - seq;
-    await dropCoveredSegments(
-      dir,
-      files.dirFd,
-      files.segments,
-      files.segmentLastSeq,
-      oldIndex,
-      seq,
-    );
+    await dropCoveredSegments(dir, files.dirFd, files.segments, oldIndex, seq);
   }
 
   async close(): Promise<void> {

@@ -23,10 +23,8 @@ export interface Replayed {
   seq: number;
   /** Records applied after the snapshot. */
   recordsApplied: number;
-  /** Indexes of the segment files on disk, ascending. */
-  segments: Set<number>;
-  /** Highest seq in each segment that holds a record. */
-  segmentLastSeq: Map<number, number>;
+  /** The segment files on disk by index, ascending, with the highest seq in each (0: none). */
+  segments: Map<number, number>;
 }
 
 const SEGMENT_RE = /^segment-(\d{12})\.wal$/;
@@ -59,15 +57,14 @@ class SegmentReader {
     this.replayed = {
       seq: snapshotSeq,
       recordsApplied: 0,
-      segments: new Set(),
-      segmentLastSeq: new Map(),
+      segments: new Map(),
     };
   }
 
   /** Applies the records of segment `index` past the snapshot; only the last may be torn. */
   read(index: number, isLast: boolean): void {
     const replayed = this.replayed;
-    replayed.segments.add(index);
+    replayed.segments.set(index, 0);
     const path = join(this.dir, segmentName(index));
     const bytes = new Uint8Array(readFileSync(path));
     let offset = 0;
@@ -85,7 +82,7 @@ class SegmentReader {
         break;
       }
       if (frame.seq > this.snapshotSeq) this.apply(path, offset, frame.seq, frame.payload);
-      replayed.segmentLastSeq.set(index, frame.seq);
+      replayed.segments.set(index, frame.seq);
       offset = frame.nextOffset;
     }
   }

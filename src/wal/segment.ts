@@ -54,10 +54,11 @@ export class SegmentFiles {
   private fd = -1;
   private segmentIndex = 0;
   private segmentSizeBytes = 0;
-  /** Highest seq written to each segment: a snapshot may only remove segments it fully covers. */
-  readonly segmentLastSeq = new Map<number, number>();
-  /** Indexes of the segment files on disk (a snapshot removes the ones it covers). */
-  readonly segments = new Set<number>();
+  /**
+   * The segment files on disk by index, with the highest seq written to each (0: none yet): a
+   * snapshot removes the ones it fully covers.
+   */
+  readonly segments = new Map<number, number>();
   /** Written since the last interval fsync. */
   private dirty = false;
   private intervalTimer: ReturnType<typeof setInterval> | null = null;
@@ -99,17 +100,16 @@ export class SegmentFiles {
   }
 
   /** Takes over the segments replay found and opens the last for appends (the first, if none). */
-  openAfterReplay(segments: Set<number>, segmentLastSeq: Map<number, number>): void {
-    for (const index of segments) this.segments.add(index);
-    for (const [index, seq] of segmentLastSeq) this.segmentLastSeq.set(index, seq);
+  openAfterReplay(segments: Map<number, number>): void {
+    for (const [index, lastSeq] of segments) this.segments.set(index, lastSeq);
     // Replay found them in ascending order: the last is the newest.
-    this.openSegment([...segments].at(-1) ?? 1);
+    this.openSegment([...segments.keys()].at(-1) ?? 1);
   }
 
   private openSegment(index: number): void {
     const path = join(this.options.dir, segmentName(index));
     this.fd = this.reserve.openSync(path, 'a', 0o600);
-    this.segments.add(index);
+    if (!this.segments.has(index)) this.segments.set(index, 0);
     this.segmentIndex = index;
     this.segmentSizeBytes = fstatSync(this.fd).size;
     // The new file's directory entry must be durable too, or an fsynced record could vanish with
@@ -123,7 +123,7 @@ export class SegmentFiles {
     while (written < batch.length)
       written += writeSync(this.fd, batch, written, batch.length - written);
     this.segmentSizeBytes += batch.length;
-    this.segmentLastSeq.set(this.segmentIndex, lastSeq);
+    this.segments.set(this.segmentIndex, lastSeq);
   }
 
   /**

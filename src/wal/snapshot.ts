@@ -168,14 +168,12 @@ export async function writeSnapshotFile(
 export async function dropCoveredSegments(
   dir: string,
   dirFd: number,
-  segments: Set<number>,
-  segmentLastSeq: Map<number, number>,
+  segments: Map<number, number>,
   closedIndex: number,
   seq: number,
 ): Promise<void> {
-  for (const index of [...segments].sort((a, b) => a - b)) {
-    if (index <= closedIndex && (segmentLastSeq.get(index) ?? 0) <= seq) {
-      segmentLastSeq.delete(index);
+  for (const index of [...segments.keys()].sort((a, b) => a - b)) {
+    if (index <= closedIndex && (segments.get(index) ?? 0) <= seq) {
       segments.delete(index);
       // On the thread pool: removing a full 64 MB segment takes the kernel ~30 ms.
       await unlink(join(dir, segmentName(index)));
