@@ -8,8 +8,8 @@
 // of append → acknowledged (the promise resolving), and p50/p99 of append → durable:
 //   always   durable = acknowledged (the ack waits for the group's fsync);
 //   interval durable = the end of the first interval fsync that started after the record was
-//   written
-//            (observed by wrapping the log's own interval tick on the instance, no change to src/);
+//            written (observed by wrapping the log's own interval tick on the instance, no change
+//            to src/);
 //   off      never by the log's own doing (the OS writes back within ~30 s): reported as n/a. Also:
 //   the raw write+fsync latency of this disk, the floor for `always`.
 import { closeSync, fsyncSync, mkdtempSync, openSync, rmSync, writeSync } from 'node:fs';
@@ -95,20 +95,20 @@ async function runOne(policy: FsyncPolicy, concurrency: number, seconds: number)
     },
     { loadSnapshot() {}, applyRecord() {} },
   );
-  // The interval timer calls `log.syncInterval()` on the instance at each tick; wrapping it there
-  // records when each real fsync started and ended. A sync started after a record was written
-  // covers it.
+  // The interval timer calls `syncInterval()` on the log's segment files at each tick; wrapping it
+  // there records when each real fsync started and ended. A sync started after a record was
+  // written covers it.
   const syncStarts: number[] = [];
   const syncEnds: number[] = [];
   let fsyncs: number | null = null;
   if (policy === 'interval') {
     fsyncs = 0;
-    const instance = wal as unknown as {
-      syncInterval: () => Promise<void>;
-      dirty: boolean;
-      syncing: unknown;
-    };
-    const original = instance.syncInterval.bind(wal);
+    const instance = (
+      wal as unknown as {
+        files: { syncInterval: () => Promise<void>; dirty: boolean; syncing: unknown };
+      }
+    ).files;
+    const original = instance.syncInterval.bind(instance);
     instance.syncInterval = async () => {
       const willSync = instance.dirty && !instance.syncing;
       const start = performance.now();

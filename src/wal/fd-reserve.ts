@@ -12,7 +12,7 @@ import { closeSync, openSync } from 'node:fs';
  * Enough for the log's worst moment: a new segment opened while a snapshot's file is open, plus
  * one.
  */
-export const RESERVED_FDS = 3;
+const RESERVED_FDS = 3;
 
 function outOfDescriptors(error: unknown): boolean {
   const code = (error as NodeJS.ErrnoException)?.code;
@@ -22,13 +22,8 @@ function outOfDescriptors(error: unknown): boolean {
 export class FdReserve {
   private readonly spare: number[] = [];
 
-  constructor(private readonly count = RESERVED_FDS) {
+  constructor() {
     this.refill();
-  }
-
-  /** How many spares are held now. */
-  get held(): number {
-    return this.spare.length;
   }
 
   /**
@@ -50,7 +45,7 @@ export class FdReserve {
 
   /** Takes spares back up to the count; call after the log closed a descriptor. Never throws. */
   refill(): void {
-    while (this.spare.length < this.count) {
+    while (this.spare.length < RESERVED_FDS) {
       try {
         this.spare.push(openSync('/dev/null', 'r'));
       } catch {

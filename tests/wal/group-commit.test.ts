@@ -255,16 +255,14 @@ describe('failure', () => {
         },
       },
     );
-    const { wal } = openRecording(dir, {
-      fsync: 'interval',
-      fsyncIntervalMs: 1,
-      segmentBytes: 1,
-      logger,
-    });
-    linkNextSegment(dir, '/dev/null');
-    await wal.append({ n: 1 });
-    // Under `interval` a record is acknowledged once written; the timer's fsync is what fails.
-    await wal.append({ n: 2 });
+    // The first segment is the device and never rolls, so the timer's fsync is the only one. (With
+    // a second segment linked and one record per segment, the roll's own fsync failed instead, or
+    // the timer's failed before the second append, at random.)
+    symlinkSync('/dev/null', join(dir, 'segment-000000000001.wal'));
+    const { wal } = openRecording(dir, { fsync: 'interval', fsyncIntervalMs: 1, logger });
+    // Under `interval` a record is acknowledged once written: both are, in one batch, before any
+    // tick of the timer; the timer's fsync is what fails.
+    await Promise.all([wal.append({ n: 1 }), wal.append({ n: 2 })]);
     const line = JSON.parse(await fatal.promise);
     expect(line.msg).toContain('fsync failed');
     expect(line.err).toContain('EINVAL');
