@@ -83,6 +83,53 @@ function rawFsyncLatency(seconds: number): WalReport['rawFsync'] {
   };
 }
 
+/** When the interval timer's real fsyncs started and ended, in order. */
+interface IntervalSyncs {
+  starts: number[];
+  ends: number[];
+}
+
+/**
+ * The interval timer calls `syncInterval()` on the log's segment files at each tick; wrapping it
+ * there records when each real fsync started and ended. A sync started after a record was written
+ * covers it.
+ */
+function recordIntervalSyncs(wal: WriteAheadLog): IntervalSyncs {
+  const syncs: IntervalSyncs = { starts: [], ends: [] };
+  const files = (
+    wal as unknown as {
+      files: { syncInterval: () => Promise<void>; dirty: boolean; syncing: unknown };
+    }
+  ).files;
+  const original = files.syncInterval.bind(files);
+  files.syncInterval = async () => {
+    const willSync = files.dirty && !files.syncing;
+    const start = performance.now();
+    await original();
+    if (willSync) {
+      syncs.starts.push(start);
+      syncs.ends.push(performance.now());
+    }
+  };
+  return syncs;
+}
+
+/**
+ * Under `interval`, each record's append → durable time: the end of the first sync whose start is
+ * at or after its ack (both sorted by time).
+ */
+function intervalDurableMs(ackedAt: number[], ackMs: number[], syncs: IntervalSyncs): number[] {
+  const durable: number[] = [];
+  let s = 0;
+  for (let i = 0; i < ackedAt.length; i++) {
+    const acked = ackedAt[i]!;
+    while (s < syncs.starts.length && syncs.starts[s]! < acked) s++;
+    if (s === syncs.starts.length) break;
+    durable.push(syncs.ends[s]! - (acked - ackMs[i]!));
+  }
+  return durable;
+}
+
 async function runOne(policy: FsyncPolicy, concurrency: number, seconds: number): Promise<WalRun> {
   const dir = mkdtempSync(join(tmpdir(), `tollgate-bench-wal-${policy}-`));
   const wal = WriteAheadLog.open(
@@ -95,31 +142,7 @@ async function runOne(policy: FsyncPolicy, concurrency: number, seconds: number)
     },
     { loadSnapshot() {}, applyRecord() {} },
   );
-  // The interval timer calls `syncInterval()` on the log's segment files at each tick; wrapping it
-  // there records when each real fsync started and ended. A sync started after a record was
-  // written covers it.
-  const syncStarts: number[] = [];
-  const syncEnds: number[] = [];
-  let fsyncs: number | null = null;
-  if (policy === 'interval') {
-    fsyncs = 0;
-    const instance = (
-      wal as unknown as {
-        files: { syncInterval: () => Promise<void>; dirty: boolean; syncing: unknown };
-      }
-    ).files;
-    const original = instance.syncInterval.bind(instance);
-    instance.syncInterval = async () => {
-      const willSync = instance.dirty && !instance.syncing;
-      const start = performance.now();
-      await original();
-      if (willSync) {
-        syncStarts.push(start);
-        syncEnds.push(performance.now());
-        fsyncs!++;
-      }
-    };
-  }
+  const syncs = policy === 'interval' ? recordIntervalSyncs(wal) : null;
 
   const ackedAt: number[] = [];
   const ackMs: number[] = [];
@@ -148,17 +171,7 @@ async function runOne(policy: FsyncPolicy, concurrency: number, seconds: number)
 
   let durable: number[] = [];
   if (policy === 'always') durable = ackMs;
-  else if (policy === 'interval') {
-    // For each record: the end of the first sync whose start is at or after its ack (both sorted by
-    // time).
-    let s = 0;
-    for (let i = 0; i < ackedAt.length; i++) {
-      const acked = ackedAt[i]!;
-      while (s < syncStarts.length && syncStarts[s]! < acked) s++;
-      if (s === syncStarts.length) break;
-      durable.push(syncEnds[s]! - (acked - ackMs[i]!));
-    }
-  }
+  else if (syncs !== null) durable = intervalDurableMs(ackedAt, ackMs, syncs);
   return {
     policy,
     concurrency,
@@ -169,7 +182,7 @@ async function runOne(policy: FsyncPolicy, concurrency: number, seconds: number)
     ackP99Ms: percentile(ackMs, 99),
     durableP50Ms: durable.length ? percentile(durable, 50) : NaN,
     durableP99Ms: durable.length ? percentile(durable, 99) : NaN,
-    fsyncs,
+    fsyncs: syncs === null ? null : syncs.starts.length,
   };
 }
 
