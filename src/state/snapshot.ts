@@ -1,6 +1,5 @@
 // Snapshot form of the state: JSON, taken synchronously so it matches one log sequence number.
-import { assert } from '../util/assert.ts';
-import type { SnapshotContent } from '../wal/log.ts';
+import { type SnapshotContent, WalCorruptionError } from '../wal/log.ts';
 import type { GatewayState, KeyAccount } from './apply.ts';
 import type { IdempotencyBinding } from './bindings.ts';
 import type { RequestRecord } from './records.ts';
@@ -8,8 +7,8 @@ import type { RequestRecord } from './records.ts';
 /**
  * Version 2 keeps finished records as the record table's columns (RecordTable.serializeColumns):
  * their bytes travel beside the JSON, which holds the rest. Serialized in milliseconds instead of
- * ~160 ms for 100,000 records of version 1, while the gateway waits. Version 1 (no `version`,
- * `finished` as objects) is still read.
+ * ~160 ms for 100,000 records as objects (version 1, which only a development build wrote:
+ * it is no longer read; a snapshot of another version refuses to start).
  */
 interface SnapshotV2 {
   version: 2;
@@ -20,13 +19,6 @@ interface SnapshotV2 {
   idempotencyOwners?: string[];
   /** Oldest first, so restoring in order rebuilds the same eviction order. */
   finished: unknown;
-}
-
-interface SnapshotV1 {
-  keys: KeyAccount[];
-  inFlight: RequestRecord[];
-  finished: RequestRecord[];
-  idempotency: Array<[string, IdempotencyBinding]>;
 }
 
 export function serializeState(state: GatewayState): SnapshotContent {
@@ -43,23 +35,23 @@ export function serializeState(state: GatewayState): SnapshotContent {
   return { json: JSON.stringify(snapshot), blobs };
 }
 
-/** Restores `raw` (the parsed JSON) and `blobs` (the bytes beside it; none for version 1). */
+/** Restores `raw` (the parsed JSON) and `blobs` (the record columns' bytes beside it). */
 export function restoreState(
   state: GatewayState,
   raw: unknown,
   _nowMs: number,
-  blobs: readonly Uint8Array[] | null = null,
+  blobs: readonly Uint8Array[],
 ): void {
-  const snapshot = raw as SnapshotV2 | SnapshotV1;
+  const snapshot = raw as SnapshotV2;
+  if (snapshot?.version !== 2) {
+    throw new WalCorruptionError(`snapshot state version ${String(snapshot?.version)} is unknown`);
+  }
   for (const account of snapshot.keys) {
     state.keys.set(account.id, account);
     state.keysBySecret.set(account.secretSha256, account);
   }
   for (const record of snapshot.inFlight) state.inFlight.set(record.id, record);
-  if ('version' in snapshot) {
-    assert(blobs !== null, 'snapshot version 2 without its record columns');
-    state.finished.restoreColumns(snapshot.finished, blobs);
-  } else for (const record of snapshot.finished) state.finished.add(record);
+  state.finished.restoreColumns(snapshot.finished, blobs);
   // Oldest first (as written), so the per-key order of eviction survives the restart.
   for (const [scope, binding] of snapshot.idempotency) state.idempotency.restore(scope, binding);
   if ('idempotencyOwners' in snapshot && Array.isArray(snapshot.idempotencyOwners))
