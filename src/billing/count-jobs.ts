@@ -8,10 +8,10 @@ import {
   validateDecisionRequest,
 } from '../decision/model.ts';
 import { buildPrompt, type DecisionPrompt } from '../decision/prompt.ts';
-import { parseJsonBody } from '../http/body.ts';
 import { requestFingerprint } from '../idempotency/fingerprint.ts';
 import type { ProviderMessage } from '../providers/provider.ts';
 import { type ErrorCode, GatewayError } from '../util/errors.ts';
+import { parseJsonBody } from '../util/json.ts';
 import { countPromptTokensSteps, countTextsSteps } from './tokens.ts';
 
 /**

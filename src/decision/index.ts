@@ -8,7 +8,6 @@ import {
   OFFLOAD_BODY_CHARS,
 } from '../billing/offload.ts';
 import type { Gateway } from '../gateway.ts';
-import { parseJsonBody } from '../http/body.ts';
 import { errorResponse } from '../http/errors.ts';
 import { readRequest, refusalResponse } from '../http/intake.ts';
 import { type NativeRoutes, nativePost } from '../http/routes.ts';
@@ -18,6 +17,7 @@ import type { KeyAccount } from '../state/apply.ts';
 import type { RequestRecord } from '../state/records.ts';
 import { GatewayError } from '../util/errors.ts';
 import { newDecisionRequestId } from '../util/ids.ts';
+import { parseJsonBody } from '../util/json.ts';
 import { type DecisionRequest, validateDecisionRequest } from './model.ts';
 import { admitDecision, runDecision } from './service.ts';
 

@@ -3,7 +3,7 @@
 import { countTextTokensYielding } from '../../billing/tokens.ts';
 import { defaultConfig } from '../../config/defaults.ts';
 import type { SimulatorProviderConfig } from '../../config/model.ts';
-import { JSON_DEPTH_MAX, nestsDeeperThan } from '../../http/body.ts';
+import { JSON_DEPTH_MAX, nestsDeeperThan } from '../../util/json.ts';
 import {
   type Delta,
   type FinishReason,
