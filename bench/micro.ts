@@ -19,8 +19,8 @@ import { validateChatRequest } from '../src/chat/model.ts';
 import { ChunkEncoder } from '../src/chat/sse.ts';
 import { defaultConfig } from '../src/config/defaults.ts';
 import { requestFingerprint } from '../src/idempotency/fingerprint.ts';
-import { SseParser } from '../src/providers/openai/sse-parse.ts';
 import { createLogger } from '../src/util/log.ts';
+import { SseParser } from '../src/util/sse-parse.ts';
 import { type FsyncPolicy, WriteAheadLog } from '../src/wal/log.ts';
 import { benchRecord } from './wal.ts';
 

@@ -1,7 +1,14 @@
 // CLI entry: `serve` (default) runs the gateway; `keys …` and `credits …` manage keys and balances;
 // help and version.
 import { version } from '../package.json';
-import { type Invocation, parseInvocation, runAdmin, USAGE, UsageError } from './admin/cli.ts';
+import {
+  type Invocation,
+  type OpenDirectAdmin,
+  parseInvocation,
+  runAdmin,
+  USAGE,
+  UsageError,
+} from './admin/cli.ts';
 import { DataDirLock, DataDirLockError } from './admin/lock.ts';
 import { resolveAdminToken } from './admin/token.ts';
 import { ConfigError, loadConfig } from './config/load.ts';
@@ -149,6 +156,29 @@ function stopOnSignals(
   process.once('SIGINT', () => stop('SIGINT'));
 }
 
+/**
+ * The admin API in this process, on the log directly, for a key or credit command when no gateway
+ * owns the data dir: recovery first (holds of interrupted requests released), then the app.
+ */
+const openDirectAdmin: OpenDirectAdmin = async (config, logger, token) => {
+  // Loaded only on this path (they bring the tokenizer), so that help, usage and the HTTP path
+  // start fast.
+  const [{ createApp }, { openGateway }, { finishInterrupted }] = await Promise.all([
+    import('./app.ts'),
+    import('./gateway.ts'),
+    import('./requests/recovery.ts'),
+  ]);
+  const gateway = openGateway(config, logger, token);
+  try {
+    await finishInterrupted(gateway.store, logger);
+    const app = createApp(gateway);
+    return { handle: (request) => app.handle(request), close: () => gateway.store.close() };
+  } catch (error) {
+    await gateway.store.close();
+    throw error;
+  }
+};
+
 async function main(argv: string[]): Promise<number> {
   // The command line first: help, version and usage errors need no config (a broken one included).
   let invocation: Invocation;
@@ -183,6 +213,7 @@ async function main(argv: string[]): Promise<number> {
       invocation.call,
       config,
       createLogger(process.env.LOG_LEVEL ?? 'warn', 2),
+      openDirectAdmin,
     );
   } catch (error) {
     if (error instanceof WalCorruptionError) {

@@ -142,6 +142,22 @@ export function parseInvocation(argv: string[]): Invocation {
 }
 
 /**
+ * The admin API served in this process on the data dir's log, for when no gateway owns it; it
+ * answers requests that bear the token it was opened with. main builds it from the app: the CLI
+ * sits beside the app, not above it, so it is handed the builder instead of importing it.
+ */
+export interface DirectAdmin {
+  handle(request: Request): Promise<Response>;
+  close(): Promise<void>;
+}
+
+export type OpenDirectAdmin = (
+  config: Config,
+  logger: Logger,
+  token: string,
+) => Promise<DirectAdmin>;
+
+/**
  * Runs one admin call on this data dir with no gateway running: the same admin controller the HTTP
  * API uses, driven in process, so both paths validate and answer alike.
  */
@@ -149,20 +165,12 @@ async function runDirect(
   config: Config,
   call: AdminCall,
   logger: Logger,
+  openDirect: OpenDirectAdmin,
 ): Promise<{ status: number; body: unknown }> {
-  // Loaded only on this path (they bring the tokenizer), so that help, usage and the HTTP path
-  // start fast.
-  const [{ createApp }, { openGateway }, { finishInterrupted }] = await Promise.all([
-    import('../app.ts'),
-    import('../gateway.ts'),
-    import('../requests/recovery.ts'),
-  ]);
   const token = `cli-${crypto.randomUUID()}`;
-  const gateway = openGateway(config, logger, token);
+  const admin = await openDirect(config, logger, token);
   try {
-    await finishInterrupted(gateway.store, logger);
-    const app = createApp(gateway);
-    const response = await app.handle(
+    const response = await admin.handle(
       new Request(`http://tollgate.local/admin/v1${call.path}`, {
         method: call.method,
         headers: { authorization: `Bearer ${token}`, 'content-type': 'application/json' },
@@ -171,7 +179,7 @@ async function runDirect(
     );
     return { status: response.status, body: await response.json() };
   } finally {
-    await gateway.store.close();
+    await admin.close();
   }
 }
 
@@ -189,13 +197,18 @@ async function runHttp(
 }
 
 /** Runs one key or credit command; returns the process exit code. */
-export async function runAdmin(call: AdminCall, config: Config, logger: Logger): Promise<number> {
+export async function runAdmin(
+  call: AdminCall,
+  config: Config,
+  logger: Logger,
+  openDirect: OpenDirectAdmin,
+): Promise<number> {
   const lock = new DataDirLock(config.data_dir);
   let result: { status: number; body: unknown };
   if (lock.tryAcquire()) {
     // Nobody else can open the log while this process holds the lock.
     try {
-      result = await runDirect(config, call, logger);
+      result = await runDirect(config, call, logger, openDirect);
     } finally {
       lock.release();
     }

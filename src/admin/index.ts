@@ -5,7 +5,7 @@ import { TypeCompiler } from '@sinclair/typebox/compiler';
 import type { ValueErrorIterator } from '@sinclair/typebox/errors';
 import { Elysia } from 'elysia';
 import type { Gateway } from '../gateway.ts';
-import { parseJsonBody, readBodyText } from '../http/body.ts';
+import { readBodyText } from '../http/body.ts';
 import {
   bearerToken,
   createKey,
@@ -16,6 +16,7 @@ import {
   revokeKey,
 } from '../keys/store.ts';
 import { GatewayError } from '../util/errors.ts';
+import { parseJsonBody } from '../util/json.ts';
 import { fieldPath, firstProblem } from '../util/validation.ts';
 import {
   type CreateKeyBody,

@@ -1,14 +1,5 @@
-// The count worker's jobs: a large request's fingerprint and prompt tokens, computed in steps it
-// can pause between.
-import type { Config } from '../config/model.ts';
-import {
-  type DecisionModelName,
-  type DecisionRequest,
-  type Question,
-  validateDecisionRequest,
-} from '../decision/model.ts';
-import { buildPrompt, type DecisionPrompt } from '../decision/prompt.ts';
-import { parseJsonBody } from '../http/body.ts';
+// The count worker's jobs: a large request's fingerprint and prompt tokens, an answer's tokens,
+// computed in steps it can pause between. A large decision body is decision/count-job.ts's.
 import { requestFingerprint } from '../idempotency/fingerprint.ts';
 import type { ProviderMessage } from '../providers/provider.ts';
 import { type ErrorCode, GatewayError } from '../util/errors.ts';
@@ -41,19 +32,6 @@ export interface CountJob {
    * partial).
    */
   answer?: { texts: string[]; limit: number } | null;
-  /**
-   * A large decision body, handled whole here: parsed, validated (the config's two decision
-   * models), fingerprinted when `fingerprintPath` is set, its prompt built and counted up to
-   * `limit`. The event loop never parses it: a 4 MB state of tiny values takes 150-200 ms of
-   * JSON.parse alone.
-   */
-  decisionBody?: { text: string; config: DecisionConfig; limit: number } | null;
-}
-
-/** What validating a decision needs of the config: its two models and whether each has tools. */
-export interface DecisionConfig {
-  models: Record<DecisionModelName, string>;
-  tools: Record<DecisionModelName, boolean>;
 }
 
 /** An operating error found in the worker, to be thrown again on the event loop. */
@@ -75,14 +53,6 @@ export interface CountResult {
    * Each message content's count, or -1 (see countPromptTokensSteps): the event loop caches them.
    */
   contentCounts: number[] | null;
-  /** A decision's prompt (the caller asks the model with it). */
-  prompt: DecisionPrompt | null;
-  /**
-   * decisionBody: the request as validated (its state is in `prompt`), or the error that refused
-   * it.
-   */
-  decision?: { modelName: DecisionModelName; questions: Array<[string, Question]> } | null;
-  error?: CountError | null;
 }
 
 /**
@@ -92,7 +62,6 @@ export interface CountResult {
  */
 export function runCountJob(job: CountJob): Generator<void, CountResult> {
   if (job.answer) return answerSteps(job.answer.texts, job.answer.limit);
-  if (job.decisionBody) return decisionBodySteps(job.decisionBody, job.fingerprintPath);
   // The job's fields as the steps' own variables, so that a paused job lets go of its body once
   // parsed.
   return countSteps(job.body, job.fingerprintPath, job.prompt);
@@ -100,62 +69,11 @@ export function runCountJob(job: CountJob): Generator<void, CountResult> {
 
 function* answerSteps(texts: string[], limit: number): Generator<void, CountResult> {
   const tokens = yield* countTextsSteps(texts, limit);
-  return { fingerprint: null, tokens, contentCounts: null, prompt: null };
+  return { fingerprint: null, tokens, contentCounts: null };
 }
 
-function* decisionBodySteps(
-  job: NonNullable<CountJob['decisionBody']>,
-  fingerprintPath: string | null,
-): Generator<void, CountResult> {
-  const refused = (error: CountError): CountResult => ({
-    fingerprint: null,
-    tokens: -1,
-    contentCounts: null,
-    prompt: null,
-    error,
-  });
-  let body: unknown;
-  try {
-    body = parseJsonBody(job.text, Number.POSITIVE_INFINITY);
-  } catch (error) {
-    return refused(countError(error));
-  }
-  yield;
-  // The same validation as on the event loop, against the part of the config it reads.
-  const { models, tools } = job.config;
-  const config = {
-    decision: { models },
-    models: Object.fromEntries(Object.values(models).map((modelId) => [modelId, {}])),
-  } as unknown as Config;
-  let decision: DecisionRequest;
-  try {
-    decision = validateDecisionRequest(body, config);
-  } catch (error) {
-    return refused(countError(error));
-  }
-  yield;
-  const fingerprint =
-    fingerprintPath === null ? null : requestFingerprint('POST', fingerprintPath, body);
-  yield;
-  const built = buildPrompt(
-    (body as { state: unknown }).state,
-    decision.questions,
-    tools[decision.modelName],
-  );
-  body = null;
-  yield;
-  const toolsJson = built.tools && built.tools.length > 0 ? JSON.stringify(built.tools) : null;
-  const tokens = yield* countPromptTokensSteps(built.messages, toolsJson, job.limit);
-  return {
-    fingerprint,
-    tokens,
-    contentCounts: null,
-    prompt: built,
-    decision: { modelName: decision.modelName, questions: decision.questions },
-  };
-}
-
-function countError(error: unknown): CountError {
+/** A job's operating error (a GatewayError) as the worker sends it back; anything else is a bug. */
+export function countError(error: unknown): CountError {
   if (!(error instanceof GatewayError)) throw error;
   return {
     code: error.code,
@@ -195,7 +113,7 @@ function* countSteps(
       prompt.limit,
       contentCounts,
     );
-    return { fingerprint, tokens, contentCounts, prompt: null };
+    return { fingerprint, tokens, contentCounts };
   }
-  return { fingerprint, tokens: -1, contentCounts: null, prompt: null };
+  return { fingerprint, tokens: -1, contentCounts: null };
 }

@@ -1,24 +1,16 @@
-// Admission's inputs (fingerprint, prompt tokens): measured on the event loop when cheap, else by
-// the count worker after the cheap refusals.
-import type { ChatRequest } from '../chat/model.ts';
-import type { DecisionRequest } from '../decision/model.ts';
-import { buildPrompt, type DecisionPrompt } from '../decision/prompt.ts';
-import { type Gateway, statusUrl } from '../gateway.ts';
-import { requestFingerprint } from '../idempotency/fingerprint.ts';
+// Counting off the event loop: the process's count pool, admission's large measurements after the
+// cheap refusals (chat/measure.ts, decision/measure.ts use it), and an answer's tokens.
+import type { Config } from '../config/model.ts';
 import { checkIdempotency } from '../idempotency/store.ts';
-import type { KeyAccount } from '../state/apply.ts';
+import type { RateLimiter } from '../keys/rate-limit.ts';
+import type { ActorRegistry } from '../requests/registry.ts';
+import type { GatewayState, KeyAccount } from '../state/apply.ts';
 import { GatewayError } from '../util/errors.ts';
+import type { Logger } from '../util/log.ts';
 import { ignore } from '../util/promise.ts';
 import type { CountJob, CountResult } from './count-jobs.ts';
 import { CountPool } from './count-pool.ts';
-import {
-  countPromptTokensInline,
-  countTextsSteps,
-  INLINE_TEXT_CHARS_MAX,
-  rememberPromptTextTokens,
-  runSteps,
-  settledPrefixLength,
-} from './tokens.ts';
+import { countTextsSteps, INLINE_TEXT_CHARS_MAX, runSteps, settledPrefixLength } from './tokens.ts';
 
 /**
  * Bodies longer than this are fingerprinted (and their tools serialized, a decision's state made
@@ -34,13 +26,13 @@ const COUNT_KEY_JOBS_MAX = 8;
 const COUNT_SLICE_DEADLINE_MS = 10_000;
 
 /**
- * The worker's entry. The compiled binary carries it as a second entrypoint of `bun run build`,
- * under its path relative to src/ (the entrypoints' common root), where the module URL of this file
- * does not point.
+ * The worker's entry (src/count-worker.ts: it runs every domain's jobs, so it sits at the top). The
+ * compiled binary carries it as a second entrypoint of `bun run build`, under its path relative to
+ * src/ (the entrypoints' common root), where the module URL of this file does not point.
  */
 export const COUNT_WORKER_URL: string | URL = Bun.isStandaloneExecutable
-  ? './billing/count-worker.ts'
-  : new URL('./count-worker.ts', import.meta.url);
+  ? './count-worker.ts'
+  : new URL('../count-worker.ts', import.meta.url);
 
 let pool: CountPool<CountJob, CountResult> | null = null;
 
@@ -60,198 +52,22 @@ export interface Idempotency {
   fingerprint: string;
 }
 
-export interface ChatMeasure {
-  idempotency: Idempotency | null;
-  /** Past the model's window possibly a partial count (the request is refused either way). */
-  promptTokens: number;
-}
-
 /**
- * A chat request's Idempotency-Key fingerprint and prompt tokens. The usual request (a small body,
- * a prompt the cache mostly knows) is measured here and now, without a promise; a large one off the
- * event loop (CONTRACT §8), so that no key's 4 MB prompt stalls any other key's request.
+ * What counting off the event loop needs of the gateway. The Gateway has these fields; billing
+ * names them instead of importing gateway.ts, which sits above it.
  */
-export function measureChat(
-  gateway: Gateway,
-  account: KeyAccount,
-  chat: ChatRequest,
-  body: string,
-  json: unknown,
-  idempotencyKey: string | null,
-  path: string,
-  signal: AbortSignal | null,
-): ChatMeasure | Promise<ChatMeasure> {
-  const limit = chat.model.context_window;
-  const small = body.length <= OFFLOAD_BODY_CHARS;
-  const fingerprint = small && idempotencyKey ? requestFingerprint('POST', path, json) : null;
-  const toolsJson = small && chat.tools ? JSON.stringify(chat.tools) : null;
-  const promptTokens = small ? countPromptTokensInline(chat.messages, toolsJson, limit) : null;
-  if (promptTokens !== null)
-    return {
-      idempotency: idempotencyKey ? { key: idempotencyKey, fingerprint: fingerprint! } : null,
-      promptTokens,
-    };
-  return measureChatOffLoop(
-    gateway,
-    account,
-    chat,
-    body,
-    idempotencyKey,
-    fingerprint,
-    toolsJson,
-    path,
-    signal,
-  );
+export interface OffloadHost {
+  readonly config: Config;
+  readonly logger: Logger;
+  readonly draining: boolean;
+  readonly store: { readonly state: GatewayState };
+  readonly registry: ActorRegistry;
+  readonly rateLimiter: Pick<RateLimiter, 'peek'>;
 }
 
-async function measureChatOffLoop(
-  gateway: Gateway,
-  account: KeyAccount,
-  chat: ChatRequest,
-  body: string,
-  idempotencyKey: string | null,
-  fingerprint: string | null,
-  toolsJson: string | null,
-  path: string,
-  signal: AbortSignal | null,
-): Promise<ChatMeasure> {
-  const toolsInBody = chat.tools !== null && toolsJson === null;
-  const job: CountJob = {
-    body: (idempotencyKey && fingerprint === null) || toolsInBody ? body : null,
-    fingerprintPath: idempotencyKey && fingerprint === null ? path : null,
-    prompt: { messages: chat.messages, toolsJson, toolsInBody, limit: chat.model.context_window },
-  };
-  const result = await countOffLoop(
-    gateway,
-    'chat',
-    account,
-    job,
-    idempotencyKey,
-    fingerprint,
-    signal,
-  );
-  // The worker's counts of whole texts go to this thread's cache: the next turn of the
-  // conversation, or the next request with the same system prompt, is counted here.
-  const counts = result.contentCounts!;
-  for (let i = 0; i < counts.length; i++) {
-    const content = chat.messages[i]!.content;
-    if (counts[i]! >= 0 && content) rememberPromptTextTokens(content, counts[i]!);
-  }
-  return {
-    idempotency: idempotencyKey ? { key: idempotencyKey, fingerprint: result.fingerprint! } : null,
-    promptTokens: result.tokens,
-  };
-}
-
-export interface DecisionMeasure {
-  idempotency: Idempotency | null;
-  prompt: DecisionPrompt;
-  /** Past the limit possibly a partial count (the request is refused either way, 422). */
-  promptTokens: number;
-}
-
-/**
- * A decision body over OFFLOAD_BODY_CHARS, handled whole by the count worker: parsed, validated,
- * its fingerprint (`withFingerprint`: an Idempotency-Key came) and its prompt made and counted. The
- * event loop never parses it (a 4 MB state of tiny values is 150-200 ms of JSON.parse); the checks
- * the contract puts after validation (idempotency, rate, input size) follow on the event loop, in
- * their order.
- */
-export async function measureLargeDecision(
-  gateway: Gateway,
-  account: KeyAccount,
-  text: string,
-  path: string,
-  withFingerprint: boolean,
-  signal: AbortSignal | null,
-): Promise<{
-  decision: DecisionRequest;
-  fingerprint: string | null;
-  prompt: DecisionPrompt;
-  promptTokens: number;
-}> {
-  const { config } = gateway;
-  const models = config.decision.models;
-  const tools = {
-    'decision-fast': config.models[models['decision-fast']]!.tools,
-    'decision-accurate': config.models[models['decision-accurate']]!.tools,
-  };
-  const job: CountJob = {
-    body: null,
-    fingerprintPath: withFingerprint ? path : null,
-    prompt: null,
-    decisionBody: { text, config: { models, tools }, limit: config.decision.context_tokens },
-  };
-  const result = await countPool().run(job, { keyId: account.id, signal, logger: gateway.logger });
-  if (result.error) {
-    const { code, message, param, detail } = result.error;
-    throw new GatewayError(code, message, { param, ...(detail === undefined ? {} : { detail }) });
-  }
-  if (gateway.draining)
-    throw new GatewayError('service_unavailable', 'The gateway is shutting down; retry shortly.');
-  const { modelName, questions } = result.decision!;
-  const modelId = models[modelName];
-  // The state lives on in the prompt only: nothing after validation reads the body.
-  const body = { model: modelName, state: null, questions: {} } as DecisionRequest['body'];
-  return {
-    decision: { body, modelName, modelId, model: config.models[modelId]!, questions },
-    fingerprint: result.fingerprint,
-    prompt: result.prompt!,
-    promptTokens: result.tokens,
-  };
-}
-
-/**
- * measureChat for a decision whose body is small (see measureLargeDecision): the fingerprint, the
- * prompt built from the state, and its tokens.
- */
-export function measureDecision(
-  gateway: Gateway,
-  account: KeyAccount,
-  decision: DecisionRequest,
-  json: unknown,
-  idempotencyKey: string | null,
-  path: string,
-  signal: AbortSignal | null,
-): DecisionMeasure | Promise<DecisionMeasure> {
-  const limit = gateway.config.decision.context_tokens;
-  const fingerprint = idempotencyKey ? requestFingerprint('POST', path, json) : null;
-  const prompt = buildPrompt(decision.body.state, decision.questions, decision.model.tools);
-  const toolsJson = prompt.tools && prompt.tools.length > 0 ? JSON.stringify(prompt.tools) : null;
-  const promptTokens = countPromptTokensInline(prompt.messages, toolsJson, limit);
-  const idempotency = idempotencyKey ? { key: idempotencyKey, fingerprint: fingerprint! } : null;
-  if (promptTokens !== null) return { idempotency, prompt, promptTokens };
-  const job: CountJob = {
-    body: null,
-    fingerprintPath: null,
-    prompt: { messages: prompt.messages, toolsJson, toolsInBody: false, limit },
-  };
-  return decisionOffLoop(gateway, account, job, idempotencyKey, fingerprint, prompt, signal);
-}
-
-async function decisionOffLoop(
-  gateway: Gateway,
-  account: KeyAccount,
-  job: CountJob,
-  idempotencyKey: string | null,
-  fingerprint: string | null,
-  prompt: DecisionPrompt | null,
-  signal: AbortSignal | null,
-): Promise<DecisionMeasure> {
-  const result = await countOffLoop(
-    gateway,
-    'decision',
-    account,
-    job,
-    idempotencyKey,
-    fingerprint,
-    signal,
-  );
-  return {
-    idempotency: idempotencyKey ? { key: idempotencyKey, fingerprint: result.fingerprint! } : null,
-    prompt: prompt ?? result.prompt!,
-    promptTokens: result.tokens,
-  };
+/** The 503 for work a count finished after shutdown began. */
+export function drainingError(): GatewayError {
+  return new GatewayError('service_unavailable', 'The gateway is shutting down; retry shortly.');
 }
 
 /**
@@ -267,7 +83,7 @@ export function countAnswerTokens(
   texts: string[],
   limit: number,
   signal: AbortSignal | null,
-  logger: Gateway['logger'],
+  logger: Logger,
 ): number | Promise<number> {
   let chars = 0;
   for (const text of texts) chars += text.length;
@@ -327,7 +143,7 @@ export class StreamedText {
     private readonly keyId: string,
     /** The output cap: a charge never passes the hold, so counting past it buys nothing. */
     private readonly limit: number,
-    private readonly logger: Gateway['logger'],
+    private readonly logger: Logger,
   ) {}
 
   append(text: string): void {
@@ -382,13 +198,13 @@ export class StreamedText {
 
 /**
  * Runs `job` on the count worker, after the checks the contract puts before context (a bound
- * Idempotency-Key: 409; the key's rate limit: 429) have had their chance to answer without
- * counting. Those are looked at only (no rate token taken, nothing bound): admission checks them
- * again, for real, in one synchronous step with the count in hand.
+ * Idempotency-Key: 409 naming `statusUrl` of the original; the key's rate limit: 429) have had
+ * their chance to answer without counting. Those are looked at only (no rate token taken, nothing
+ * bound): admission checks them again, for real, in one synchronous step with the count in hand.
  */
-async function countOffLoop(
-  gateway: Gateway,
-  service: 'chat' | 'decision',
+export async function countOffLoop(
+  gateway: OffloadHost,
+  statusUrl: (requestId: string) => string,
   account: KeyAccount,
   job: CountJob,
   idempotencyKey: string | null,
@@ -413,7 +229,7 @@ async function countOffLoop(
       idempotencyKey,
       fingerprint,
       Date.now(),
-      (id) => statusUrl(config, service, id),
+      statusUrl,
     );
   }
   gateway.rateLimiter.peek(
@@ -422,8 +238,7 @@ async function countOffLoop(
     Date.now(),
   );
   const result = await countPool().run(job, owner);
-  if (gateway.draining)
-    throw new GatewayError('service_unavailable', 'The gateway is shutting down; retry shortly.');
+  if (gateway.draining) throw drainingError();
   result.fingerprint ??= fingerprint;
   return result;
 }

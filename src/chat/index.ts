@@ -1,9 +1,7 @@
 // The chat controller (/api/v1): completions (JSON and SSE), models, request status and cancel.
 import type { Server } from 'bun';
 import { Elysia } from 'elysia';
-import { measureChat } from '../billing/offload.ts';
 import { type Gateway, statusUrl } from '../gateway.ts';
-import { parseJsonBody } from '../http/body.ts';
 import { errorResponse } from '../http/errors.ts';
 import { readRequest, refusalResponse } from '../http/intake.ts';
 import { liftIdle, type NativeRoutes, nativePost, settleIdle } from '../http/routes.ts';
@@ -12,6 +10,8 @@ import { authenticate, microToCredits } from '../keys/store.ts';
 import type { RequestRecord } from '../state/records.ts';
 import { GatewayError } from '../util/errors.ts';
 import { newChatRequestId } from '../util/ids.ts';
+import { parseJsonBody } from '../util/json.ts';
+import { measureChat } from './measure.ts';
 import { type ChatRequest, validateChatRequest } from './model.ts';
 import { admitChat, type ChatAdmission, runChat } from './service.ts';
 import { ChunkEncoder, SseSink } from './sse.ts';

@@ -3,18 +3,20 @@
 import { type Static, type TSchema, Type } from '@sinclair/typebox';
 import { type TypeCheck, TypeCompiler } from '@sinclair/typebox/compiler';
 import type { Config, ModelConfig } from '../config/model.ts';
-import type {
-  ProviderMessage,
-  ToolCall,
-  ToolChoice,
-  ToolDefinition,
-} from '../providers/provider.ts';
 import { SearchBudget, smallestInstance } from '../providers/simulator/schema-value.ts';
+import {
+  Nullable,
+  type ProviderMessage,
+  type ToolCall,
+  ToolCallSchema,
+  type ToolChoice,
+  ToolChoiceSchema,
+  type ToolDefinition,
+  ToolSchema,
+} from '../providers/wire.ts';
 import { assert } from '../util/assert.ts';
 import { GatewayError } from '../util/errors.ts';
 import { fieldPath, firstProblem, mustBe } from '../util/validation.ts';
-
-const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
 
 export const TextPartSchema = Type.Object({ type: Type.Literal('text'), text: Type.String() });
 /** Any content part: only text parts are used; image, audio, file and other parts are dropped. */
@@ -23,15 +25,6 @@ export const ContentSchema = Type.Union([
   Type.String(),
   Type.Array(ContentPartSchema, { maxItems: 4096 }),
 ]);
-
-export const ToolCallSchema = Type.Object({
-  id: Type.String({ minLength: 1, maxLength: 256 }),
-  type: Type.Literal('function'),
-  function: Type.Object({
-    name: Type.String({ minLength: 1, maxLength: 64 }),
-    arguments: Type.String(),
-  }),
-});
 
 export const SystemMessageSchema = Type.Object({
   role: Type.Union([Type.Literal('system'), Type.Literal('developer')]),
@@ -51,26 +44,6 @@ export const ToolMessageSchema = Type.Object({
   content: ContentSchema,
   tool_call_id: Type.String({ minLength: 1, maxLength: 256 }),
 });
-
-export const ToolSchema = Type.Object({
-  type: Type.Literal('function'),
-  function: Type.Object({
-    name: Type.String({ pattern: '^[A-Za-z0-9_-]{1,64}$' }),
-    description: Type.Optional(Type.String()),
-    parameters: Type.Optional(Type.Record(Type.String(), Type.Unknown())),
-    strict: Type.Optional(Nullable(Type.Boolean())),
-  }),
-});
-
-export const ToolChoiceSchema = Type.Union([
-  Type.Literal('auto'),
-  Type.Literal('none'),
-  Type.Literal('required'),
-  Type.Object({
-    type: Type.Literal('function'),
-    function: Type.Object({ name: Type.String({ minLength: 1 }) }),
-  }),
-]);
 
 /** The documented fields; any other field is accepted and ignored (spec 000, "ignored fields"). */
 export const ChatRequestSchema = Type.Object({
@@ -164,7 +137,7 @@ function servedBySimulator(config: Config, model: ModelConfig): boolean {
  * recursive $ref) is refused here, before any hold, in bounded work, whichever tool tool_choice
  * would pick.
  */
-function checkSimulatorTools(tools: Static<typeof ToolSchema>[], bytesMax: number): void {
+function checkSimulatorTools(tools: ToolDefinition[], bytesMax: number): void {
   // One budget for all the tools of the request: the check costs at most a few ms, whatever they
   // hold.
   const budget = new SearchBudget();
@@ -195,14 +168,47 @@ export function validateChatRequest(json: unknown, config: Config): ChatRequest 
   if (!RequestCheck.Check(json)) throw firstError(RequestCheck, json, '');
   const body = json;
   const { limits } = config;
-  if (body.messages.length > limits.max_messages) {
-    throw invalid(`messages: at most ${limits.max_messages} messages`, 'messages');
+  const messages = readMessages(body.messages, limits.max_messages);
+  const stop = readStop(body.stop, limits.max_stop_sequences);
+  const tools = readTools(body.tools, limits.max_tools);
+  const toolChoice = body.tool_choice ?? null;
+  checkToolChoice(toolChoice, tools);
+  // Shape is settled; now the model (404), then what the model can do (400).
+  const { modelId, model } = resolveModel(config, body.model);
+  if (tools && !model.tools) {
+    throw new GatewayError(
+      'unsupported_parameter',
+      `The model ${modelId} does not support tools.`,
+      { param: 'tools' },
+    );
   }
+  if (tools && servedBySimulator(config, model))
+    checkSimulatorTools(tools, config.limits.simulator_tool_arguments_bytes);
+  return {
+    body,
+    modelId,
+    model,
+    messages,
+    stream: body.stream === true,
+    maxOutputTokens: body.max_completion_tokens ?? body.max_tokens ?? null,
+    stop,
+    tools,
+    toolChoice: tools ? toolChoice : null,
+  };
+}
 
+/**
+ * Each message checked against its role's schema, in order, and turned into what a provider is
+ * handed; a tool message must answer a tool call of an earlier assistant message.
+ */
+function readMessages(raws: ChatRequestBody['messages'], messagesMax: number): ProviderMessage[] {
+  if (raws.length > messagesMax) {
+    throw invalid(`messages: at most ${messagesMax} messages`, 'messages');
+  }
   const messages: ProviderMessage[] = [];
   const toolCallIds = new Set<string>();
-  for (let i = 0; i < body.messages.length; i++) {
-    const raw = body.messages[i]!;
+  for (let i = 0; i < raws.length; i++) {
+    const raw = raws[i]!;
     const param = `messages[${i}]`;
     const check = MessageChecks.get(raw.role);
     if (!check) throw invalid(`${param}.role ${ROLES_MUST_BE}`, `${param}.role`);
@@ -218,68 +224,94 @@ export function validateChatRequest(json: unknown, config: Config): ChatRequest 
         });
         break;
       }
-      case 'assistant': {
-        const message = raw as Static<typeof AssistantMessageSchema>;
-        const calls =
-          message.tool_calls && message.tool_calls.length > 0 ? message.tool_calls : null;
-        const hasContent = message.content !== undefined && message.content !== null;
-        if (!hasContent && !calls)
-          throw invalid(
-            `${param}: an assistant message needs content, tool_calls, or both`,
-            `${param}.content`,
-          );
-        const toolCalls: ToolCall[] | undefined = calls?.map((call) => ({
-          id: call.id,
-          type: 'function',
-          function: { name: call.function.name, arguments: call.function.arguments },
-        }));
-        for (const call of calls ?? []) toolCallIds.add(call.id);
-        messages.push({
-          role: 'assistant',
-          content: hasContent ? contentText(message.content!, `${param}.content`) : null,
-          ...(toolCalls ? { tool_calls: toolCalls } : {}),
-        });
+      case 'assistant':
+        messages.push(
+          assistantMessage(raw as Static<typeof AssistantMessageSchema>, param, toolCallIds),
+        );
         break;
-      }
-      case 'tool': {
-        const message = raw as Static<typeof ToolMessageSchema>;
-        if (!toolCallIds.has(message.tool_call_id)) {
-          throw invalid(
-            `${param}.tool_call_id: no earlier assistant tool ` +
-              `call has id ${JSON.stringify(message.tool_call_id)}`,
-            `${param}.tool_call_id`,
-          );
-        }
-        messages.push({
-          role: 'tool',
-          content: contentText(message.content, `${param}.content`),
-          tool_call_id: message.tool_call_id,
-        });
+      case 'tool':
+        messages.push(toolMessage(raw as Static<typeof ToolMessageSchema>, param, toolCallIds));
         break;
-      }
     }
   }
+  return messages;
+}
 
+/** An assistant turn: its text, its tool calls (their ids go to `toolCallIds`), or both. */
+function assistantMessage(
+  message: Static<typeof AssistantMessageSchema>,
+  param: string,
+  toolCallIds: Set<string>,
+): ProviderMessage {
+  const calls = message.tool_calls && message.tool_calls.length > 0 ? message.tool_calls : null;
+  const hasContent = message.content !== undefined && message.content !== null;
+  if (!hasContent && !calls)
+    throw invalid(
+      `${param}: an assistant message needs content, tool_calls, or both`,
+      `${param}.content`,
+    );
+  // Copied field by field: whatever else the client put in a call is not passed on.
+  const toolCalls: ToolCall[] | undefined = calls?.map((call) => ({
+    id: call.id,
+    type: 'function',
+    function: { name: call.function.name, arguments: call.function.arguments },
+  }));
+  for (const call of calls ?? []) toolCallIds.add(call.id);
+  return {
+    role: 'assistant',
+    content: hasContent ? contentText(message.content!, `${param}.content`) : null,
+    ...(toolCalls ? { tool_calls: toolCalls } : {}),
+  };
+}
+
+/** A tool result; it must answer a call of an earlier assistant message. */
+function toolMessage(
+  message: Static<typeof ToolMessageSchema>,
+  param: string,
+  toolCallIds: Set<string>,
+): ProviderMessage {
+  if (!toolCallIds.has(message.tool_call_id)) {
+    throw invalid(
+      `${param}.tool_call_id: no earlier assistant tool ` +
+        `call has id ${JSON.stringify(message.tool_call_id)}`,
+      `${param}.tool_call_id`,
+    );
+  }
+  return {
+    role: 'tool',
+    content: contentText(message.content, `${param}.content`),
+    tool_call_id: message.tool_call_id,
+  };
+}
+
+/** `stop` as a list (one string is a list of one), bounded; an empty list is no stop. */
+function readStop(raw: ChatRequestBody['stop'], sequencesMax: number): string[] | null {
   let stop: string[] | null = null;
-  if (typeof body.stop === 'string') stop = [body.stop];
-  else if (Array.isArray(body.stop)) stop = body.stop;
+  if (typeof raw === 'string') stop = [raw];
+  else if (Array.isArray(raw)) stop = raw;
   if (stop) {
-    if (stop.length > limits.max_stop_sequences)
-      throw invalid(`stop: at most ${limits.max_stop_sequences} sequences`, 'stop');
+    if (stop.length > sequencesMax)
+      throw invalid(`stop: at most ${sequencesMax} sequences`, 'stop');
     if (stop.some((sequence) => sequence.length === 0))
       throw invalid('stop: a stop sequence cannot be empty', 'stop');
     if (stop.length === 0) stop = null;
   }
+  return stop;
+}
 
-  const tools =
-    body.tools && body.tools.length > 0 ? (body.tools as Static<typeof ToolSchema>[]) : null;
+/** A non-empty `tools` array, each tool checked on its own (so an error names the tool's field). */
+function readTools(raw: ChatRequestBody['tools'], toolsMax: number): ToolDefinition[] | null {
+  const tools = raw && raw.length > 0 ? (raw as ToolDefinition[]) : null;
   if (tools) {
-    if (tools.length > limits.max_tools)
-      throw invalid(`tools: at most ${limits.max_tools} tools`, 'tools');
+    if (tools.length > toolsMax) throw invalid(`tools: at most ${toolsMax} tools`, 'tools');
     for (let i = 0; i < tools.length; i++)
       if (!ToolCheck.Check(tools[i])) throw firstError(ToolCheck, tools[i], `tools[${i}]`);
   }
-  const toolChoice = body.tool_choice ?? null;
+  return tools;
+}
+
+/** A named tool_choice must name one of `tools`; "required" needs tools. */
+function checkToolChoice(toolChoice: ToolChoice | null, tools: ToolDefinition[] | null): void {
   if (toolChoice !== null && typeof toolChoice === 'object') {
     const name = toolChoice.function.name;
     if (!tools?.some((tool) => tool.function.name === name)) {
@@ -291,38 +323,16 @@ export function validateChatRequest(json: unknown, config: Config): ChatRequest 
   } else if (toolChoice === 'required' && !tools) {
     throw invalid('tool_choice: "required" needs tools', 'tool_choice');
   }
+}
 
-  // Shape is settled; now the model (404), then what the model can do (400).
+/** The catalogue's model for `name`, an alias resolved; 404 when there is none. */
+function resolveModel(config: Config, name: string): { modelId: string; model: ModelConfig } {
   // Own keys only: a model named "__proto__" or "constructor" is just an unknown model.
-  const modelId = Object.hasOwn(config.aliases, body.model)
-    ? config.aliases[body.model]!
-    : body.model;
+  const modelId = Object.hasOwn(config.aliases, name) ? config.aliases[name]! : name;
   const model = Object.hasOwn(config.models, modelId) ? config.models[modelId] : undefined;
   if (!model)
-    throw new GatewayError(
-      'model_not_found',
-      `The model ${JSON.stringify(body.model)} does not exist.`,
-      { param: null },
-    );
-  if (tools && !model.tools) {
-    throw new GatewayError(
-      'unsupported_parameter',
-      `The model ${modelId} does not support tools.`,
-      { param: 'tools' },
-    );
-  }
-  if (tools && servedBySimulator(config, model))
-    checkSimulatorTools(tools, config.limits.simulator_tool_arguments_bytes);
-
-  return {
-    body,
-    modelId,
-    model,
-    messages,
-    stream: body.stream === true,
-    maxOutputTokens: body.max_completion_tokens ?? body.max_tokens ?? null,
-    stop,
-    tools: tools as ToolDefinition[] | null,
-    toolChoice: tools ? (toolChoice as ToolChoice | null) : null,
-  };
+    throw new GatewayError('model_not_found', `The model ${JSON.stringify(name)} does not exist.`, {
+      param: null,
+    });
+  return { modelId, model };
 }

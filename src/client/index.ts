@@ -1,6 +1,6 @@
 // tollgate's own TypeScript client: typed calls for both services and the spec's retry rule built
 // in.
-import { SseParser } from '../providers/openai/sse-parse.ts';
+import { SseParser } from '../util/sse-parse.ts';
 
 /**
  * Statuses worth retrying (decision spec, rule 4); everything else needs a change by the caller.

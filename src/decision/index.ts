@@ -1,14 +1,8 @@
 // The decision controller (/decision/v1): decide, and the lookup of any decision request by its
 // dec_ id.
 import { Elysia } from 'elysia';
-import {
-  type DecisionMeasure,
-  measureDecision,
-  measureLargeDecision,
-  OFFLOAD_BODY_CHARS,
-} from '../billing/offload.ts';
+import { OFFLOAD_BODY_CHARS } from '../billing/offload.ts';
 import type { Gateway } from '../gateway.ts';
-import { parseJsonBody } from '../http/body.ts';
 import { errorResponse } from '../http/errors.ts';
 import { readRequest, refusalResponse } from '../http/intake.ts';
 import { type NativeRoutes, nativePost } from '../http/routes.ts';
@@ -18,6 +12,8 @@ import type { KeyAccount } from '../state/apply.ts';
 import type { RequestRecord } from '../state/records.ts';
 import { GatewayError } from '../util/errors.ts';
 import { newDecisionRequestId } from '../util/ids.ts';
+import { parseJsonBody } from '../util/json.ts';
+import { type DecisionMeasure, measureDecision, measureLargeDecision } from './measure.ts';
 import { type DecisionRequest, validateDecisionRequest } from './model.ts';
 import { admitDecision, runDecision } from './service.ts';
 

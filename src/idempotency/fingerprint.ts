@@ -1,7 +1,7 @@
 // Request fingerprints: SHA-256 of method, path and canonical JSON (keys sorted at every depth).
 
-import { JSON_DEPTH_MAX } from '../http/body.ts';
 import { assert } from '../util/assert.ts';
+import { JSON_DEPTH_MAX } from '../util/json.ts';
 
 /**
  * JSON with object keys sorted at every depth and no whitespace; equal content gives equal text.

@@ -1,9 +1,20 @@
 // Probes and metrics: /healthz (the process answers), /readyz (it can take work), /metrics
 // (Prometheus).
 import { Elysia } from 'elysia';
-import type { Gateway } from '../gateway.ts';
+import type { Metrics } from './metrics.ts';
 
-export function healthController(gateway: Gateway) {
+/**
+ * What the probes read. The Gateway has these fields; naming only them keeps ops/ below
+ * gateway.ts, which imports ops/metrics.ts.
+ */
+export interface ProbeSource {
+  readonly store: { readonly unavailableReason: string | null };
+  readonly registry: { readonly size: number };
+  readonly metrics: Pick<Metrics, 'registry'>;
+  readonly draining: boolean;
+}
+
+export function healthController(gateway: ProbeSource) {
   return (
     new Elysia({ name: 'health' })
       // A failed log is not a state this process can leave (§8, crash-only): both probes fail at

@@ -1,33 +1,10 @@
 // The provider interface: every upstream (simulator, OpenAI-compatible HTTP) streams the same
 // deltas.
 
-/** A message as the gateway hands it to a provider: text parts already joined, non-text dropped. */
-export type ProviderMessage =
-  | { role: 'system' | 'user'; content: string }
-  | { role: 'assistant'; content: string | null; tool_calls?: ToolCall[] }
-  | { role: 'tool'; content: string; tool_call_id: string };
+import type { ProviderMessage, ToolChoice, ToolDefinition } from './wire.ts';
 
-export interface ToolCall {
-  id: string;
-  type: 'function';
-  function: { name: string; arguments: string };
-}
-
-export interface ToolDefinition {
-  type: 'function';
-  function: {
-    name: string;
-    description?: string;
-    parameters?: Record<string, unknown>;
-    strict?: boolean;
-  };
-}
-
-export type ToolChoice =
-  | 'auto'
-  | 'none'
-  | 'required'
-  | { type: 'function'; function: { name: string } };
+/** The wire types a provider speaks, for modules written against this interface. */
+export type { ProviderMessage, ToolCall, ToolChoice, ToolDefinition } from './wire.ts';
 
 export interface ProviderRequest {
   /** The provider's own model id (config `upstream_model`, else the public id). */

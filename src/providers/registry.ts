@@ -1,4 +1,5 @@
 // Builds one provider instance per configured provider name; models refer to them by that name.
+import { countTextTokensYielding } from '../billing/tokens.ts';
 import type { Config } from '../config/model.ts';
 import type { Logger } from '../util/log.ts';
 import { OpenAIProvider } from './openai/index.ts';
@@ -12,7 +13,12 @@ export function createProviders(config: Config, logger: Logger): Map<string, Pro
       case 'simulator':
         providers.set(
           name,
-          new SimulatorProvider(name, providerConfig, config.limits.simulator_tool_arguments_bytes),
+          new SimulatorProvider(
+            name,
+            providerConfig,
+            countTextTokensYielding,
+            config.limits.simulator_tool_arguments_bytes,
+          ),
         );
         break;
       case 'openai':

@@ -6,6 +6,7 @@ import { type CountJob, type CountResult, runCountJob } from '../../src/billing/
 import { CountPool, type JobOwner } from '../../src/billing/count-pool.ts';
 import { COUNT_WORKER_URL } from '../../src/billing/offload.ts';
 import { countPromptTokensOf, countTextTokens } from '../../src/billing/tokens.ts';
+import type { DecisionBodyJob, DecisionBodyResult } from '../../src/decision/count-job.ts';
 import type { ProviderMessage } from '../../src/providers/provider.ts';
 import { GatewayError } from '../../src/util/errors.ts';
 import { createLogger } from '../../src/util/log.ts';
@@ -19,8 +20,9 @@ afterEach(() => {
   for (const pool of pools.splice(0)) pool.close();
 });
 
-function countPool(): CountPool<CountJob, CountResult> {
-  const pool = new CountPool<CountJob, CountResult>({
+/** A pool on the real count worker; its jobs are billing's unless the caller names a kind. */
+function countPool<Job = CountJob, Result = CountResult>(): CountPool<Job, Result> {
+  const pool = new CountPool<Job, Result>({
     workerUrl: COUNT_WORKER_URL,
     jobsMax: 64,
     keyJobsMax: 64,
@@ -217,7 +219,7 @@ describe('the count worker', () => {
     const { buildPrompt } = await import('../../src/decision/prompt.ts');
     const { validateDecisionRequest } = await import('../../src/decision/model.ts');
     const { defaultConfig } = await import('../../src/config/defaults.ts');
-    const pool = countPool();
+    const pool = countPool<DecisionBodyJob, DecisionBodyResult>();
     const body = JSON.stringify({
       model: 'decision-fast',
       state: { b: [1, { z: 'x', a: mixedText(50_000, 5) }], a: null },

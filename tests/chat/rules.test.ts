@@ -2,8 +2,8 @@
 // it gets.
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test';
 import { randomBytes } from 'node:crypto';
-import { JSON_DEPTH_MAX, nestsDeeperThan } from '../../src/http/body.ts';
 import { JSON_SCHEMA_MARKER } from '../../src/providers/provider.ts';
+import { JSON_DEPTH_MAX, nestsDeeperThan } from '../../src/util/json.ts';
 import {
   ADMIN_TOKEN,
   bearer,

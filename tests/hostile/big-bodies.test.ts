@@ -3,7 +3,7 @@
 // JSON.parse runs.
 import { describe, expect, test } from 'bun:test';
 import { countPool } from '../../src/billing/offload.ts';
-import { scanJson } from '../../src/http/body.ts';
+import { scanJson } from '../../src/util/json.ts';
 import { bearer, closedAfterEach } from '../support/gateway.ts';
 
 const t = closedAfterEach();

@@ -1,7 +1,11 @@
 // The provider contract, run against every adapter, plus the OpenAI adapter's failure mapping.
 import { afterEach, describe, expect, test } from 'bun:test';
 import { join } from 'node:path';
-import { countPromptTokens, countTextTokens } from '../../src/billing/tokens.ts';
+import {
+  countPromptTokens,
+  countTextTokens,
+  countTextTokensYielding,
+} from '../../src/billing/tokens.ts';
 import { defaultConfig } from '../../src/config/defaults.ts';
 import type { OpenAIProviderConfig, SimulatorProviderConfig } from '../../src/config/model.ts';
 import { OpenAIProvider, type OpenAIProviderOptions } from '../../src/providers/openai/index.ts';
@@ -146,7 +150,7 @@ function referenceDeltas(
   config: SimulatorProviderConfig,
   request: ProviderRequest,
 ): Promise<Delta[]> {
-  return collect(new SimulatorProvider('reference', config), request);
+  return collect(new SimulatorProvider('reference', config, countTextTokensYielding), request);
 }
 
 /** Resolves after pending I/O and timers callbacks had their turn; an ordering aid, not a sleep. */
@@ -416,7 +420,7 @@ function providerContract(name: string, factory: ContractFactory): void {
 }
 
 providerContract('simulator', (simulator) => ({
-  provider: new SimulatorProvider('simulator', simulator),
+  provider: new SimulatorProvider('simulator', simulator, countTextTokensYielding),
   upstream: null,
   close() {},
 }));

@@ -1,6 +1,6 @@
 // Fake OpenAI-compatible upstreams for provider tests: a simulator behind Chat Completions, and raw
 // servers.
-import { countPromptTokens } from '../../src/billing/tokens.ts';
+import { countPromptTokens, countTextTokensYielding } from '../../src/billing/tokens.ts';
 import type { SimulatorProviderConfig } from '../../src/config/model.ts';
 import type { ProviderRequest } from '../../src/providers/provider.ts';
 import { SimulatorProvider } from '../../src/providers/simulator/index.ts';
@@ -95,7 +95,7 @@ export function startSimulatorUpstream(
   config: SimulatorProviderConfig,
   options: SimulatorUpstreamOptions = {},
 ): FakeUpstream {
-  const simulator = new SimulatorProvider('upstream-simulator', config);
+  const simulator = new SimulatorProvider('upstream-simulator', config, countTextTokensYielding);
   return startUpstream((req, recorded) => {
     const request = providerRequestFromBody(recorded.body);
     const wantsUsage =

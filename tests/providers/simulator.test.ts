@@ -2,7 +2,7 @@
 import { describe, expect, test } from 'bun:test';
 import { type TSchema, Type } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
-import { countTextTokens } from '../../src/billing/tokens.ts';
+import { countTextTokens, countTextTokensYielding } from '../../src/billing/tokens.ts';
 import type { SimulatorProviderConfig } from '../../src/config/model.ts';
 import type { Delta, ProviderRequest, ToolDefinition } from '../../src/providers/provider.ts';
 import { SIMULATOR_WORDS, SimulatorProvider } from '../../src/providers/simulator/index.ts';
@@ -41,7 +41,7 @@ async function collect(
   request: ProviderRequest,
 ): Promise<Delta[]> {
   const deltas: Delta[] = [];
-  for await (const delta of new SimulatorProvider('sim', config).stream(
+  for await (const delta of new SimulatorProvider('sim', config, countTextTokensYielding).stream(
     request,
     new AbortController().signal,
   ))
@@ -82,12 +82,16 @@ describe('simulator text', () => {
   test('ttft_ms delays the first delta and the rate spaces the rest', async () => {
     const startedMs = performance.now();
     const arrivalsMs: number[] = [];
-    for await (const delta of new SimulatorProvider('sim', {
-      type: 'simulator',
-      ttft_ms: 30,
-      tokens_per_second: 1_000,
-      completion_tokens: 40,
-    }).stream(makeRequest(), new AbortController().signal)) {
+    for await (const delta of new SimulatorProvider(
+      'sim',
+      {
+        type: 'simulator',
+        ttft_ms: 30,
+        tokens_per_second: 1_000,
+        completion_tokens: 40,
+      },
+      countTextTokensYielding,
+    ).stream(makeRequest(), new AbortController().signal)) {
       if (delta.type === 'text') arrivalsMs.push(performance.now() - startedMs);
     }
     // Lower bounds only: timers never fire early by more than a millisecond, but they may fire

@@ -5,6 +5,7 @@ import { assert } from '../../util/assert.ts';
 import { GatewayError } from '../../util/errors.ts';
 import { newToolCallId } from '../../util/ids.ts';
 import type { Logger } from '../../util/log.ts';
+import { SseEventTooLargeError, SseParser } from '../../util/sse-parse.ts';
 import { TextBuilder } from '../../util/text-builder.ts';
 import {
   type ExchangeHandler,
@@ -14,7 +15,6 @@ import {
   type ResponseHead,
 } from '../http/client.ts';
 import type { Delta, FinishReason, Provider, ProviderRequest } from '../provider.ts';
-import { SseEventTooLargeError, SseParser } from './sse-parse.ts';
 
 export interface OpenAIProviderOptions {
   /**

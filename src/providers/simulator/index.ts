@@ -1,9 +1,8 @@
 // The embedded simulator provider: deterministic answers, paced like a real model, honouring
 // limits.
-import { countTextTokensYielding } from '../../billing/tokens.ts';
 import { defaultConfig } from '../../config/defaults.ts';
 import type { SimulatorProviderConfig } from '../../config/model.ts';
-import { JSON_DEPTH_MAX, nestsDeeperThan } from '../../http/body.ts';
+import { JSON_DEPTH_MAX, nestsDeeperThan } from '../../util/json.ts';
 import {
   type Delta,
   type FinishReason,
@@ -100,6 +99,13 @@ const ID_ALPHABET = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456
 
 const DEFAULT_ARGUMENTS_BYTES_MAX = defaultConfig().limits.simulator_tool_arguments_bytes;
 
+/**
+ * Tokens of a text, counted so that the event loop runs between segments; with `limit`, counting
+ * may stop once past it. The gateway hands in its billing tokenizer (providers/registry.ts), so
+ * the simulator's usage is what billing counts, without providers importing billing.
+ */
+export type TextTokenCounter = (text: string, limit?: number) => Promise<number>;
+
 /** What one request will produce, decided before the first delta so pacing is all that remains. */
 interface Answer {
   /** Text pieces (one per token) or argument fragments, streamed at the configured rate. */
@@ -117,6 +123,7 @@ export class SimulatorProvider implements Provider {
    * answer) may be.
    */
   private readonly argumentsBytesMax: number;
+  private readonly countTokens: TextTokenCounter;
 
   /**
    * `argumentsBytesMax`: the gateway passes its config's limit; the default is the built-in one.
@@ -124,10 +131,12 @@ export class SimulatorProvider implements Provider {
   constructor(
     name: string,
     config: SimulatorProviderConfig,
+    countTokens: TextTokenCounter,
     argumentsBytesMax = DEFAULT_ARGUMENTS_BYTES_MAX,
   ) {
     this.name = name;
     this.config = config;
+    this.countTokens = countTokens;
     this.argumentsBytesMax = argumentsBytesMax;
   }
 
@@ -188,9 +197,13 @@ export class SimulatorProvider implements Provider {
       JSON.stringify([request.model, request.messages, request.tools, request.seed]),
     );
     const tool = chooseTool(request);
-    if (tool) return toolAnswer(tool, request.maxOutputTokens, random, this.argumentsBytesMax);
+    if (tool) {
+      const bytesMax = this.argumentsBytesMax;
+      return toolAnswer(tool, request.maxOutputTokens, random, bytesMax, this.countTokens);
+    }
     const schema = requestedJsonSchema(request);
-    if (schema !== undefined) return jsonAnswer(schema, random, this.argumentsBytesMax);
+    if (schema !== undefined)
+      return jsonAnswer(schema, random, this.argumentsBytesMax, this.countTokens);
     return textAnswer(this.config.completion_tokens, request, random);
   }
 }
@@ -243,6 +256,7 @@ async function jsonAnswer(
   schema: unknown,
   random: SeededRandom,
   bytesMax: number,
+  countTokens: TextTokenCounter,
 ): Promise<Answer> {
   const text = JSON.stringify(valueForSchema(schema, random, bytesMax));
   const pieces: string[] = [];
@@ -254,7 +268,7 @@ async function jsonAnswer(
     pieces,
     toolCall: null,
     reason: 'stop',
-    completionTokens: await countTextTokensYielding(text),
+    completionTokens: await countTokens(text),
   };
 }
 
@@ -303,6 +317,7 @@ async function toolAnswer(
   maxOutputTokens: number | null,
   random: SeededRandom,
   bytesMax: number,
+  countTokens: TextTokenCounter,
 ): Promise<Answer> {
   const name = tool.function.name;
   const parameters = tool.function.parameters;
@@ -314,12 +329,19 @@ async function toolAnswer(
     id += ID_ALPHABET[Math.floor(random.next() * ID_ALPHABET.length)];
 
   // Up to 64 KiB of arguments: counted in steps that let the event loop run.
-  let completionTokens = await countTextTokensYielding(name + args);
+  let completionTokens = await countTokens(name + args);
   let reason: FinishReason = 'tool_calls';
   if (maxOutputTokens !== null && completionTokens > maxOutputTokens) {
     // A real model runs out of budget mid-arguments; do the same: the longest prefix that fits.
-    args = args.slice(0, await fittingPrefixLength(name, args, maxOutputTokens, completionTokens));
-    completionTokens = Math.min(maxOutputTokens, await countTextTokensYielding(name + args));
+    const fitting = await fittingPrefixLength(
+      name,
+      args,
+      maxOutputTokens,
+      completionTokens,
+      countTokens,
+    );
+    args = args.slice(0, fitting);
+    completionTokens = Math.min(maxOutputTokens, await countTokens(name + args));
     reason = 'length';
   }
   const pieces: string[] = [];
@@ -339,6 +361,7 @@ async function fittingPrefixLength(
   args: string,
   maxTokens: number,
   totalTokens: number,
+  countTokens: TextTokenCounter,
 ): Promise<number> {
   let low = 0; // fits (or nothing does)
   let lowTokens = 0;
@@ -350,7 +373,7 @@ async function fittingPrefixLength(
         ? low + Math.floor(((high - low) * (maxTokens - lowTokens)) / (highTokens - lowTokens))
         : (low + high) >> 1;
     const middle = Math.min(high - 1, Math.max(low + 1, guess));
-    const tokens = await countTextTokensYielding(name + args.slice(0, middle), maxTokens);
+    const tokens = await countTokens(name + args.slice(0, middle), maxTokens);
     if (tokens <= maxTokens) {
       low = middle;
       lowTokens = tokens;

@@ -1,6 +1,6 @@
 // The SSE parser gives the same events however the byte stream is split across reads.
 import { describe, expect, test } from 'bun:test';
-import { SseEventTooLargeError, SseParser } from '../../src/providers/openai/sse-parse.ts';
+import { SseEventTooLargeError, SseParser } from '../../src/util/sse-parse.ts';
 
 const encoder = new TextEncoder();
 

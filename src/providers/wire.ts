@@ -1,0 +1,62 @@
+// The chat wire types the chat API and the providers share: messages as the gateway hands them on,
+// tool calls, tools and tool choice. TypeBox schemas, the one source of their types (Static<>);
+// chat/model.ts validates requests with them, and imports nothing of chat.
+import { type Static, type TSchema, Type } from '@sinclair/typebox';
+
+export const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
+
+/** A tool call, as a client sends it back in an assistant message and as a provider reports it. */
+export const ToolCallSchema = Type.Object({
+  id: Type.String({ minLength: 1, maxLength: 256 }),
+  type: Type.Literal('function'),
+  function: Type.Object({
+    name: Type.String({ minLength: 1, maxLength: 64 }),
+    arguments: Type.String(),
+  }),
+});
+export type ToolCall = Static<typeof ToolCallSchema>;
+
+export const ToolSchema = Type.Object({
+  type: Type.Literal('function'),
+  function: Type.Object({
+    name: Type.String({ pattern: '^[A-Za-z0-9_-]{1,64}$' }),
+    description: Type.Optional(Type.String()),
+    parameters: Type.Optional(Type.Record(Type.String(), Type.Unknown())),
+    strict: Type.Optional(Nullable(Type.Boolean())),
+  }),
+});
+export type ToolDefinition = Static<typeof ToolSchema>;
+
+export const ToolChoiceSchema = Type.Union([
+  Type.Literal('auto'),
+  Type.Literal('none'),
+  Type.Literal('required'),
+  Type.Object({
+    type: Type.Literal('function'),
+    function: Type.Object({ name: Type.String({ minLength: 1 }) }),
+  }),
+]);
+export type ToolChoice = Static<typeof ToolChoiceSchema>;
+
+/**
+ * A message as the gateway hands it to a provider: text parts already joined, non-text dropped,
+ * `developer` folded into `system`. Built by validation, never checked against this schema: it is
+ * here to be the type's one source.
+ */
+export const ProviderMessageSchema = Type.Union([
+  Type.Object({
+    role: Type.Union([Type.Literal('system'), Type.Literal('user')]),
+    content: Type.String(),
+  }),
+  Type.Object({
+    role: Type.Literal('assistant'),
+    content: Nullable(Type.String()),
+    tool_calls: Type.Optional(Type.Array(ToolCallSchema)),
+  }),
+  Type.Object({
+    role: Type.Literal('tool'),
+    content: Type.String(),
+    tool_call_id: Type.String(),
+  }),
+]);
+export type ProviderMessage = Static<typeof ProviderMessageSchema>;

@@ -1,0 +1,124 @@
+// JSON bodies bounded before they are parsed: nesting depth and value count are checked on the
+// text, so no later step recurses too deep and no JSON.parse holds the event loop (CONTRACT §8).
+import { GatewayError } from './errors.ts';
+
+/**
+ * Objects and arrays may nest this deep in a request body; deeper is refused before anything
+ * recurses.
+ */
+export const JSON_DEPTH_MAX = 256;
+
+/**
+ * Bodies shorter than this cannot pass either bound of `scanJson` (each value or level takes 2
+ * characters).
+ */
+const SCAN_FROM_CHARS = 2 * JSON_DEPTH_MAX;
+
+/**
+ * 400 invalid_request_error for malformed JSON, for JSON nested deeper than JSON_DEPTH_MAX (every
+ * later step may recurse, and a stack overflow there would be a 500 for what is the client's
+ * mistake), and for JSON holding more than `valuesMax` values (limits.max_body_json_values). Both
+ * bounds are checked on the text before it is parsed: JSON.parse of 4 MB of tiny values (600,000
+ * keys) holds the event loop for 150-200 ms, which no request may (CONTRACT §8), and its cost grows
+ * faster than its size.
+ */
+export function parseJsonBody(text: string, valuesMax: number): unknown {
+  const over = text.length > SCAN_FROM_CHARS ? scanJson(text, valuesMax, JSON_DEPTH_MAX) : null;
+  if (over === 'depth') {
+    throw new GatewayError(
+      'invalid_request_error',
+      `The JSON body nests deeper than ${JSON_DEPTH_MAX} levels.`,
+      {
+        param: null,
+        detail: `JSON values may nest at most ${JSON_DEPTH_MAX} levels deep`,
+      },
+    );
+  }
+  if (over === 'values') {
+    throw new GatewayError(
+      'invalid_request_error',
+      `The JSON body holds more than ${valuesMax} values.`,
+      {
+        param: null,
+        detail: `a request body may hold at most ${valuesMax} JSON values`,
+      },
+    );
+  }
+  try {
+    return JSON.parse(text);
+  } catch {
+    throw new GatewayError('invalid_request_error', 'The body is not valid JSON.', { param: null });
+  }
+}
+
+/**
+ * Counts a JSON text's values (containers and the elements after each comma) and its nesting,
+ * outside strings, stopping at the first bound passed. Linear: strings are skipped with indexOf. A
+ * malformed text gives some answer; JSON.parse then refuses it anyway.
+ */
+export function scanJson(
+  text: string,
+  valuesMax: number,
+  depthMax: number,
+): 'values' | 'depth' | null {
+  let values = 1;
+  let depth = 0;
+  const length = text.length;
+  for (let i = 0; i < length; i++) {
+    const c = text.charCodeAt(i);
+    if (c === 34 /* " */) {
+      // To the closing quote: the next one not escaped (preceded by an even run of backslashes).
+      for (let from = i + 1; ; ) {
+        const quote = text.indexOf('"', from);
+        if (quote === -1) return null;
+        let backslashes = 0;
+        while (text.charCodeAt(quote - 1 - backslashes) === 92 /* \ */) backslashes++;
+        from = quote + 1;
+        if (backslashes % 2 === 0) {
+          i = quote;
+          break;
+        }
+      }
+    } else if (c === 91 /* [ */ || c === 123 /* { */) {
+      if (++depth > depthMax) return 'depth';
+      if (++values > valuesMax) return 'values';
+    } else if (c === 93 /* ] */ || c === 125 /* } */) {
+      depth--;
+    } else if (c === 44 /* , */) {
+      if (++values > valuesMax) return 'values';
+    }
+  }
+  return null;
+}
+
+/**
+ * Whether objects and arrays in `value` nest more than `levels` deep; iterative, so it cannot
+ * overflow.
+ */
+export function nestsDeeperThan(value: unknown, levels: number): boolean {
+  if (value === null || typeof value !== 'object') return false;
+  const pending: object[] = [value];
+  const depths: number[] = [1];
+  while (pending.length > 0) {
+    const node = pending.pop()!;
+    const depth = depths.pop()!;
+    if (depth > levels) return true;
+    if (Array.isArray(node)) {
+      for (const item of node) {
+        if (item !== null && typeof item === 'object') {
+          pending.push(item);
+          depths.push(depth + 1);
+        }
+      }
+    } else {
+      for (const key in node) {
+        const item = (node as Record<string, unknown>)[key];
+        if (item !== null && typeof item === 'object') {
+          pending.push(item);
+          depths.push(depth + 1);
+        }
+      }
+    }
+  }
+  return false;
+}
