@@ -12,7 +12,7 @@ export interface AdminToken {
   generated: boolean;
 }
 
-export function adminTokenPath(config: Config): string {
+function adminTokenPath(config: Config): string {
   return join(config.data_dir, 'admin-token');
 }
 

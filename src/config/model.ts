@@ -198,7 +198,6 @@ export const ConfigSchema = Type.Object(
 
 export type Config = Static<typeof ConfigSchema>;
 export type ModelConfig = Static<typeof ModelConfigSchema>;
-export type ProviderConfig = Static<typeof ProviderConfigSchema>;
 export type SimulatorProviderConfig = Static<typeof SimulatorProviderSchema>;
 export type OpenAIProviderConfig = Static<typeof OpenAIProviderSchema>;
 export type Rates = Static<typeof RatesSchema>;

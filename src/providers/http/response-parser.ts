@@ -6,7 +6,7 @@
 // it (a bare LF ends a line, obs-fold is joined with a space). Every buffer it keeps has a limit.
 
 /** Status line plus header fields; a larger head is refused. */
-export const HEAD_BYTES_MAX_DEFAULT = 64 * 1024;
+const HEAD_BYTES_MAX_DEFAULT = 64 * 1024;
 /** A chunk-size line (with extensions) or a trailer line longer than this is refused. */
 const LINE_BYTES_MAX = 8 * 1024;
 /** All trailer fields of a chunked body together. */

@@ -821,7 +821,7 @@ function requestBody(request: ProviderRequest): Record<string, unknown> {
   return body;
 }
 
-export function mapFinishReason(reason: string): FinishReason {
+function mapFinishReason(reason: string): FinishReason {
   if (reason === 'tool_calls' || reason === 'function_call') return 'tool_calls';
   if (reason === 'length') return 'length';
   return 'stop';
@@ -908,7 +908,7 @@ function isIdentifier(text: string): boolean {
 }
 
 /** A header value we may write as is: visible ASCII and spaces, nothing that could end the line. */
-export function isHeaderValue(text: string): boolean {
+function isHeaderValue(text: string): boolean {
   for (let i = 0; i < text.length; i++) {
     const c = text.charCodeAt(i);
     if (c < 32 || c > 126) return false;

@@ -88,7 +88,7 @@ export const SIMULATOR_WORDS: readonly string[] = [
 /**
  * Timers fire at most this often; faster rates emit several tokens per tick instead of more timers.
  */
-export const SIMULATOR_TICK_MS_MIN = 4;
+const SIMULATOR_TICK_MS_MIN = 4;
 /**
  * Characters of tool-call arguments per streamed fragment (one fragment stands for one token of
  * pace).

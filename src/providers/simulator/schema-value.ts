@@ -443,7 +443,7 @@ function smallestNumber(schema: Schema, integer: boolean): number {
  * UTF-8 bytes of `JSON.stringify(value)` for a JSON value (what JSON.parse gives), without building
  * it; once the count passes `cap` it stops and returns a number above `cap`.
  */
-export function jsonBytesAtMost(value: unknown, cap: number): number {
+function jsonBytesAtMost(value: unknown, cap: number): number {
   if (value === null || value === undefined) return 4;
   switch (typeof value) {
     case 'boolean':
