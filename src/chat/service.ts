@@ -2,15 +2,16 @@
 // relay the provider's deltas to a stream, or collect them into one answer, and price it.
 import { countAnswerTokens, StreamedText } from '../billing/offload.ts';
 import { chargeMicro, reservationMicro } from '../billing/pricing.ts';
-import type { Gateway } from '../gateway.ts';
+import type { Config } from '../config/model.ts';
 import {
   collectAnswer,
   type Delta,
+  type Provider,
   type ProviderRequest,
   type ToolCall,
 } from '../providers/provider.ts';
 import type { Completion, RunPolicy, RunResult } from '../requests/actor.ts';
-import { type Admission, admit, type Reservation } from '../requests/admit.ts';
+import { type Admission, type AdmitContext, admit, type Reservation } from '../requests/admit.ts';
 import type { KeyAccount } from '../state/apply.ts';
 import type { Usage } from '../state/events.ts';
 import { assert } from '../util/assert.ts';
@@ -18,6 +19,12 @@ import { GatewayError } from '../util/errors.ts';
 import { TextBuilder } from '../util/text-builder.ts';
 import type { ChatRequest } from './model.ts';
 import type { PublicFinishReason } from './stream.ts';
+
+/** What the chat service uses of the gateway (the Gateway satisfies it). */
+export interface ChatContext extends AdmitContext {
+  providers: Map<string, Provider>;
+  metrics: AdmitContext['metrics'] & { firstToken(model: string, seconds: number): void };
+}
 
 export interface ChatAdmission extends Admission {
   providerRequest: ProviderRequest;
@@ -33,7 +40,7 @@ export interface Idempotency {
  * or throws its refusal.
  */
 export function admitChat(
-  gateway: Gateway,
+  gateway: ChatContext,
   account: KeyAccount,
   requestId: string,
   chat: ChatRequest,
@@ -161,7 +168,11 @@ class Answer {
   private readonly streamedCalls: StreamedText[] = [];
 
   constructor(
-    private readonly streamed: { keyId: string; limit: number; logger: Gateway['logger'] } | null,
+    private readonly streamed: {
+      keyId: string;
+      limit: number;
+      logger: AdmitContext['logger'];
+    } | null,
   ) {
     this.streamedText =
       streamed && new StreamedText(streamed.keyId, streamed.limit, streamed.logger);
@@ -190,7 +201,7 @@ class Answer {
     keyId: string,
     limit: number,
     signal: AbortSignal,
-    logger: Gateway['logger'],
+    logger: AdmitContext['logger'],
   ): number | Promise<number> {
     if (this.streamedText !== null) return this.countStreamed();
     return countAnswerTokens(
@@ -266,9 +277,9 @@ class Answer {
 }
 
 /** The run policies of a config: made once, not per request. */
-const policies = new WeakMap<Gateway['config'], { stream: RunPolicy; whole: RunPolicy }>();
+const policies = new WeakMap<Config, { stream: RunPolicy; whole: RunPolicy }>();
 
-function policyFor(config: Gateway['config'], stream: boolean): RunPolicy {
+function policyFor(config: Config, stream: boolean): RunPolicy {
   let made = policies.get(config);
   if (!made) {
     // The hold is kept (billing.on_error "keep") for the provider's failures as the spec lists
@@ -297,7 +308,7 @@ function policyFor(config: Gateway['config'], stream: boolean): RunPolicy {
  * sink (a stream; null for a collected answer) with what the caller gets.
  */
 export async function runChat(
-  gateway: Gateway,
+  gateway: ChatContext,
   admission: ChatAdmission,
   chat: ChatRequest,
   sink: ChatSink | null,
@@ -320,7 +331,7 @@ export async function runChat(
 
 /** The chat work: the provider's answer relayed or collected, then counted and priced. */
 async function chatWork(
-  gateway: Gateway,
+  gateway: ChatContext,
   admission: ChatAdmission,
   chat: ChatRequest,
   sink: ChatSink | null,
@@ -376,7 +387,7 @@ async function chatWork(
 
 /** Relays the provider's stream to the sink as it comes, waiting whenever the client is behind. */
 async function relay(
-  gateway: Gateway,
+  gateway: ChatContext,
   admission: ChatAdmission,
   chat: ChatRequest,
   sink: ChatSink,

@@ -2,10 +2,10 @@
 // `work` of a run: ask the model, check its answer, ask once more, price it.
 import { countAnswerTokens } from '../billing/offload.ts';
 import { costMicro, ratesFor } from '../billing/pricing.ts';
-import type { Gateway } from '../gateway.ts';
-import { collectAnswer, type ProviderRequest } from '../providers/provider.ts';
+import type { Config } from '../config/model.ts';
+import { collectAnswer, type Provider, type ProviderRequest } from '../providers/provider.ts';
 import type { Completion, RunPolicy, RunResult } from '../requests/actor.ts';
-import { type Admission, admit, type Reservation } from '../requests/admit.ts';
+import { type Admission, type AdmitContext, admit, type Reservation } from '../requests/admit.ts';
 import { DAY_MS, type KeyAccount } from '../state/apply.ts';
 import type { Amount, Usage } from '../state/events.ts';
 import { assert } from '../util/assert.ts';
@@ -17,6 +17,11 @@ import {
   extractJsonObject,
   readAnswers,
 } from './prompt.ts';
+
+/** What the decision service uses of the gateway (the Gateway satisfies it). */
+export interface DecisionContext extends AdmitContext {
+  providers: Map<string, Provider>;
+}
 
 /** A model answer that is not a valid label or level is asked again this many times, then 502. */
 const ANSWER_RETRIES = 1;
@@ -46,7 +51,7 @@ function nextUtcMidnight(nowMs: number): string {
  * throws its refusal.
  */
 export function admitDecision(
-  gateway: Gateway,
+  gateway: DecisionContext,
   account: KeyAccount,
   requestId: string,
   decision: DecisionRequest,
@@ -73,7 +78,7 @@ export function admitDecision(
  * estimate, else credits.
  */
 function reserveDecision(
-  gateway: Gateway,
+  gateway: DecisionContext,
   decision: DecisionRequest,
   promptTokens: number,
   account: KeyAccount,
@@ -131,7 +136,7 @@ function reserveDecision(
  * took.
  */
 async function askOnce(
-  gateway: Gateway,
+  gateway: DecisionContext,
   decision: DecisionRequest,
   request: ProviderRequest,
   signal: AbortSignal,
@@ -181,12 +186,12 @@ async function askOnce(
 }
 
 /** The run policies of a config: made once, not per request. */
-const policies = new WeakMap<Gateway['config'], RunPolicy>();
+const policies = new WeakMap<Config, RunPolicy>();
 
 /** No decision error is ever charged: every failure releases the hold. */
 const NEVER = () => false;
 
-function policyFor(config: Gateway['config']): RunPolicy {
+function policyFor(config: Config): RunPolicy {
   let policy = policies.get(config);
   if (!policy) {
     policy = {
@@ -201,7 +206,7 @@ function policyFor(config: Gateway['config']): RunPolicy {
 
 /** Runs an admitted decision: the actor owns its life; this supplies the work. */
 export function runDecision(
-  gateway: Gateway,
+  gateway: DecisionContext,
   admission: DecisionAdmission,
   decision: DecisionRequest,
 ): Promise<RunResult<DecisionSuccess>> {
@@ -216,7 +221,7 @@ function providerRequestFor(
   decision: DecisionRequest,
   prompt: DecisionPrompt,
   promptTokens: number,
-  config: Gateway['config'],
+  config: Config,
 ): ProviderRequest {
   return {
     model: decision.model.upstream_model ?? decision.modelId,
@@ -239,7 +244,7 @@ function providerRequestFor(
  * that were held, at actual tokens).
  */
 async function decisionWork(
-  gateway: Gateway,
+  gateway: DecisionContext,
   admission: DecisionAdmission,
   decision: DecisionRequest,
 ): Promise<Completion<DecisionSuccess>> {
