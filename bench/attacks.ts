@@ -422,6 +422,7 @@ async function main(): Promise<void> {
     'gateway RSS peak MiB',
     'attack requests (top codes)',
   ];
+  const binding = bindingKept ? 'kept (409 naming the original)' : `LOST (${retry.status})`;
   const report = [
     `# Attacks (bench/attacks.ts, ${SECONDS} s per ` +
       `phase, ${new Date().toISOString().slice(0, 10)})`,
@@ -429,9 +430,9 @@ async function main(): Promise<void> {
     `Victim: ${VICTIM_LOOPS} loops of non-stream model_03 calls on a fake upstream; fsync ` +
       `always; gateway on core ${CORE_GATEWAY}, the rest on core ${CORE_LOAD}.`,
     `Victim errors were: ${[...victimErrors].join('; ') || 'none'}.`,
-    `Target: the loop delay stays ≤ 50 ms in every phase. Victim's Idempotency-Key binding after ' +
-      'every attack: ' +
-        '${bindingKept ? 'kept (409 naming the original)' : `LOST (${retry.status})`}. RSS at start ${fmt(rssStart, 0)} MiB, peak ${fmt(rssPeakAll, 0)} MiB, after ${fmt(rssMiB(gateway.pid), 0)} MiB.`,
+    `Target: the loop delay stays ≤ 50 ms in every phase. Victim's Idempotency-Key binding ` +
+      `after every attack: ${binding}. RSS at start ${fmt(rssStart, 0)} MiB, peak ` +
+      `${fmt(rssPeakAll, 0)} MiB, after ${fmt(rssMiB(gateway.pid), 0)} MiB.`,
     '',
     table(header, rows),
     '',

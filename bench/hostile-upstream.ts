@@ -13,8 +13,13 @@ export {};
 const encoder = new TextEncoder();
 const frame = (content: string) =>
   encoder.encode(
-    `data: ` +
-      `${JSON.stringify({ id: 'x', object: 'chat.completion.chunk', created: 0, model: 'h', choices: [{ index: 0, delta: { content }, finish_reason: null }] })}\n\n`,
+    `data: ${JSON.stringify({
+      id: 'x',
+      object: 'chat.completion.chunk',
+      created: 0,
+      model: 'h',
+      choices: [{ index: 0, delta: { content }, finish_reason: null }],
+    })}\n\n`,
   );
 const CHUNK = frame('endless '.repeat(64));
 const TINY = frame('a');

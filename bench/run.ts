@@ -616,7 +616,7 @@ function serverTables(runs: ServerRun[]): string {
       out.push(
         `#### ${
           mode === 'stream'
-            ? `Stream (${CHUNKS_PER_STREAM} ` + `chunks; latency = time to last byte)`
+            ? `Stream (${CHUNKS_PER_STREAM} chunks; latency = time to last byte)`
             : 'Non-stream'
         }, ${connections} connection${connections > 1 ? 's' : ''}`,
         '',
@@ -1158,17 +1158,12 @@ async function main(): Promise<void> {
               `${fmt(memory.proxy.startMiB, 1)} → ${fmt(memory.proxy.openMiB, 1)} MiB, ` +
               `+${fmt(memory.proxy.openMiB - memory.proxy.startMiB, 1)} MiB ` +
               `(${memory.proxy.opened} opened). Tollgate's round 1 above costs ` +
-              `${fmt(memory.rounds[0]!.openMiB - memory.startMiB - (memory.proxy.openMiB - memory.proxy.startMiB), 1)} ` +
-              `` +
-              `` +
-              `` +
-              `` +
-              `` +
-              `` +
-              `` +
-              `` +
-              `` +
-              `MiB more.`,
+              `${fmt(
+                memory.rounds[0]!.openMiB -
+                  memory.startMiB -
+                  (memory.proxy.openMiB - memory.proxy.startMiB),
+                1,
+              )} MiB more.`,
             '',
           ]
         : []),

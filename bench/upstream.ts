@@ -49,8 +49,14 @@ const usage = {
 const STREAM_FRAMES: Uint8Array[] = [
   ...words.map((word, i) => chunkFrame(word, i === CHUNKS_PER_STREAM - 1 ? 'stop' : null)),
   encoder.encode(
-    `data: ` +
-      `${JSON.stringify({ id: ID, object: 'chat.completion.chunk', created: CREATED_S, model: 'up', choices: [], usage })}\n\n`,
+    `data: ${JSON.stringify({
+      id: ID,
+      object: 'chat.completion.chunk',
+      created: CREATED_S,
+      model: 'up',
+      choices: [],
+      usage,
+    })}\n\n`,
   ),
   encoder.encode('data: [DONE]\n\n'),
 ];

@@ -1,5 +1,5 @@
 // The count worker's job for a large decision body: parsed, validated, fingerprinted, its prompt
-// built and counted, in steps the worker can pause between (the worker entry is src/count-worker.ts).
+// built and counted, in steps the worker can pause between (its entry is src/count-worker.ts).
 import {
   type CountError,
   type CountJob,

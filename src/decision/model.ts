@@ -109,45 +109,53 @@ function checkQuestion(id: string, raw: unknown): Question {
         `string of at most ${PROMPT_CHARS_MAX} characters`,
     );
   }
-  if (type === 'choice') {
-    const shape =
-      `a choice question's criteria must be an object mapping ` +
-      `${CHOICE_LABELS_MIN}-${CHOICE_LABELS_MAX} labels to non-empty descriptions`;
-    if (!isObject(criteria))
-      throw invalid(
-        `question ${id}: criteria has the wrong shape`,
-        `${param}.criteria`,
-        `question "${id}": ${shape}, got ${describe(criteria)}`,
-      );
-    const labels = Object.entries(criteria);
-    if (labels.length < CHOICE_LABELS_MIN || labels.length > CHOICE_LABELS_MAX) {
-      throw invalid(
-        `question ${id}: criteria has ${labels.length} labels`,
-        `${param}.criteria`,
-        `question "${id}": ${shape}, got ${labels.length} labels`,
-      );
-    }
-    for (const [label, description] of labels) {
-      if (
-        label.length === 0 ||
-        label.length > LABEL_CHARS_MAX ||
-        typeof description !== 'string' ||
-        description.trim().length === 0 ||
-        description.length > DESCRIPTION_CHARS_MAX
-      ) {
-        throw invalid(
-          `question ${id}: criteria label ${JSON.stringify(label)} is invalid`,
-          `${param}.criteria`,
-          `question "${id}": ${shape}; label ${JSON.stringify(label)} has ${
-            typeof description === 'string'
-              ? 'an empty or oversized description'
-              : `a description that is ${describe(description)}`
-          }`,
-        );
-      }
-    }
-    return { type, prompt, criteria: criteria as Record<string, string> };
+  if (type === 'choice') return { type, prompt, criteria: choiceCriteria(id, param, criteria) };
+  return { type, prompt, criteria: scoreCriteria(id, param, criteria) };
+}
+
+/** A choice question's labels, each with a non-empty description, within their bounds. */
+function choiceCriteria(id: string, param: string, criteria: unknown): Record<string, string> {
+  const shape =
+    `a choice question's criteria must be an object mapping ` +
+    `${CHOICE_LABELS_MIN}-${CHOICE_LABELS_MAX} labels to non-empty descriptions`;
+  if (!isObject(criteria))
+    throw invalid(
+      `question ${id}: criteria has the wrong shape`,
+      `${param}.criteria`,
+      `question "${id}": ${shape}, got ${describe(criteria)}`,
+    );
+  const labels = Object.entries(criteria);
+  if (labels.length < CHOICE_LABELS_MIN || labels.length > CHOICE_LABELS_MAX) {
+    throw invalid(
+      `question ${id}: criteria has ${labels.length} labels`,
+      `${param}.criteria`,
+      `question "${id}": ${shape}, got ${labels.length} labels`,
+    );
   }
+  for (const [label, description] of labels) {
+    if (
+      label.length === 0 ||
+      label.length > LABEL_CHARS_MAX ||
+      typeof description !== 'string' ||
+      description.trim().length === 0 ||
+      description.length > DESCRIPTION_CHARS_MAX
+    ) {
+      throw invalid(
+        `question ${id}: criteria label ${JSON.stringify(label)} is invalid`,
+        `${param}.criteria`,
+        `question "${id}": ${shape}; label ${JSON.stringify(label)} has ${
+          typeof description === 'string'
+            ? 'an empty or oversized description'
+            : `a description that is ${describe(description)}`
+        }`,
+      );
+    }
+  }
+  return criteria as Record<string, string>;
+}
+
+/** A score question's levels, lowest first, each a non-empty description, within their bounds. */
+function scoreCriteria(id: string, param: string, criteria: unknown): string[] {
   const shape =
     `a score question's criteria must be an array of ` +
     `${SCORE_LEVELS_MIN}-${SCORE_LEVELS_MAX} non-empty level descriptions, lowest first`;
@@ -178,7 +186,7 @@ function checkQuestion(id: string, raw: unknown): Question {
       );
     }
   });
-  return { type, prompt, criteria: criteria as string[] };
+  return criteria as string[];
 }
 
 /** Shape (400 with detail), then the model (404): the contract's order. */

@@ -88,10 +88,9 @@ describe('a stream without usage, through the gateway', () => {
                 if (at >= text.length) {
                   controller.enqueue(
                     encoder.encode(
-                      `data: ` +
-                        `${JSON.stringify({ choices: [{ index: 0, delta: {}, finish_reason: 'stop' }] })}\n\ndata: ` +
-                        `` +
-                        `[DONE]\n\n`,
+                      `data: ${JSON.stringify({
+                        choices: [{ index: 0, delta: {}, finish_reason: 'stop' }],
+                      })}\n\ndata: [DONE]\n\n`,
                     ),
                   );
                   controller.close();
@@ -101,8 +100,9 @@ describe('a stream without usage, through the gateway', () => {
                 at += 1_000;
                 controller.enqueue(
                   encoder.encode(
-                    `data: ` +
-                      `${JSON.stringify({ choices: [{ index: 0, delta: { content: piece }, finish_reason: null }] })}\n\n`,
+                    `data: ${JSON.stringify({
+                      choices: [{ index: 0, delta: { content: piece }, finish_reason: null }],
+                    })}\n\n`,
                   ),
                 );
               },

@@ -74,7 +74,8 @@ const weatherTool = {
 function deepToolBody(levels: number): string {
   const open = '{"type":"object","properties":{"a":'.repeat(levels);
   return (
-    '{"model":"model_03","messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f","parameters":' +
+    '{"model":"model_03","messages":[{"role":"user","content":"hi"}],' +
+    '"tools":[{"type":"function","function":{"name":"f","parameters":' +
     open +
     '{"type":"object"}' +
     '}}'.repeat(levels) +
@@ -967,7 +968,11 @@ describe(
       async () => {
         // The simulator honours JSON_SCHEMA_MARKER for the decision service; any caller can write
         // it too.
-        const system = `${JSON_SCHEMA_MARKER}\n${JSON.stringify({ type: 'array', minItems: 1e8, items: { type: 'string', minLength: 1e6 } })}`;
+        const system = `${JSON_SCHEMA_MARKER}\n${JSON.stringify({
+          type: 'array',
+          minItems: 1e8,
+          items: { type: 'string', minLength: 1e6 },
+        })}`;
         const startedMs = performance.now();
         const response = await post(
           chatBody({

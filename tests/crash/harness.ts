@@ -1298,7 +1298,7 @@ export function summarize(result: CrashLoopResult): string {
       `records ${result.recordsChecked}`,
     `statuses ${JSON.stringify(result.statusCounts)}`,
     `violations ${result.violations.length}${
-      result.violations.length > 0 ? ` (data kept in ` + `${result.dataDir})` : ''
+      result.violations.length > 0 ? ` (data kept in ${result.dataDir})` : ''
     }`,
     ...result.violations.slice(0, 20).map((v) => `  - ${v}`),
   ].join('\n');

@@ -1,17 +1,17 @@
 // Question ids and labels named like Object.prototype's members (CONTRACT §8: keys are plain data)
 // work end to end.
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test';
-import type { Question } from '../../src/decision/model.ts';
 import { bearer, openTestGateway, type TestGateway } from '../support/gateway.ts';
 
 // Written as JSON text: in a JS object literal `__proto__: {...}` would set the prototype, not a
 // key.
 const QUESTIONS_JSON = `{
-  "__proto__": {"type": "choice", "prompt": "Which one?", "criteria": {"__proto__": "the first", "constructor": "the second", "toString": "the third"}},
+  "__proto__": {"type": "choice", "prompt": "Which one?", "criteria":
+    {"__proto__": "the first", "constructor": "the second", "toString": "the third"}},
   "constructor": {"type": "score", "prompt": "How good?", "criteria": ["poor", "fair", "good"]},
-  "toString": {"type": "choice", "prompt": "Which way?", "criteria": {"hasOwnProperty": "left", "valueOf": "right"}}
+  "toString": {"type": "choice", "prompt": "Which way?", "criteria":
+    {"hasOwnProperty": "left", "valueOf": "right"}}
 }`;
-const _QUESTIONS = JSON.parse(QUESTIONS_JSON) as Record<string, Question>;
 const IDS = ['__proto__', 'constructor', 'toString'];
 
 function decideBody(): string {

@@ -373,16 +373,9 @@ describe('200: a decision', () => {
       const { id: keyId, key } = await t.createKey({ credits: 10 });
       const text = JSON.stringify(decisionBody({ questions: {} })).replace(
         '"questions":{}',
-        '"questions":{"__proto__":{"type":"choice","prompt":"Proceed?","criteria":{"yes":"go","no":"stop"}},"other":{"type":"score","prompt":"How ' +
-          '' +
-          '' +
-          '' +
-          '' +
-          '' +
-          '' +
-          '' +
-          '' +
-          'sure?","criteria":["unsure","sure"]}}',
+        '"questions":{"__proto__":{"type":"choice","prompt":"Proceed?",' +
+          '"criteria":{"yes":"go","no":"stop"}},' +
+          '"other":{"type":"score","prompt":"How sure?","criteria":["unsure","sure"]}}',
       );
       const response = await post(t, key, text);
       // The model must be offered the question: the answer schema has it as its own property.

@@ -61,7 +61,8 @@ describe('a body built to be slow to parse', () => {
       };
       for (const [shape, body] of Object.entries(slowBodies())) {
         const junk = body.slice(body.indexOf('"junk":') + 7, -1);
-        const decision = `{"model":"decision-fast","questions":${JSON.stringify(questions)},"state":${junk}}`;
+        const decision =
+          `{"model":"decision-fast","questions":${JSON.stringify(questions)},` + `"state":${junk}}`;
         const jobs = countPool().jobsAccepted;
         const response = await gateway.request('/decision/v1/decide/', {
           method: 'POST',
@@ -83,7 +84,8 @@ describe('a body built to be slow to parse', () => {
     'a body at the bound is parsed as usual; strings with quotes and escapes count as one ' +
       'value each',
     async () => {
-      expect(scanJson(`[${'0,'.repeat(99_998)}0]`, 100_000, 256)).toBeNull(); // the array and its 99,999 elements
+      // The array and its 99,999 elements.
+      expect(scanJson(`[${'0,'.repeat(99_998)}0]`, 100_000, 256)).toBeNull();
       expect(scanJson(`[${'0,'.repeat(99_999)}0]`, 100_000, 256)).toBe('values');
       expect(scanJson(JSON.stringify(['a,b,[c]{', '\\",\\\\', '"'.repeat(50)]), 4, 256)).toBeNull();
       expect(scanJson(JSON.stringify(['a,b,[c]{', '\\",\\\\', '"'.repeat(50)]), 3, 256)).toBe(

@@ -141,8 +141,13 @@ const PROVIDER_SILENCE_MS = SWEEP_MS + 1500;
  */
 function startPausingUpstream(silenceMs: number): { url: string; stop(): void } {
   const chunk = (content: string, finish: string | null) =>
-    `data: ` +
-    `${JSON.stringify({ id: 'up-1', object: 'chat.completion.chunk', created: 0, model: 'up', choices: [{ index: 0, delta: { content }, finish_reason: finish }] })}\n\n`;
+    `data: ${JSON.stringify({
+      id: 'up-1',
+      object: 'chat.completion.chunk',
+      created: 0,
+      model: 'up',
+      choices: [{ index: 0, delta: { content }, finish_reason: finish }],
+    })}\n\n`;
   const usage = {
     id: 'up-1',
     object: 'chat.completion.chunk',

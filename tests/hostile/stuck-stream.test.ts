@@ -36,9 +36,13 @@ interface FloodUpstream {
  */
 function startFloodUpstream(): FloodUpstream {
   const stalled = Promise.withResolvers<void>();
-  const frame =
-    `data: ` +
-    `${JSON.stringify({ id: 'up-1', object: 'chat.completion.chunk', created: 0, model: 'up', choices: [{ index: 0, delta: { content: 'flood '.repeat(40) }, finish_reason: null }] })}\n\n`;
+  const frame = `data: ${JSON.stringify({
+    id: 'up-1',
+    object: 'chat.completion.chunk',
+    created: 0,
+    model: 'up',
+    choices: [{ index: 0, delta: { content: 'flood '.repeat(40) }, finish_reason: null }],
+  })}\n\n`;
   const server = Bun.serve({
     port: 0,
     hostname: '127.0.0.1',

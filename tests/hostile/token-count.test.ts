@@ -167,7 +167,8 @@ describe('4 MB prompts from a key with no credit', () => {
 
     // The victim's own large prompt (counted by the worker too) waits a slice per turn, not 11 s of
     // jobs.
-    const victimPrompt = `${'The quick brown fox jumps over the lazy dog. '.repeat(5_000)}${base64Prompt(20_000)}`;
+    const victimPrompt =
+      'The quick brown fox jumps over the lazy dog. '.repeat(5_000) + base64Prompt(20_000);
     const startMs = performance.now();
     const response = await post(
       server,

@@ -18,8 +18,9 @@ const MIB = 1024 * 1024;
 function hostileUpstream() {
   const encoder = new TextEncoder();
   const frame = encoder.encode(
-    `data: ` +
-      `${JSON.stringify({ choices: [{ index: 0, delta: { content: 'x'.repeat(512) }, finish_reason: null }] })}\n\n`,
+    `data: ${JSON.stringify({
+      choices: [{ index: 0, delta: { content: 'x'.repeat(512) }, finish_reason: null }],
+    })}\n\n`,
   );
   const server = Bun.serve({
     port: 0,

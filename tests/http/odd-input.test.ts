@@ -90,61 +90,55 @@ const HOSTS = [
 
 describe('any Host header', () => {
   for (const host of HOSTS) {
-    test(
-      `Host: ` +
-        `${JSON.stringify(host.length > 20 ? `${host.slice(0, 8)}… (${host.length} chars)` : host)} ` +
-        `` +
-        `` +
-        `routes like any other`,
-      async () => {
-        const t = await cleanup.server();
-        const { key } = await t.createKey({ credits: 10 });
-        const auth = { authorization: `Bearer ${key}` };
-        const admin = {
-          authorization: `Bearer ${ADMIN_TOKEN}`,
-          'content-type': 'application/json',
-        };
+    const shown = host.length > 20 ? `${host.slice(0, 8)}… (${host.length} chars)` : host;
+    test(`Host: ${JSON.stringify(shown)} routes like any other`, async () => {
+      const t = await cleanup.server();
+      const { key } = await t.createKey({ credits: 10 });
+      const auth = { authorization: `Bearer ${key}` };
+      const admin = {
+        authorization: `Bearer ${ADMIN_TOKEN}`,
+        'content-type': 'application/json',
+      };
 
-        const models = await rawRequest(t, head('GET', '/api/v1/models', host, auth));
-        expect(models.status).toBe(200);
-        expect(models.body.data.length).toBe(11);
-        expect(await rawRequest(t, head('GET', '/api/v1/models/', host, auth))).toMatchObject({
-          status: 200,
-        });
-        expect(await rawRequest(t, head('GET', '/nope', host))).toEqual({
-          status: 404,
-          body: NOT_FOUND_ENVELOPE,
-        });
-        expect(await rawRequest(t, head('GET', '/api/v1/requests/%ZZ', host, auth))).toEqual({
-          status: 404,
-          body: BAD_PERCENT,
-        });
-        // A body reaches the handler whatever the Host (a copied request keeps it).
-        const keyBody = JSON.stringify({ name: 'odd host', credits: 1 });
-        const created = await rawRequest(
-          t,
-          head('POST', '/admin/v1/keys', host, {
-            ...admin,
-            'content-length': String(keyBody.length),
-          }),
-          keyBody,
-        );
-        expect(created.status).toBe(201);
-        expect(created.body.name).toBe('odd host');
-        const chat = JSON.stringify(chatBody());
-        const completion = await rawRequest(
-          t,
-          head('POST', '/api/v1/chat/completions', host, {
-            ...auth,
-            'content-type': 'application/json',
-            'content-length': String(chat.length),
-          }),
-          chat,
-        );
-        expect(completion.status).toBe(200);
-        expect(completion.body.object).toBe('chat.completion');
-      },
-    );
+      const models = await rawRequest(t, head('GET', '/api/v1/models', host, auth));
+      expect(models.status).toBe(200);
+      expect(models.body.data.length).toBe(11);
+      expect(await rawRequest(t, head('GET', '/api/v1/models/', host, auth))).toMatchObject({
+        status: 200,
+      });
+      expect(await rawRequest(t, head('GET', '/nope', host))).toEqual({
+        status: 404,
+        body: NOT_FOUND_ENVELOPE,
+      });
+      expect(await rawRequest(t, head('GET', '/api/v1/requests/%ZZ', host, auth))).toEqual({
+        status: 404,
+        body: BAD_PERCENT,
+      });
+      // A body reaches the handler whatever the Host (a copied request keeps it).
+      const keyBody = JSON.stringify({ name: 'odd host', credits: 1 });
+      const created = await rawRequest(
+        t,
+        head('POST', '/admin/v1/keys', host, {
+          ...admin,
+          'content-length': String(keyBody.length),
+        }),
+        keyBody,
+      );
+      expect(created.status).toBe(201);
+      expect(created.body.name).toBe('odd host');
+      const chat = JSON.stringify(chatBody());
+      const completion = await rawRequest(
+        t,
+        head('POST', '/api/v1/chat/completions', host, {
+          ...auth,
+          'content-type': 'application/json',
+          'content-length': String(chat.length),
+        }),
+        chat,
+      );
+      expect(completion.status).toBe(200);
+      expect(completion.body.object).toBe('chat.completion');
+    });
   }
 
   test('no Host at all: HTTP/1.0 routes; HTTP/1.1 is refused by Bun with a 400', async () => {

@@ -854,8 +854,10 @@ describe('openai adapter', () => {
             ],
           }),
           chunk({}, 'function_call'),
-          `data: ` +
-            `${JSON.stringify({ choices: [], usage: { prompt_tokens: 11, completion_tokens: 9, total_tokens: 20 } })}\n\n`,
+          `data: ${JSON.stringify({
+            choices: [],
+            usage: { prompt_tokens: 11, completion_tokens: 9, total_tokens: 20 },
+          })}\n\n`,
           'data: [DONE]\n\n',
         ]),
       ),

@@ -36,16 +36,15 @@ test(
   'forty thousand one-character events in a few large reads: the loop runs between every few ' +
     'hundred deltas',
   async () => {
-    const frame =
-      `data: ` +
-      `${JSON.stringify({ choices: [{ index: 0, delta: { content: 'a' }, finish_reason: null }] })}\n\n`;
+    const frame = `data: ${JSON.stringify({
+      choices: [{ index: 0, delta: { content: 'a' }, finish_reason: null }],
+    })}\n\n`;
     const parts: string[] = [];
     for (let i = 0; i < EVENTS; i += 4_000) parts.push(frame.repeat(4_000));
     parts.push(
-      `data: ` +
-        `${JSON.stringify({ choices: [{ index: 0, delta: {}, finish_reason: 'stop' }] })}\n\ndata: ` +
-        `` +
-        `[DONE]\n\n`,
+      `data: ${JSON.stringify({
+        choices: [{ index: 0, delta: {}, finish_reason: 'stop' }],
+      })}\n\ndata: [DONE]\n\n`,
     );
     const upstream = startUpstream(() => sseResponse(parts));
     upstreams.push(upstream);

@@ -284,10 +284,11 @@ describe(
       async () => {
         // `data: ` + the chunk JSON: pad the content so the line is exactly `bytes` long.
         const eventOfBytes = (bytes: number) => {
-          const empty =
-            `data: ` +
-            `${JSON.stringify({ choices: [{ index: 0, delta: { content: '' }, finish_reason: 'stop' }] })}`;
-          return `${empty.replace('"content":""', `"content":"${'y'.repeat(bytes - empty.length)}"`)}\n\n`;
+          const empty = `data: ${JSON.stringify({
+            choices: [{ index: 0, delta: { content: '' }, finish_reason: 'stop' }],
+          })}`;
+          const padding = 'y'.repeat(bytes - empty.length);
+          return `${empty.replace('"content":""', `"content":"${padding}"`)}\n\n`;
         };
         let bytes = 0;
         const upstream = track(

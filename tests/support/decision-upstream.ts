@@ -108,8 +108,14 @@ function completion(reply: Extract<UpstreamReply, { kind: 'tool' | 'text' }>): R
   }
   const frame = (choices: unknown[], extra: Record<string, unknown> = {}) =>
     encoder.encode(
-      `data: ` +
-        `${JSON.stringify({ id: 'up-1', object: 'chat.completion.chunk', created: 0, model: 'up', choices, ...extra })}\n\n`,
+      `data: ${JSON.stringify({
+        id: 'up-1',
+        object: 'chat.completion.chunk',
+        created: 0,
+        model: 'up',
+        choices,
+        ...extra,
+      })}\n\n`,
     );
   const frames: Uint8Array[] = [
     frame([{ index: 0, delta: { role: 'assistant' }, finish_reason: null }]),

@@ -59,7 +59,8 @@ const CASES: { name: string; stream: string; events: string[] }[] = [
     name: 'OpenAI chunks',
     stream:
       'data: ' +
-      '{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"content":"Hi"},"finish_reason":null}]}\n\n' +
+      '{"id":"chatcmpl-1","choices":[{"index":0,"delta":{"content":"Hi"},' +
+      '"finish_reason":null}]}\n\n' +
       'data: ' +
       '{"id":"chatcmpl-1","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":1}}\n\n' +
       'data: [DONE]\n\n',
