@@ -21,6 +21,7 @@ import {
   pinned,
   ROOT,
   rssMiB,
+  type Service,
   startService,
   startUpstreamProcess,
   table,
@@ -270,14 +271,8 @@ async function createKey(url: string, credits: number): Promise<string> {
   return ((await response.json()) as { key: string }).key;
 }
 
-async function main(): Promise<void> {
-  installSignalCleanup();
-  const upstream = await startUpstreamProcess();
-  const hostile = await startService(
-    'hostile upstream',
-    pinned(CORE_LOAD, [BUN, 'bench/hostile-upstream.ts', '0']),
-    { readyMsg: 'hostile upstream listening' },
-  );
+/** The gateway, pinned to its core, with the fake and the hostile upstream as its providers. */
+async function startGateway(upstreamUrl: string, hostileUrl: string): Promise<Service> {
   const dir = tempDir('attacks');
   const configPath = join(dir, 'config.json');
   const on = (upstreamModel: string) => ({ provider: 'hostile', upstream_model: upstreamModel });
@@ -285,8 +280,8 @@ async function main(): Promise<void> {
     configPath,
     JSON.stringify({
       providers: {
-        fake: { type: 'openai', base_url: `${upstream.url}/v1` },
-        hostile: { type: 'openai', base_url: `${hostile.url}/v1` },
+        fake: { type: 'openai', base_url: `${upstreamUrl}/v1` },
+        hostile: { type: 'openai', base_url: `${hostileUrl}/v1` },
         simulator: {
           type: 'simulator',
           ttft_ms: 0,
@@ -312,35 +307,126 @@ async function main(): Promise<void> {
       },
     }),
   );
-  const gateway = await startService(
-    'tollgate',
-    pinned(CORE_GATEWAY, [BUN, 'src/main.ts', 'serve']),
-    {
-      env: {
-        PORT: '0',
-        DATA_DIR: join(dir, 'data'),
-        ADMIN_TOKEN,
-        LOG_LEVEL: 'info',
-        GATEWAY_CONFIG: configPath,
-      },
-      readyMsg: 'tollgate listening',
+  return startService('tollgate', pinned(CORE_GATEWAY, [BUN, 'src/main.ts', 'serve']), {
+    env: {
+      PORT: '0',
+      DATA_DIR: join(dir, 'data'),
+      ADMIN_TOKEN,
+      LOG_LEVEL: 'info',
+      GATEWAY_CONFIG: configPath,
     },
+    readyMsg: 'tollgate listening',
+  });
+}
+
+const VICTIM_BODY = { model: 'model_03', messages: [{ role: 'user', content: 'victim' }] };
+/** The victim's own Idempotency-Key binding, made before every attack: it must survive them all. */
+const VICTIM_BINDING = { 'idempotency-key': 'victim-binding-0001' };
+
+/**
+ * The victim's load until `endMs`: VICTIM_LOOPS loops of calls, each call's latency kept; failed
+ * calls are counted, and what they were goes to `victimErrors`.
+ */
+async function victimLoad(
+  ctx: Context,
+  endMs: number,
+  victimErrors: Set<string>,
+): Promise<{ latenciesMs: number[]; errors: number }> {
+  const latenciesMs: number[] = [];
+  let errors = 0;
+  await Promise.all(
+    Array.from({ length: VICTIM_LOOPS }, async () => {
+      while (performance.now() < endMs) {
+        const startMs = performance.now();
+        const response = await post(
+          `${ctx.url}/api/v1/chat/completions`,
+          ctx.victimKey,
+          VICTIM_BODY,
+        ).catch((error: Error) => {
+          victimErrors.add(error.message);
+          return null;
+        });
+        if (response === null || response.status !== 200) errors++;
+        if (response !== null && response.status !== 200)
+          victimErrors.add(`HTTP ${response.status}`);
+        await response?.arrayBuffer().catch(() => {});
+        latenciesMs.push(performance.now() - startMs);
+      }
+    }),
   );
+  return { latenciesMs, errors };
+}
+
+/** One phase: its attack beside the victim's load for SECONDS; the table row and the RSS peak. */
+async function runPhase(
+  phase: Phase,
+  ctxBase: Omit<Context, 'stop' | 'attackRequests' | 'attackCodes'>,
+  gatewayPid: number,
+  victimErrors: Set<string>,
+): Promise<{ row: string[]; rssPeak: number }> {
+  const ctx: Context = { ...ctxBase, stop: false, attackRequests: 0, attackCodes: new Map() };
+  await scrapeLoopDelayMs(ctx.url); // resets the worst delay
+  let rssPeak = rssMiB(gatewayPid);
+  const sampler = setInterval(() => (rssPeak = Math.max(rssPeak, rssMiB(gatewayPid))), 100);
+  const attack = phase.attack(ctx);
+  const endMs = performance.now() + SECONDS * 1000;
+  const { latenciesMs, errors } = await victimLoad(ctx, endMs, victimErrors);
+  const loopDelayMs = await scrapeLoopDelayMs(ctx.url);
+  ctx.stop = true;
+  await attack;
+  clearInterval(sampler);
+  const codes = [...ctx.attackCodes]
+    .sort((a, b) => b[1] - a[1])
+    .slice(0, 3)
+    .map(([code, n]) => `${code} ×${n}`)
+    .join(', ');
+  process.stderr.write(
+    `bench: ${phase.name}: victim p99 ${fmt(percentile(latenciesMs, 99))} ms, loop delay ` +
+      `${fmt(loopDelayMs, 1)} ms\n`,
+  );
+  const row = [
+    phase.name,
+    String(latenciesMs.length),
+    fmt(percentile(latenciesMs, 50)),
+    fmt(percentile(latenciesMs, 99)),
+    fmt(Math.max(...latenciesMs)),
+    String(errors),
+    fmt(loopDelayMs, 1),
+    fmt(rssPeak, 0),
+    `${ctx.attackRequests}${codes ? ` (${codes})` : ''}`,
+  ];
+  return { row, rssPeak };
+}
+
+const HEADER = [
+  'phase',
+  'victim calls',
+  'p50 ms',
+  'p99 ms',
+  'max ms',
+  'victim errors',
+  'loop delay max ms',
+  'gateway RSS peak MiB',
+  'attack requests (top codes)',
+];
+
+async function main(): Promise<void> {
+  installSignalCleanup();
+  const upstream = await startUpstreamProcess();
+  const hostile = await startService(
+    'hostile upstream',
+    pinned(CORE_LOAD, [BUN, 'bench/hostile-upstream.ts', '0']),
+    { readyMsg: 'hostile upstream listening' },
+  );
+  const gateway = await startGateway(upstream.url, hostile.url);
   const ctxBase = {
     url: gateway.url,
     victimKey: await createKey(gateway.url, 1_000_000_000),
     brokeKey: await createKey(gateway.url, 0),
     attackerKey: await createKey(gateway.url, 1_000_000_000),
   };
-  // The victim's own Idempotency-Key binding, made before every attack: it must survive all of
-  // them.
-  const victimBody = { model: 'model_03', messages: [{ role: 'user', content: 'victim' }] };
-  const bound = await post(
-    `${gateway.url}/api/v1/chat/completions`,
-    ctxBase.victimKey,
-    victimBody,
-    { 'idempotency-key': 'victim-binding-0001' },
-  );
+  const completions = `${gateway.url}/api/v1/chat/completions`;
+  const bound = await post(completions, ctxBase.victimKey, VICTIM_BODY, VICTIM_BINDING);
   const boundId = bound.headers.get('x-request-id');
   await bound.arrayBuffer();
 
@@ -350,78 +436,12 @@ async function main(): Promise<void> {
   const rssStart = rssMiB(gateway.pid);
   let rssPeakAll = rssStart;
   for (const phase of PHASES.filter((p, i) => i === 0 || ONLY === null || p.name.includes(ONLY))) {
-    const ctx: Context = { ...ctxBase, stop: false, attackRequests: 0, attackCodes: new Map() };
-    await scrapeLoopDelayMs(gateway.url); // resets the worst delay
-    let rssPeak = rssMiB(gateway.pid);
-    const sampler = setInterval(() => (rssPeak = Math.max(rssPeak, rssMiB(gateway.pid))), 100);
-    const attack = phase.attack(ctx);
-    const latenciesMs: number[] = [];
-    let errors = 0;
-    const endMs = performance.now() + SECONDS * 1000;
-    await Promise.all(
-      Array.from({ length: VICTIM_LOOPS }, async () => {
-        while (performance.now() < endMs) {
-          const startMs = performance.now();
-          const response = await post(
-            `${gateway.url}/api/v1/chat/completions`,
-            ctx.victimKey,
-            victimBody,
-          ).catch((error: Error) => {
-            victimErrors.add(error.message);
-            return null;
-          });
-          if (response === null || response.status !== 200) errors++;
-          if (response !== null && response.status !== 200)
-            victimErrors.add(`HTTP ${response.status}`);
-          await response?.arrayBuffer().catch(() => {});
-          latenciesMs.push(performance.now() - startMs);
-        }
-      }),
-    );
-    const loopDelayMs = await scrapeLoopDelayMs(gateway.url);
-    ctx.stop = true;
-    await attack;
-    clearInterval(sampler);
+    const { row, rssPeak } = await runPhase(phase, ctxBase, gateway.pid, victimErrors);
+    rows.push(row);
     rssPeakAll = Math.max(rssPeakAll, rssPeak);
-    const codes = [...ctx.attackCodes]
-      .sort((a, b) => b[1] - a[1])
-      .slice(0, 3)
-      .map(([code, n]) => `${code} ×${n}`)
-      .join(', ');
-    rows.push([
-      phase.name,
-      String(latenciesMs.length),
-      fmt(percentile(latenciesMs, 50)),
-      fmt(percentile(latenciesMs, 99)),
-      fmt(Math.max(...latenciesMs)),
-      String(errors),
-      fmt(loopDelayMs, 1),
-      fmt(rssPeak, 0),
-      `${ctx.attackRequests}${codes ? ` (${codes})` : ''}`,
-    ]);
-    process.stderr.write(
-      `bench: ${phase.name}: victim p99 ${fmt(percentile(latenciesMs, 99))} ms, loop delay ` +
-        `${fmt(loopDelayMs, 1)} ms\n`,
-    );
   }
-  const retry = await post(
-    `${gateway.url}/api/v1/chat/completions`,
-    ctxBase.victimKey,
-    victimBody,
-    { 'idempotency-key': 'victim-binding-0001' },
-  );
+  const retry = await post(completions, ctxBase.victimKey, VICTIM_BODY, VICTIM_BINDING);
   const bindingKept = retry.status === 409 && retry.headers.get('x-request-id') === boundId;
-  const header = [
-    'phase',
-    'victim calls',
-    'p50 ms',
-    'p99 ms',
-    'max ms',
-    'victim errors',
-    'loop delay max ms',
-    'gateway RSS peak MiB',
-    'attack requests (top codes)',
-  ];
   const binding = bindingKept ? 'kept (409 naming the original)' : `LOST (${retry.status})`;
   const report = [
     `# Attacks (bench/attacks.ts, ${SECONDS} s per ` +
@@ -434,7 +454,7 @@ async function main(): Promise<void> {
       `after every attack: ${binding}. RSS at start ${fmt(rssStart, 0)} MiB, peak ` +
       `${fmt(rssPeakAll, 0)} MiB, after ${fmt(rssMiB(gateway.pid), 0)} MiB.`,
     '',
-    table(header, rows),
+    table(HEADER, rows),
     '',
   ].join('\n');
   console.log(report);
