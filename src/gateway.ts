@@ -72,5 +72,3 @@ export function openGateway(config: Config, logger: Logger, adminToken: string):
   };
   return gateway;
 }
-
-export { statusUrl } from './requests/admit.ts';

@@ -1,12 +1,13 @@
 // The chat controller (/api/v1): completions (JSON and SSE), models, request status and cancel.
 import type { Server } from 'bun';
 import { Elysia } from 'elysia';
-import { type Gateway, statusUrl } from '../gateway.ts';
+import type { Gateway } from '../gateway.ts';
 import { errorResponse } from '../http/errors.ts';
 import { readRequest, refusalResponse } from '../http/intake.ts';
 import { liftIdle, type NativeRoutes, nativePost, settleIdle } from '../http/routes.ts';
 import { parseIdempotencyKey } from '../idempotency/store.ts';
 import { authenticate, microToCredits } from '../keys/store.ts';
+import { statusUrl } from '../requests/admit.ts';
 import type { RequestRecord } from '../state/records.ts';
 import { GatewayError } from '../util/errors.ts';
 import { newChatRequestId } from '../util/ids.ts';
