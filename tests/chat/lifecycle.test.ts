@@ -458,19 +458,39 @@ describe('idempotency', () => {
 
 describe('concurrency', () => {
   test('N concurrent requests against a small balance never overdraw', async () => {
-    const t = await server();
+    // The upstream answers nobody until every request is either with it or refused, so the
+    // admitted ones all hold at once: none settles early and lets a later one in.
+    const fake = upstream('gated');
+    const t = await server(upstreamOverrides(fake));
     // Each request reserves prompt × 5 + 100 × 14 µcr ≈ 1,450 µcr; 0.01 credits cover at most 6.
     const { id: keyId, key } = await t.createKey({ credits: 0.01 });
-    const responses = await Promise.all(
-      Array.from({ length: 40 }, () => post(t, key, chatBody({ max_completion_tokens: 100 }))),
+    const total = 40;
+    let refused = 0;
+    let refusal = Promise.withResolvers<void>();
+    const pending = Array.from({ length: total }, () =>
+      post(t, key, chatBody({ max_completion_tokens: 100 })).then((response) => {
+        if (response.status !== 200) {
+          refused++;
+          refusal.resolve();
+          refusal = Promise.withResolvers<void>();
+        }
+        return response;
+      }),
     );
+    while (fake.calls + refused < total) {
+      await Promise.race([fake.nextCall.promise, refusal.promise]);
+    }
+    const admitted = fake.calls;
+    fake.gate.resolve();
+    const responses = await Promise.all(pending);
     const ok = responses.filter((response) => response.status === 200).length;
-    const refused = responses.filter((response) => response.status === 402).length;
-    expect(ok + refused).toBe(40);
+    expect(responses.filter((response) => response.status === 402).length).toBe(refused);
+    expect(ok).toBe(admitted);
     expect(ok).toBeGreaterThan(0);
     expect(ok).toBeLessThanOrEqual(6);
     const after = await balances(t, keyId);
     expect(after.credits).toBeGreaterThanOrEqual(0);
+    expect(after.held).toBe(0);
     expect(
       Math.round(after.credits * 1e6) +
         Math.round(after.held * 1e6) +

@@ -1,5 +1,6 @@
 // A fake OpenAI-compatible upstream for tests: counts calls, sees aborts, fails on demand.
-export type UpstreamMode = 'ok' | 'endless' | 'error500' | 'hang';
+// 'gated' answers like 'ok' once `gate` is resolved: a test decides when upstream calls finish.
+export type UpstreamMode = 'ok' | 'gated' | 'endless' | 'error500' | 'hang';
 
 export interface FakeUpstream {
   url: string;
@@ -10,6 +11,8 @@ export interface FakeUpstream {
   nextCall: PromiseWithResolvers<void>;
   /** Resolves at the next abort seen by the upstream; replaced after each. */
   nextAbort: PromiseWithResolvers<void>;
+  /** Holds every 'gated' answer until resolved. */
+  gate: PromiseWithResolvers<void>;
   stop(): void;
 }
 
@@ -34,6 +37,7 @@ export function startFakeUpstream(mode: UpstreamMode = 'ok'): FakeUpstream {
     aborts: 0,
     nextCall: Promise.withResolvers<void>(),
     nextAbort: Promise.withResolvers<void>(),
+    gate: Promise.withResolvers<void>(),
     stop: () => server.stop(true),
   };
   const server = Bun.serve({
@@ -50,6 +54,7 @@ export function startFakeUpstream(mode: UpstreamMode = 'ok'): FakeUpstream {
         state.nextAbort = Promise.withResolvers<void>();
       });
       await request.json();
+      if (state.mode === 'gated') await state.gate.promise;
       switch (state.mode) {
         case 'error500':
           return Response.json(
@@ -73,6 +78,7 @@ export function startFakeUpstream(mode: UpstreamMode = 'ok'): FakeUpstream {
           request.signal.addEventListener('abort', () => clearInterval(timer));
           return new Response(stream, { headers: { 'content-type': 'text/event-stream' } });
         }
+        case 'gated':
         case 'ok': {
           const frames = [chunk('Hello'), chunk(' there'), chunk('', 'stop')];
           const usage = {
