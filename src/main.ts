@@ -45,42 +45,14 @@ async function serve(config: Config): Promise<number> {
     logger.info({ path: admin.path }, 'admin token generated; read it from this file');
   else if (admin.path) logger.info({ path: admin.path }, 'admin token read from file');
 
-  let gateway: ReturnType<typeof openGateway>;
-  try {
-    gateway = openGateway(config, logger, admin.token);
-  } catch (error) {
-    // The log could not be opened for writing (a full or failing disk): as a failure while running,
-    // a temporary one for the supervisor to retry. A damaged log (74) and bugs go on to main's
-    // handler.
-    const code = (error as NodeJS.ErrnoException)?.code;
-    if (code !== undefined && STORAGE_FAILURES.has(code)) {
-      logger.fatal(
-        { err: (error as Error).message },
-        'cannot open the log for writing; exiting 75 to be restarted',
-      );
-      return EXIT_LOG_FAILED;
-    }
-    throw error;
-  }
+  const gateway = openOrExit(() => openGateway(config, logger, admin.token), logger);
+  if (typeof gateway === 'number') return gateway;
   gateway.onFatal = (error) => {
     logger.fatal({ err: error.stack }, 'broken invariant; stopping');
     process.exit(70);
   };
-  let running: Awaited<ReturnType<typeof startServer>>;
-  try {
-    running = await startServer(gateway);
-  } catch (error) {
-    // Recovery's own commit (the interrupted requests) could not be written: the disk is still full
-    // or failing. A temporary failure: the supervisor starts us again (EX_TEMPFAIL).
-    if (gateway.store.unavailableReason) {
-      logger.fatal(
-        { reason: gateway.store.unavailableReason },
-        'cannot write the log at start; exiting 75 to be restarted',
-      );
-      return EXIT_LOG_FAILED;
-    }
-    throw error;
-  }
+  const running = await startOrExit(gateway, startServer, logger);
+  if (typeof running === 'number') return running;
   lock.recordUrl(running.url);
   // The event-loop delay in /metrics (tollgate_event_loop_delay_*): the figure §8's 50 ms rule is
   // about.
@@ -101,6 +73,50 @@ async function serve(config: Config): Promise<number> {
 
 type Running = Awaited<ReturnType<typeof import('./server.ts').startServer>>;
 type OpenGateway = ReturnType<typeof import('./gateway.ts').openGateway>;
+
+/**
+ * The log could not be opened for writing (a full or failing disk): as a failure while running, a
+ * temporary one for the supervisor to retry (75). A damaged log (74) and bugs go on to main's
+ * handler.
+ */
+function openOrExit(open: () => OpenGateway, logger: Logger): OpenGateway | number {
+  try {
+    return open();
+  } catch (error) {
+    const code = (error as NodeJS.ErrnoException)?.code;
+    if (code !== undefined && STORAGE_FAILURES.has(code)) {
+      logger.fatal(
+        { err: (error as Error).message },
+        'cannot open the log for writing; exiting 75 to be restarted',
+      );
+      return EXIT_LOG_FAILED;
+    }
+    throw error;
+  }
+}
+
+/**
+ * Recovery's own commit (the interrupted requests) could not be written: the disk is still full or
+ * failing. A temporary failure: the supervisor starts us again (EX_TEMPFAIL).
+ */
+async function startOrExit(
+  gateway: OpenGateway,
+  startServer: typeof import('./server.ts').startServer,
+  logger: Logger,
+): Promise<Running | number> {
+  try {
+    return await startServer(gateway);
+  } catch (error) {
+    if (gateway.store.unavailableReason) {
+      logger.fatal(
+        { reason: gateway.store.unavailableReason },
+        'cannot write the log at start; exiting 75 to be restarted',
+      );
+      return EXIT_LOG_FAILED;
+    }
+    throw error;
+  }
+}
 
 // Crash-only (§8): once the log cannot be written, nothing more can be acknowledged and memory
 // may hold what the log does not. For the grace every request and both probes answer 503 (a

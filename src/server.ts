@@ -62,8 +62,25 @@ export async function startServer(
     routes: { ...chatNativeRoutes(gateway), ...decisionNativeRoutes(gateway) },
     fetch: (request) => app.handle(withUsableUrl(request)),
   });
+  const shutdown = drainThenStop(gateway, server);
+  return {
+    url: `http://${server.hostname}:${server.port}`,
+    port: server.port ?? 0,
+    server,
+    shutdown,
+  };
+}
+
+/**
+ * Shutdown (§8): stop admitting, let requests in flight finish within the grace, interrupt the
+ * rest, close the log, then the listener. Called once; later calls get the same promise.
+ */
+function drainThenStop(
+  gateway: Gateway,
+  server: ReturnType<typeof Bun.serve>,
+): (graceMs?: number) => Promise<void> {
   let stopping: Promise<void> | null = null;
-  const shutdown = (graceMs = gateway.config.limits.shutdown_grace_ms): Promise<void> => {
+  return (graceMs = gateway.config.limits.shutdown_grace_ms): Promise<void> => {
     stopping ??= (async () => {
       gateway.draining = true;
       const deadline = Date.now() + graceMs;
@@ -93,11 +110,5 @@ export async function startServer(
       server.stop(true);
     })();
     return stopping;
-  };
-  return {
-    url: `http://${server.hostname}:${server.port}`,
-    port: server.port ?? 0,
-    server,
-    shutdown,
   };
 }
