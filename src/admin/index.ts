@@ -70,6 +70,8 @@ async function readJson<T>(
   return json;
 }
 
+// One Elysia chain (long because each route is a stanza of it; split, the chain would lose the
+// types Elysia infers along it).
 export function adminController(gateway: Gateway) {
   const defaultRpm = gateway.config.limits.default_rate_limit_rpm;
   return new Elysia({ name: 'admin', prefix: '/admin/v1' })

@@ -180,6 +180,8 @@ export function chatNativeRoutes(gateway: Gateway): NativeRoutes {
   return nativePost(COMPLETIONS_PATH, (request, server) => completions(gateway, request, server));
 }
 
+// One Elysia chain (long because each route is a stanza of it; split, the chain would lose the
+// types Elysia infers along it).
 export function chatController(gateway: Gateway) {
   const { config } = gateway;
   return new Elysia({ name: 'chat', prefix: PREFIX })

@@ -26,6 +26,7 @@ function model(
   };
 }
 
+// One literal, long because it is the whole default configuration in the order of config/model.ts.
 export function defaultConfig(): Config {
   return {
     server: { host: '127.0.0.1', port: 8080 },

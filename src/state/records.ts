@@ -258,7 +258,8 @@ export class RecordTable {
   /**
    * Adds the records of `serializeColumns` (its meta parsed back, its blobs in order), oldest
    * first, expired ones too (reads skip them; keeping them keeps the table the log's own, see
-   * FairSlots), and puts the keys' order back.
+   * FairSlots), and puts the keys' order back. One pass over the columns in their serialized
+   * order, kept whole (long) so that reading and its checks sit next to the layout they mirror.
    */
   restoreColumns(raw: unknown, blobs: readonly Uint8Array[]): void {
     const snapshot = raw as Record<string, unknown>;

@@ -204,6 +204,7 @@ function plural(count: number, noun: string): string {
   return `${count} ${noun}${count === 1 ? '' : 's'}`;
 }
 
+// One case per TypeBox error kind, long because the table is flat; each case is one sentence.
 function problemOf(error: ValueError): string {
   const { schema } = error;
   switch (error.type) {

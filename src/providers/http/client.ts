@@ -302,7 +302,10 @@ function errorCode(error: unknown): string | null {
   return typeof code === 'string' && /^[A-Z0-9_]{1,40}$/.test(code) ? code : null;
 }
 
-/** The socket callbacks, one set per client (Bun shares them among all its sockets). */
+/**
+ * The socket callbacks, one set per client (Bun shares them among all its sockets). Long because
+ * Bun takes them as one object; each callback is short and named for the socket event it handles.
+ */
 function socketHandlers(tls: boolean): SocketHandler<Connection> {
   const opened = (socket: Socket<Connection>): void => {
     const connection = socket.data;

@@ -199,6 +199,8 @@ export class ResponseParser {
     (this.headParts ??= []).push(part);
   }
 
+  // Long on purpose: one scan of the status line and headers, each check next to the byte it
+  // refuses; split, the scan state would have to travel between functions on every response.
   private parseHead(text: string): void {
     // Lines end with LF, optionally preceded by CR; the text ends with the empty line. Scanned in
     // place: this runs for every upstream answer.
