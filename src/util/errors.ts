@@ -66,6 +66,11 @@ export interface GatewayErrorOptions {
   headers?: Record<string, string>;
   /** The answer must wait for this (a durable commit the error reports on) before it is sent. */
   settleFirst?: Promise<void>;
+  /**
+   * A provider's failure that another deployment may not share (unreachable, 429, 5xx, timeout):
+   * the router may try the next one (CONTRACT §7), if nothing reached the client yet.
+   */
+  failover?: boolean;
   cause?: unknown;
 }
 
@@ -79,6 +84,7 @@ export class GatewayError extends Error {
   readonly topLevel: Record<string, unknown> | undefined;
   readonly headers: Record<string, string> | undefined;
   readonly settleFirst: Promise<void> | undefined;
+  readonly failover: boolean;
 
   constructor(code: ErrorCode, message: string, options: GatewayErrorOptions = {}) {
     super(message, options.cause === undefined ? undefined : { cause: options.cause });
@@ -90,6 +96,7 @@ export class GatewayError extends Error {
     this.topLevel = options.topLevel;
     this.headers = options.headers;
     this.settleFirst = options.settleFirst;
+    this.failover = options.failover ?? false;
   }
 
   get type(): string {
