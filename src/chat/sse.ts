@@ -191,6 +191,10 @@ export class SseSink implements ChatSink {
       pull: (controller) => this.attach(controller),
       cancel: () => {
         this.closed = true;
+        // A client that left after the run ended: nothing is left to drop (drop() returns early
+        // once closed), so the sink leaves the ending set now or it would stay until shutdown.
+        clearTimeout(this.dropTimer);
+        this.ending.delete(this);
         this.pending.length = 0;
         this.pendingChars = 0;
         this.resume();

@@ -221,13 +221,16 @@ export class RequestActor {
     work: (actor: RequestActor) => Promise<Completion<T>>,
     policy: RunPolicy,
   ): Promise<RunResult<T>> {
-    const timer = setTimeout(abortOnTimer, policy.deadlineMs, this, policy.deadlineKind);
+    let timer: ReturnType<typeof setTimeout> | undefined;
     let outcome: Outcome;
     let value: T | undefined;
     try {
       // A request with an Idempotency-Key must not reach the provider before its binding is
       // durable; any other start overlaps the provider call (the work waits before its first byte).
+      // The deadline starts after that wait: a slow disk is the gateway's, never a provider timeout
+      // billed to the key.
       if (this.init.idempotent) await this.startCommit;
+      timer = setTimeout(abortOnTimer, policy.deadlineMs, this, policy.deadlineKind);
       const done = await work(this);
       // An abort that came while the work was finishing wins: the caller has gone or asked to stop.
       if (this.controller.signal.aborted) throw this.controller.signal.reason;

@@ -27,6 +27,8 @@ export interface AdmitContext {
     ): void;
   };
   logger: Logger;
+  /** Shutdown began: nothing new is admitted (a body that finished arriving after it, too). */
+  readonly draining: boolean;
 }
 
 /** What a request holds while it runs. */
@@ -66,6 +68,11 @@ export interface Admission {
 export function admit(ctx: AdmitContext, command: AdmitCommand): Admission {
   const { config, store, registry } = ctx;
   const { account, idempotency, service, requestId } = command;
+  // The intake refused while draining already, but a body can finish arriving after shutdown began
+  // (even after the log was closed): checked again here, synchronously with the hold.
+  if (ctx.draining) {
+    throw new GatewayError('service_unavailable', 'The gateway is shutting down; retry shortly.');
+  }
   const nowMs = Date.now();
   if (idempotency) {
     checkIdempotency(
