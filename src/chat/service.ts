@@ -104,6 +104,7 @@ function providerRequestFor(chat: ChatRequest, promptTokens: number): ProviderRe
     model: model.upstream_model ?? chat.modelId,
     messages: chat.messages,
     maxOutputTokens: chat.maxOutputTokens,
+    outputCapTokens: chat.maxOutputTokens ?? model.max_output_tokens,
     temperature: body.temperature ?? null,
     topP: body.top_p ?? null,
     topK: model.top_k ? (body.top_k ?? null) : null,

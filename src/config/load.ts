@@ -7,7 +7,7 @@ import { defaultConfig } from './defaults.ts';
 import {
   type Config,
   ConfigSchema,
-  type OpenAIProviderConfig,
+  type HttpProviderConfig,
   ProviderConfigSchema,
 } from './model.ts';
 
@@ -111,7 +111,7 @@ const RESERVED_HEADERS = new Set([
 const TOKEN_RE = /^[!#$%&'*+.^_`|~0-9A-Za-z-]+$/;
 const HEADER_VALUE_RE = /^[\x20-\x7e]*$/;
 
-function checkOpenAIProvider(name: string, provider: OpenAIProviderConfig): void {
+function checkHttpProvider(name: string, provider: HttpProviderConfig): void {
   const field = `config field providers.${name}`;
   let url: URL;
   try {
@@ -202,7 +202,7 @@ export function validateConfig(input: unknown): Config {
   // Own keys only, here and below: a name such as "constructor" must not find Object.prototype's.
   const has = (record: object, key: string) => Object.hasOwn(record, key);
   for (const [name, provider] of Object.entries(config.providers)) {
-    if (provider.type === 'openai') checkOpenAIProvider(name, provider);
+    if (provider.type !== 'simulator') checkHttpProvider(name, provider);
   }
   for (const [id, model] of Object.entries(config.models)) {
     if (!has(config.providers, model.provider)) {

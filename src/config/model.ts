@@ -38,6 +38,24 @@ export const SimulatorProviderSchema = Type.Object(
   { additionalProperties: false },
 );
 
+/** What every provider reached over HTTP takes besides its base URL. */
+const httpProviderFields = {
+  api_key_env: Type.Optional(
+    Type.String({ minLength: 1, description: 'name of the env var holding the upstream key' }),
+  ),
+  timeout_ms: Type.Optional(DurationMs('upstream timeout; defaults to limits.upstream_timeout_ms')),
+  headers: Type.Optional(
+    Type.Record(Type.String(), Type.String(), { description: 'extra request header fields' }),
+  ),
+  ca_file: Type.Optional(
+    Type.String({
+      minLength: 1,
+      description:
+        'PEM file of the certificates to trust for https (instead of the built-in roots)',
+    }),
+  ),
+};
+
 export const OpenAIProviderSchema = Type.Object(
   {
     type: Type.Literal('openai'),
@@ -45,27 +63,48 @@ export const OpenAIProviderSchema = Type.Object(
       pattern: '^https?://',
       description: 'OpenAI-compatible base URL, e.g. http://host/v1',
     }),
-    api_key_env: Type.Optional(
-      Type.String({ minLength: 1, description: 'name of the env var holding the upstream key' }),
-    ),
-    timeout_ms: Type.Optional(
-      DurationMs('upstream timeout; defaults to limits.upstream_timeout_ms'),
-    ),
-    headers: Type.Optional(
-      Type.Record(Type.String(), Type.String(), { description: 'extra request header fields' }),
-    ),
-    ca_file: Type.Optional(
-      Type.String({
-        minLength: 1,
-        description:
-          'PEM file of the certificates to trust for https (instead of the built-in roots)',
-      }),
-    ),
+    ...httpProviderFields,
   },
   { additionalProperties: false },
 );
 
-export const ProviderConfigSchema = Type.Union([SimulatorProviderSchema, OpenAIProviderSchema]);
+export const AnthropicProviderSchema = Type.Object(
+  {
+    type: Type.Literal('anthropic'),
+    base_url: Type.String({
+      pattern: '^https?://',
+      default: 'https://api.anthropic.com/v1',
+      description: 'Anthropic Messages API base URL (POST {base_url}/messages)',
+    }),
+    version: Type.String({
+      pattern: '^[\\x21-\\x7e]{1,64}$',
+      default: '2023-06-01',
+      description: 'the anthropic-version header',
+    }),
+    ...httpProviderFields,
+  },
+  { additionalProperties: false },
+);
+
+export const GeminiProviderSchema = Type.Object(
+  {
+    type: Type.Literal('gemini'),
+    base_url: Type.String({
+      pattern: '^https?://',
+      default: 'https://generativelanguage.googleapis.com/v1beta',
+      description: 'Gemini API base URL (POST {base_url}/models/{model}:generateContent)',
+    }),
+    ...httpProviderFields,
+  },
+  { additionalProperties: false },
+);
+
+export const ProviderConfigSchema = Type.Union([
+  SimulatorProviderSchema,
+  OpenAIProviderSchema,
+  AnthropicProviderSchema,
+  GeminiProviderSchema,
+]);
 
 /** Credits per one million tokens; an integer rate R costs exactly R µcr per token. */
 export const RatesSchema = Type.Object(
@@ -200,4 +239,11 @@ export type Config = Static<typeof ConfigSchema>;
 export type ModelConfig = Static<typeof ModelConfigSchema>;
 export type SimulatorProviderConfig = Static<typeof SimulatorProviderSchema>;
 export type OpenAIProviderConfig = Static<typeof OpenAIProviderSchema>;
+export type AnthropicProviderConfig = Static<typeof AnthropicProviderSchema>;
+export type GeminiProviderConfig = Static<typeof GeminiProviderSchema>;
+/** A provider reached over HTTP, whatever protocol it speaks. */
+export type HttpProviderConfig =
+  | OpenAIProviderConfig
+  | AnthropicProviderConfig
+  | GeminiProviderConfig;
 export type Rates = Static<typeof RatesSchema>;

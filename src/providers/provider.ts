@@ -12,6 +12,11 @@ export interface ProviderRequest {
   messages: ProviderMessage[];
   /** The caller's output limit, passed through unmodified; null = the model's own default. */
   maxOutputTokens: number | null;
+  /**
+   * The limit the gateway reserved for (the caller's, else the model's max_output_tokens), for
+   * protocols that require one (Anthropic's max_tokens).
+   */
+  outputCapTokens?: number;
   temperature: number | null;
   topP: number | null;
   /** Only set when the model supports it. */

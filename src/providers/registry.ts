@@ -2,7 +2,10 @@
 import { countTextTokensYielding } from '../billing/tokens.ts';
 import type { Config } from '../config/model.ts';
 import type { Logger } from '../util/log.ts';
-import { OpenAIProvider } from './openai/index.ts';
+import { anthropicDialect } from './anthropic/index.ts';
+import { GEMINI_DIALECT } from './gemini/index.ts';
+import { HttpProvider, type HttpProviderOptions } from './http/http-provider.ts';
+import { OPENAI_DIALECT } from './openai/index.ts';
 import type { Provider } from './provider.ts';
 import { SimulatorProvider } from './simulator/index.ts';
 
@@ -22,16 +25,23 @@ export function createProviders(config: Config, logger: Logger): Map<string, Pro
         );
         break;
       case 'openai':
-        providers.set(
-          name,
-          new OpenAIProvider(name, providerConfig, {
-            defaultTimeoutMs: config.limits.upstream_timeout_ms,
-            bodyBytesMax: config.limits.max_upstream_body_bytes,
-            eventBytesMax: config.limits.max_upstream_event_bytes,
-            logger: logger.child({ provider: name }),
-          }),
-        );
+      case 'anthropic':
+      case 'gemini': {
+        const options: HttpProviderOptions = {
+          defaultTimeoutMs: config.limits.upstream_timeout_ms,
+          bodyBytesMax: config.limits.max_upstream_body_bytes,
+          eventBytesMax: config.limits.max_upstream_event_bytes,
+          logger: logger.child({ provider: name }),
+        };
+        const dialect =
+          providerConfig.type === 'openai'
+            ? OPENAI_DIALECT
+            : providerConfig.type === 'anthropic'
+              ? anthropicDialect(providerConfig)
+              : GEMINI_DIALECT;
+        providers.set(name, new HttpProvider(name, providerConfig, dialect, options));
         break;
+      }
     }
   }
   return providers;

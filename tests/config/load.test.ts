@@ -463,12 +463,15 @@ describe(
         name: 'unknown provider type',
         file: { providers: { up: { type: 'grpc' } } },
         message:
-          'config field providers.up.type: must be one of "simulator" or "openai" (got "grpc")',
+          'config field providers.up.type: must be one of "simulator", "openai", ' +
+          '"anthropic" or "gemini" (got "grpc")',
       },
       {
         name: 'provider without a type',
         file: { providers: { up: { ttft_ms: 5 } } },
-        message: 'config field providers.up.type: must be one of "simulator" or "openai"',
+        message:
+          'config field providers.up.type: must be one of "simulator", "openai", ' +
+          '"anthropic" or "gemini"',
       },
       {
         name: 'log level unknown',

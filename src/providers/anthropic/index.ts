@@ -1,0 +1,363 @@
+// The Anthropic Messages API as a dialect of the HTTP provider (CONTRACT §7): system messages
+// become `system`, tools and tool results become `tool_use` / `tool_result` blocks, and the
+// stream's message_start … content_block_* … message_delta … message_stop events become deltas.
+import type { AnthropicProviderConfig } from '../../config/model.ts';
+import { GatewayError } from '../../util/errors.ts';
+import {
+  ContentMeter,
+  invalid,
+  isRecord,
+  TOOL_CALLS_MAX,
+  type Usage,
+  usageFigure,
+} from '../http/answer.ts';
+import type { Dialect, StreamTranslator } from '../http/http-provider.ts';
+import type { Delta, FinishReason, ProviderMessage, ProviderRequest } from '../provider.ts';
+
+/**
+ * The output limit sent when neither the caller nor the gateway gave one: the Messages API
+ * requires `max_tokens` (the chat service always passes its reservation's cap; this is for others).
+ */
+const MAX_TOKENS_FALLBACK = 4_096;
+
+export function anthropicDialect(config: Pick<AnthropicProviderConfig, 'version'>): Dialect {
+  return {
+    path: () => 'messages',
+    keyField: 'x-api-key',
+    keyValue: (key) => key,
+    fields: new Map([['anthropic-version', `anthropic-version: ${config.version}`]]),
+    body: requestBody,
+    streamTranslator: (providerName, contentBytesMax) =>
+      new EventTranslator(providerName, contentBytesMax),
+    completion: messageToDeltas,
+    errorOf(body) {
+      const error = isRecord(body) && isRecord(body.error) ? body.error : {};
+      return {
+        code: typeof error.type === 'string' ? error.type : null,
+        message: typeof error.message === 'string' ? error.message : '',
+      };
+    },
+    // "prompt is too long: 210000 tokens > 200000 maximum"
+    contextExceeded: (_status, _code, message) =>
+      /prompt is too long|context window/i.test(message),
+  };
+}
+
+type Block = Record<string, unknown>;
+interface AnthropicMessage {
+  role: 'user' | 'assistant';
+  content: Block[];
+}
+
+function requestBody(request: ProviderRequest): Record<string, unknown> {
+  const system: string[] = [];
+  const messages: AnthropicMessage[] = [];
+  for (const message of request.messages) {
+    if (message.role === 'system') system.push(message.content);
+    else appendMessage(messages, message);
+  }
+  const body: Record<string, unknown> = {
+    model: request.model,
+    max_tokens: request.maxOutputTokens ?? request.outputCapTokens ?? MAX_TOKENS_FALLBACK,
+    messages,
+  };
+  if (system.length > 0) body.system = system.join('\n\n');
+  if (request.temperature !== null) body.temperature = request.temperature;
+  if (request.topP !== null) body.top_p = request.topP;
+  if (request.topK !== null) body.top_k = request.topK;
+  if (request.stop !== null && request.stop.length > 0) body.stop_sequences = request.stop;
+  if (request.tools !== null && request.tools.length > 0) {
+    body.tools = request.tools.map((tool) => ({
+      name: tool.function.name,
+      ...(tool.function.description === undefined
+        ? {}
+        : { description: tool.function.description }),
+      input_schema: tool.function.parameters ?? { type: 'object', properties: {} },
+    }));
+    const choice = request.toolChoice;
+    if (choice === 'auto') body.tool_choice = { type: 'auto' };
+    else if (choice === 'required') body.tool_choice = { type: 'any' };
+    else if (choice === 'none') body.tool_choice = { type: 'none' };
+    else if (choice !== null) body.tool_choice = { type: 'tool', name: choice.function.name };
+  }
+  if (request.stream) body.stream = true;
+  return body;
+}
+
+/**
+ * Adds one chat message as Anthropic content blocks. Tool results are user turns of
+ * `tool_result` blocks; consecutive ones share a turn, as the API wants every result of one
+ * assistant turn in the next user turn.
+ */
+function appendMessage(
+  messages: AnthropicMessage[],
+  message: Exclude<ProviderMessage, { role: 'system' }>,
+): void {
+  let role: 'user' | 'assistant';
+  const blocks: Block[] = [];
+  if (message.role === 'tool') {
+    role = 'user';
+    blocks.push({
+      type: 'tool_result',
+      tool_use_id: message.tool_call_id,
+      content: message.content,
+    });
+  } else if (message.role === 'assistant') {
+    role = 'assistant';
+    if (message.content !== null && message.content.length > 0)
+      blocks.push({ type: 'text', text: message.content });
+    message.tool_calls?.forEach((call, index) => {
+      blocks.push({
+        type: 'tool_use',
+        id: call.id,
+        name: call.function.name,
+        input: toolInput(call.function.arguments, index),
+      });
+    });
+  } else {
+    role = 'user';
+    blocks.push({ type: 'text', text: message.content });
+  }
+  const last = messages.at(-1);
+  if (last !== undefined && last.role === role) last.content.push(...blocks);
+  else messages.push({ role, content: blocks });
+}
+
+/** A tool call's arguments as the object `tool_use.input` must be. */
+function toolInput(text: string, index: number): Record<string, unknown> {
+  if (text.trim() === '') return {};
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch {
+    value = null;
+  }
+  if (!isRecord(value)) {
+    throw new GatewayError(
+      'invalid_request_error',
+      'Tool-call arguments sent back to this model must be a JSON object.',
+      { param: `tool_calls[${index}].function.arguments` },
+    );
+  }
+  return value;
+}
+
+function finishReasonOf(reason: unknown): FinishReason {
+  return reason === 'tool_use' ? 'tool_calls' : 'stop';
+}
+
+/**
+ * Prompt tokens are all input, cached or not (CONTRACT §7): input_tokens counts only what was
+ * neither written to nor read from the cache.
+ */
+function promptTokensOf(usage: Record<string, unknown>, providerName: string): number | null {
+  const input = usageFigure(usage.input_tokens, providerName);
+  if (input === null) return null;
+  const created = usageFigure(usage.cache_creation_input_tokens, providerName) ?? 0;
+  const read = usageFigure(usage.cache_read_input_tokens, providerName) ?? 0;
+  return checkedSum(input + created + read, providerName);
+}
+
+function checkedSum(total: number, providerName: string): number {
+  return usageFigure(total, providerName) as number;
+}
+
+/** The deltas of a whole Message object. */
+function messageToDeltas(message: unknown, name: string): Delta[] {
+  if (!isRecord(message)) throw invalid(name, 'answered with JSON that is not an object');
+  if (message.type === 'error') throw upstreamErrorInAnswer(name, message);
+  if (!Array.isArray(message.content)) throw invalid(name, 'answered without content');
+  const deltas: Delta[] = [];
+  let text = '';
+  let tools = 0;
+  const content = new ContentMeter(name, Number.MAX_SAFE_INTEGER);
+  for (const block of message.content) {
+    if (!isRecord(block))
+      throw invalid(name, 'answered with a content block that is not an object');
+    if (block.type === 'text') {
+      if (typeof block.text !== 'string')
+        throw invalid(name, 'answered with text that is not text');
+      text += block.text;
+    } else if (block.type === 'tool_use') {
+      if (++tools > TOOL_CALLS_MAX)
+        throw invalid(name, `made more than ${TOOL_CALLS_MAX} tool calls`);
+      const call = toolUseOf(block, name);
+      content.count(call.arguments);
+      deltas.push({ type: 'tool_call', index: tools - 1, ...call });
+    }
+    // Other blocks (thinking, redacted_thinking, server tools' results) are not chat content.
+  }
+  if (text.length > 0) deltas.unshift({ type: 'text', text });
+  const usage = isRecord(message.usage) ? message.usage : null;
+  const prompt = usage === null ? null : promptTokensOf(usage, name);
+  const completion = usage === null ? null : usageFigure(usage.output_tokens, name);
+  deltas.push({
+    type: 'finish',
+    reason: tools > 0 ? 'tool_calls' : finishReasonOf(message.stop_reason),
+    usage:
+      prompt === null || completion === null
+        ? null
+        : { promptTokens: prompt, completionTokens: completion },
+  });
+  return deltas;
+}
+
+function toolUseOf(
+  block: Record<string, unknown>,
+  name: string,
+): { id: string; name: string; arguments: string } {
+  if (typeof block.id !== 'string' || block.id.length === 0 || block.id.length > 256)
+    throw invalid(name, 'answered with a tool call without an id');
+  if (typeof block.name !== 'string' || block.name.length === 0)
+    throw invalid(name, 'started a tool call without a name');
+  const input = block.input === undefined ? {} : block.input;
+  if (!isRecord(input)) throw invalid(name, 'answered with tool input that is not an object');
+  return { id: block.id, name: block.name, arguments: JSON.stringify(input) };
+}
+
+function upstreamErrorInAnswer(name: string, event: Record<string, unknown>): GatewayError {
+  const type = isRecord(event.error) ? event.error.type : null;
+  // Overloaded or failing at the provider, not the request's fault: another deployment may answer
+  // (only before anything reached the client; the router knows).
+  const failover =
+    type === 'overloaded_error' || type === 'api_error' || type === 'rate_limit_error';
+  return new GatewayError(
+    'upstream_error',
+    `Upstream ${name} reported an error inside its answer.`,
+    {
+      failover,
+    },
+  );
+}
+
+/** Turns the Messages stream's events into deltas. */
+class EventTranslator implements StreamTranslator {
+  ended = false;
+  private reason: FinishReason | null = null;
+  private promptTokens: number | null = null;
+  private completionTokens: number | null = null;
+  /** Content block index → tool-call index, for the blocks that are tool calls. */
+  private readonly toolIndexes = new Map<number, number>();
+  private readonly content: ContentMeter;
+
+  constructor(
+    private readonly providerName: string,
+    contentBytesMax: number,
+  ) {
+    this.content = new ContentMeter(providerName, contentBytesMax);
+  }
+
+  get finished(): boolean {
+    return this.reason !== null;
+  }
+
+  translate(event: unknown, out: Delta[]): void {
+    const name = this.providerName;
+    if (!isRecord(event)) throw invalid(name, 'sent a stream event that is not an object');
+    switch (event.type) {
+      case 'message_start': {
+        const message = isRecord(event.message) ? event.message : {};
+        if (isRecord(message.usage)) this.readUsage(message.usage);
+        return;
+      }
+      case 'content_block_start':
+        this.startBlock(event, out);
+        return;
+      case 'content_block_delta':
+        this.blockDelta(event, out);
+        return;
+      case 'message_delta': {
+        const delta = isRecord(event.delta) ? event.delta : {};
+        if (delta.stop_reason !== undefined && delta.stop_reason !== null)
+          this.reason = finishReasonOf(delta.stop_reason);
+        if (isRecord(event.usage)) this.readUsage(event.usage);
+        return;
+      }
+      case 'message_stop':
+        this.ended = true;
+        return;
+      case 'error':
+        throw upstreamErrorInAnswer(name, event);
+      default:
+        // ping, content_block_stop, and event types added later: nothing to relay.
+        return;
+    }
+  }
+
+  finish(): Delta {
+    const reason = this.toolIndexes.size > 0 ? 'tool_calls' : (this.reason ?? 'stop');
+    const usage: Usage | null =
+      this.promptTokens === null || this.completionTokens === null
+        ? null
+        : { promptTokens: this.promptTokens, completionTokens: this.completionTokens };
+    return { type: 'finish', reason, usage };
+  }
+
+  /**
+   * message_start carries the input figures, message_delta the output (cumulative), and may repeat
+   * the input ones.
+   */
+  private readUsage(usage: Record<string, unknown>): void {
+    const prompt = promptTokensOf(usage, this.providerName);
+    if (prompt !== null) this.promptTokens = prompt;
+    const completion = usageFigure(usage.output_tokens, this.providerName);
+    if (completion !== null) this.completionTokens = completion;
+  }
+
+  private startBlock(event: Record<string, unknown>, out: Delta[]): void {
+    const block = isRecord(event.content_block) ? event.content_block : {};
+    const index = blockIndex(event, this.providerName);
+    if (block.type === 'text') {
+      if (typeof block.text === 'string' && block.text.length > 0) this.text(block.text, out);
+      return;
+    }
+    if (block.type !== 'tool_use') return;
+    if (this.toolIndexes.has(index)) throw invalid(this.providerName, 'started a block twice');
+    if (this.toolIndexes.size === TOOL_CALLS_MAX)
+      throw invalid(this.providerName, `made more than ${TOOL_CALLS_MAX} tool calls`);
+    // The input arrives as input_json_delta events; the start's own `input` is an empty object.
+    const call = toolUseOf({ ...block, input: {} }, this.providerName);
+    const toolIndex = this.toolIndexes.size;
+    this.toolIndexes.set(index, toolIndex);
+    this.content.count(call.id);
+    this.content.count(call.name);
+    out.push({ type: 'tool_call', index: toolIndex, id: call.id, name: call.name, arguments: '' });
+  }
+
+  private blockDelta(event: Record<string, unknown>, out: Delta[]): void {
+    const delta = isRecord(event.delta) ? event.delta : {};
+    if (delta.type === 'text_delta') {
+      if (typeof delta.text !== 'string')
+        throw invalid(this.providerName, 'sent text that is not text');
+      if (delta.text.length > 0) this.text(delta.text, out);
+    } else if (delta.type === 'input_json_delta') {
+      const toolIndex = this.toolIndexes.get(blockIndex(event, this.providerName));
+      if (toolIndex === undefined)
+        throw invalid(this.providerName, 'sent tool input for a block that is not a tool call');
+      if (typeof delta.partial_json !== 'string')
+        throw invalid(this.providerName, 'sent tool input that is not text');
+      if (delta.partial_json.length === 0) return;
+      this.content.count(delta.partial_json);
+      out.push({
+        type: 'tool_call',
+        index: toolIndex,
+        id: null,
+        name: null,
+        arguments: delta.partial_json,
+      });
+    }
+    // thinking_delta, signature_delta, citations_delta: not chat content.
+  }
+
+  private text(text: string, out: Delta[]): void {
+    this.content.count(text);
+    out.push({ type: 'text', text });
+  }
+}
+
+function blockIndex(event: Record<string, unknown>, providerName: string): number {
+  const index = event.index;
+  if (typeof index !== 'number' || !Number.isSafeInteger(index) || index < 0)
+    throw invalid(providerName, 'sent a content block with a bad index');
+  return index;
+}

@@ -1,0 +1,278 @@
+// The Gemini API as a dialect of the HTTP provider (CONTRACT §7): generateContent and
+// streamGenerateContent (SSE), `systemInstruction`, and `functionCall` / `functionResponse` parts
+// mapped to tool calls by the `call_` ids the gateway gives them.
+import { GatewayError } from '../../util/errors.ts';
+import { newToolCallId } from '../../util/ids.ts';
+import { ContentMeter, invalid, isRecord, TOOL_CALLS_MAX, usageFigure } from '../http/answer.ts';
+import type { Dialect, StreamTranslator } from '../http/http-provider.ts';
+import type { Delta, FinishReason, ProviderMessage, ProviderRequest } from '../provider.ts';
+
+export const GEMINI_DIALECT: Dialect = {
+  path(request) {
+    const model = encodeURIComponent(request.model.replace(/^models\//, ''));
+    return request.stream
+      ? `models/${model}:streamGenerateContent?alt=sse`
+      : `models/${model}:generateContent`;
+  },
+  keyField: 'x-goog-api-key',
+  keyValue: (key) => key,
+  fields: new Map(),
+  body: requestBody,
+  streamTranslator: (providerName, contentBytesMax) =>
+    new ChunkTranslator(providerName, contentBytesMax),
+  completion(answer, name) {
+    const translator = new ChunkTranslator(name, Number.MAX_SAFE_INTEGER);
+    const deltas: Delta[] = [];
+    translator.translate(answer, deltas);
+    deltas.push(translator.finish());
+    return deltas;
+  },
+  errorOf(body) {
+    // Errors come as {error: {code, message, status}}, and in a stream as a list of those.
+    const first = Array.isArray(body) ? body[0] : body;
+    const error = isRecord(first) && isRecord(first.error) ? first.error : {};
+    return {
+      code: typeof error.status === 'string' ? error.status : null,
+      message: typeof error.message === 'string' ? error.message : '',
+    };
+  },
+  // "The input token count (1048577) exceeds the maximum number of tokens allowed (1048576)."
+  contextExceeded: (_status, _code, message) =>
+    /exceeds the maximum number of tokens/i.test(message),
+};
+
+type Part = Record<string, unknown>;
+interface Content {
+  role: 'user' | 'model';
+  parts: Part[];
+}
+
+function requestBody(request: ProviderRequest): Record<string, unknown> {
+  const system: string[] = [];
+  const contents: Content[] = [];
+  // A tool reply names its call by id; Gemini wants the function's name: found in the assistant
+  // turn that made the call.
+  const names = new Map<string, string>();
+  for (const message of request.messages) {
+    if (message.role === 'system') system.push(message.content);
+    else appendContent(contents, message, names);
+  }
+  const body: Record<string, unknown> = { contents };
+  if (system.length > 0) body.systemInstruction = { parts: [{ text: system.join('\n\n') }] };
+  const generation: Record<string, unknown> = {};
+  if (request.maxOutputTokens !== null) generation.maxOutputTokens = request.maxOutputTokens;
+  if (request.temperature !== null) generation.temperature = request.temperature;
+  if (request.topP !== null) generation.topP = request.topP;
+  if (request.topK !== null) generation.topK = request.topK;
+  if (request.seed !== null) generation.seed = request.seed;
+  if (request.stop !== null && request.stop.length > 0) generation.stopSequences = request.stop;
+  if (Object.keys(generation).length > 0) body.generationConfig = generation;
+  if (request.tools !== null && request.tools.length > 0) {
+    body.tools = [
+      {
+        functionDeclarations: request.tools.map((tool) => ({
+          name: tool.function.name,
+          ...(tool.function.description === undefined
+            ? {}
+            : { description: tool.function.description }),
+          // Full JSON Schema (the older `parameters` takes only an OpenAPI subset).
+          ...(tool.function.parameters === undefined
+            ? {}
+            : { parametersJsonSchema: tool.function.parameters }),
+        })),
+      },
+    ];
+    const choice = request.toolChoice;
+    if (choice === 'auto') body.toolConfig = { functionCallingConfig: { mode: 'AUTO' } };
+    else if (choice === 'required') body.toolConfig = { functionCallingConfig: { mode: 'ANY' } };
+    else if (choice === 'none') body.toolConfig = { functionCallingConfig: { mode: 'NONE' } };
+    else if (choice !== null) {
+      body.toolConfig = {
+        functionCallingConfig: { mode: 'ANY', allowedFunctionNames: [choice.function.name] },
+      };
+    }
+  }
+  return body;
+}
+
+function appendContent(
+  contents: Content[],
+  message: Exclude<ProviderMessage, { role: 'system' }>,
+  names: Map<string, string>,
+): void {
+  let role: 'user' | 'model';
+  const parts: Part[] = [];
+  if (message.role === 'tool') {
+    role = 'user';
+    const name = names.get(message.tool_call_id);
+    if (name === undefined) {
+      // chat validation checks that every tool reply follows its call; this is its twin.
+      throw new GatewayError(
+        'invalid_request_error',
+        'A tool message answers no earlier tool call.',
+        { param: 'messages' },
+      );
+    }
+    parts.push({ functionResponse: { name, response: toolResponse(message.content) } });
+  } else if (message.role === 'assistant') {
+    role = 'model';
+    if (message.content !== null && message.content.length > 0)
+      parts.push({ text: message.content });
+    message.tool_calls?.forEach((call, index) => {
+      names.set(call.id, call.function.name);
+      parts.push({
+        functionCall: { name: call.function.name, args: toolArgs(call.function.arguments, index) },
+      });
+    });
+  } else {
+    role = 'user';
+    parts.push({ text: message.content });
+  }
+  // Gemini wants turns to alternate, and all replies to one turn's calls in the next turn.
+  const last = contents.at(-1);
+  if (last !== undefined && last.role === role) last.parts.push(...parts);
+  else contents.push({ role, parts });
+}
+
+/** A tool's reply as the object `functionResponse.response` must be. */
+function toolResponse(content: string): Record<string, unknown> {
+  try {
+    const value: unknown = JSON.parse(content);
+    if (isRecord(value)) return value;
+  } catch {
+    // not JSON: passed on as text
+  }
+  return { output: content };
+}
+
+function toolArgs(text: string, index: number): Record<string, unknown> {
+  if (text.trim() === '') return {};
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch {
+    value = null;
+  }
+  if (!isRecord(value)) {
+    throw new GatewayError(
+      'invalid_request_error',
+      'Tool-call arguments sent back to this model must be a JSON object.',
+      { param: `tool_calls[${index}].function.arguments` },
+    );
+  }
+  return value;
+}
+
+/**
+ * Turns GenerateContentResponse objects into deltas: each chunk of a stream, or the whole answer.
+ * Text comes in parts of any chunk; a function call comes whole in one part.
+ */
+class ChunkTranslator implements StreamTranslator {
+  /** The stream ends with the connection; there is no end marker. */
+  readonly ended = false;
+  private reason: FinishReason | null = null;
+  private promptTokens: number | null = null;
+  private completionTokens: number | null = null;
+  private toolCalls = 0;
+  private readonly content: ContentMeter;
+
+  constructor(
+    private readonly providerName: string,
+    contentBytesMax: number,
+  ) {
+    this.content = new ContentMeter(providerName, contentBytesMax);
+  }
+
+  get finished(): boolean {
+    return this.reason !== null;
+  }
+
+  translate(chunk: unknown, out: Delta[]): void {
+    const name = this.providerName;
+    if (!isRecord(chunk)) throw invalid(name, 'sent a chunk that is not an object');
+    if (chunk.error !== undefined && chunk.error !== null) {
+      throw new GatewayError(
+        'upstream_error',
+        `Upstream ${name} reported an error inside its answer.`,
+      );
+    }
+    if (isRecord(chunk.usageMetadata)) this.readUsage(chunk.usageMetadata);
+    const candidates = chunk.candidates;
+    if (candidates === undefined || candidates === null) {
+      // A prompt the provider blocked answers with no candidate at all: an empty answer.
+      if (isRecord(chunk.promptFeedback) && chunk.promptFeedback.blockReason !== undefined)
+        this.reason = 'stop';
+      return;
+    }
+    if (!Array.isArray(candidates)) throw invalid(name, 'sent candidates that are not a list');
+    const candidate: unknown = candidates[0];
+    if (candidate === undefined) return;
+    if (!isRecord(candidate)) throw invalid(name, 'sent a candidate that is not an object');
+    const content = candidate.content;
+    if (isRecord(content) && content.parts !== undefined) {
+      if (!Array.isArray(content.parts)) throw invalid(name, 'sent parts that are not a list');
+      for (const part of content.parts) this.part(part, out);
+    }
+    if (typeof candidate.finishReason === 'string' && candidate.finishReason !== '') {
+      this.reason = candidate.finishReason === 'MAX_TOKENS' ? 'length' : 'stop';
+    }
+  }
+
+  finish(): Delta {
+    const reason = this.toolCalls > 0 ? 'tool_calls' : (this.reason ?? 'stop');
+    return {
+      type: 'finish',
+      reason,
+      usage:
+        this.promptTokens === null
+          ? null
+          : { promptTokens: this.promptTokens, completionTokens: this.completionTokens ?? 0 },
+    };
+  }
+
+  /** Completion tokens are what was written and what was thought (CONTRACT §7). */
+  private readUsage(usage: Record<string, unknown>): void {
+    const name = this.providerName;
+    const prompt = usageFigure(usage.promptTokenCount, name);
+    if (prompt !== null) this.promptTokens = prompt;
+    const candidates = usageFigure(usage.candidatesTokenCount, name);
+    const thoughts = usageFigure(usage.thoughtsTokenCount, name);
+    if (candidates !== null || thoughts !== null) {
+      this.completionTokens = usageFigure((candidates ?? 0) + (thoughts ?? 0), name);
+    }
+  }
+
+  private part(part: unknown, out: Delta[]): void {
+    const name = this.providerName;
+    if (!isRecord(part)) throw invalid(name, 'sent a part that is not an object');
+    // A thought summary is not the answer.
+    if (part.thought === true) return;
+    if (typeof part.text === 'string') {
+      if (part.text.length > 0) {
+        this.content.count(part.text);
+        out.push({ type: 'text', text: part.text });
+      }
+      return;
+    }
+    const call = part.functionCall;
+    if (call === undefined) return;
+    if (!isRecord(call) || typeof call.name !== 'string' || call.name.length === 0)
+      throw invalid(name, 'started a tool call without a name');
+    const args = call.args === undefined || call.args === null ? {} : call.args;
+    if (!isRecord(args)) throw invalid(name, 'sent tool arguments that are not an object');
+    if (this.toolCalls === TOOL_CALLS_MAX)
+      throw invalid(name, `made more than ${TOOL_CALLS_MAX} tool calls`);
+    const text = JSON.stringify(args);
+    this.content.count(call.name);
+    this.content.count(text);
+    // Gemini's calls have no id a client could send back; the gateway's own maps the reply back
+    // through the assistant message that carries it (requestBody).
+    out.push({
+      type: 'tool_call',
+      index: this.toolCalls++,
+      id: newToolCallId(),
+      name: call.name,
+      arguments: text,
+    });
+  }
+}
