@@ -50,8 +50,8 @@ for (const svc of [CHAT, DECISION] as ServiceUnderTest[]) {
     expect(refused.status).toBe(503);
     expect(((await refused.json()) as any).error.code).toBe('service_unavailable');
     expect(up.calls.length).toBe(1);
-    // A is interrupted when the grace ends; shortened here by aborting it from the client.
-    t.gateway.registry.all().forEach((actor) => actor.abort('interrupted'));
+    // A would be interrupted when the grace ends; interrupted now, as the grace's end does.
+    for (const actor of t.gateway.registry.all()) actor.abort('interrupted');
     await a;
     await stopping;
     expect(t.gateway.registry.size).toBe(0);
