@@ -59,7 +59,7 @@ describe('fake Anthropic, read by @anthropic-ai/sdk', () => {
     fake.mode = 'text';
   });
 
-  test('non-stream text: the Message, its usage with cache figures, and the auth headers', async () => {
+  test('non-stream text: the Message, its usage with cache figures, the auth headers', async () => {
     const message = await client.messages.create(base);
     expect(message.id).toStartWith('msg_');
     expect(message.type).toBe('message');
@@ -93,7 +93,7 @@ describe('fake Anthropic, read by @anthropic-ai/sdk', () => {
     expect(fallback.content[1]).toMatchObject({ type: 'tool_use', name: FALLBACK_TOOL });
   });
 
-  test('stream text: deltas add up to the answer; message_delta settles usage and stop', async () => {
+  test('stream text: deltas add up; message_delta settles usage and stop', async () => {
     const stream = client.messages.stream(base);
     const deltas: string[] = [];
     stream.on('text', (delta) => deltas.push(delta));
@@ -276,7 +276,7 @@ describe('fake Gemini, read by @google/genai', () => {
     return chunks;
   }
 
-  test('generateContent text: text, finishReason, usage with thoughts, and the key header', async () => {
+  test('generateContent text: text, finishReason, usage with thoughts, key header', async () => {
     const response = await ai.models.generateContent(base);
     expect(response.text).toBe(ANSWER_TEXT);
     expect(response.candidates?.[0]?.finishReason).toBe('STOP' as any);
@@ -301,7 +301,7 @@ describe('fake Gemini, read by @google/genai', () => {
     expect(fallback.functionCalls).toEqual([{ name: FALLBACK_TOOL, args: TOOL_INPUT }]);
   });
 
-  test('generateContentStream text: pieces add up; the last chunk has the final usage', async () => {
+  test('generateContentStream text: pieces add up; the last chunk has final usage', async () => {
     const chunks = await collect(base);
     expect(chunks.map((chunk) => chunk.text)).toEqual([...GEMINI_TEXT_PIECES]);
     expect(chunks.map((chunk) => chunk.text).join('')).toBe(ANSWER_TEXT);
@@ -354,7 +354,7 @@ describe('fake Gemini, read by @google/genai', () => {
     expect(JSON.parse(error.message).error.message).toContain(SECRET_PROMPT);
   });
 
-  test('midstream_error: one chunk, then the bare error JSON the SDK throws as ApiError', async () => {
+  test('midstream_error: one chunk, then a bare error JSON thrown as ApiError', async () => {
     fake.mode = 'midstream_error';
     const texts: (string | undefined)[] = [];
     const error = await failure(async () => {
