@@ -7,7 +7,7 @@
  * (`error529` is Anthropic's "overloaded", Gemini's 503 UNAVAILABLE); `garbage` is a 200 whose body
  * (or first stream event) is not JSON; `hang` never answers; `endless` streams text until the
  * client goes away; `midstream_error` streams one piece of text, then the vendor's mid-stream
- * failure.
+ * failure. `endless` and `midstream_error` answer with a stream even when none was asked for.
  */
 export type VendorMode =
   | 'text'
