@@ -772,10 +772,56 @@ function verdict(pass: boolean | null): string {
 
 // ------------------------------------------------------------------------------------------
 
+/** bench/results/latest.json; the optional parts are added in this order as their phases run. */
+interface Report {
+  startedAt: string;
+  command: string;
+  machine: {
+    cpu: string;
+    cores: number;
+    arch: string;
+    kernel: string;
+    bun: string;
+    loadAvgAtStart: string;
+  };
+  settings: Record<string, number>;
+  server?: { idleRssMiB: Record<string, number>; runs: ServerRun[] };
+  latency?: {
+    addedMs: Record<string, number>;
+    p50Ms: Record<string, { ttft: number; total: number }>;
+  };
+  memory?: MemoryReport;
+  wal?: WalReport;
+  micro?: MicroResult[];
+  checks?: Check[];
+  elapsedS?: number;
+}
+
+type LatencyTable = ReturnType<typeof latencyTable>;
+
+/** What the phases measured, for the checks and the markdown; empty or null when skipped. */
+interface Measured {
+  runs: ServerRun[];
+  latency: LatencyTable | null;
+  memory: MemoryReport | null;
+  wal: WalReport | null;
+  micro: MicroResult[] | null;
+}
+
 async function main(): Promise<void> {
   installSignalCleanup();
   const startedMs = Date.now();
-  const report: Record<string, unknown> = {
+  const report = await startReport(startedMs);
+  const measured = await measureAll(report);
+  const checks = allChecks(measured);
+  report.checks = checks;
+  report.elapsedS = (Date.now() - startedMs) / 1000;
+  writeResults(report, renderMarkdown(report, measured, checks));
+}
+
+/** The report's head: when, how invoked, on what machine, with which settings. */
+async function startReport(startedMs: number): Promise<Report> {
+  return {
     startedAt: new Date(startedMs).toISOString(),
     command: `bun bench/run.ts ${argv.join(' ')}`.trim(),
     machine: {
@@ -795,239 +841,268 @@ async function main(): Promise<void> {
       memoryRounds: MEMORY_ROUNDS,
     },
   };
-  const checks: Check[] = [];
-  const sections: string[] = [];
-  let runs: ServerRun[] = [];
-  let latency: ReturnType<typeof latencyTable> | null = null;
+}
 
-  if (!SKIP.has('server') || !SKIP.has('latency') || !SKIP.has('memory')) {
-    await ensureWrk();
-    const upstream = await startUpstreamProcess();
-    if (!SKIP.has('server') || !SKIP.has('latency')) {
-      log(
-        `upstream ${upstream.url}; starting the proxy and three tollgates (fsync always, ` +
-          `interval, off)`,
-      );
-      const proxy = await startProxyProcess(upstream.url);
-      const [always, interval, off] = [
-        await startTollgate(upstream.url, 'always'),
-        await startTollgate(upstream.url, 'interval'),
-        await startTollgate(upstream.url, 'off'),
-      ];
-      const json = { 'content-type': 'application/json' };
-      const tollgateTarget = (name: TargetName, t: Tollgate): Target => ({
-        name,
-        label: LABELS[name],
-        url: `${t.url}/api/v1/chat/completions`,
-        pid: t.pid,
-        headers: { ...json, authorization: `Bearer ${t.key}` },
-      });
-      const targets: Record<TargetName, Target> = {
-        direct: {
-          name: 'direct',
-          label: LABELS.direct,
-          url: `${upstream.url}/v1/chat/completions`,
-          pid: null,
-          headers: { ...json, authorization: 'Bearer direct' },
-        },
-        proxy: {
-          name: 'proxy',
-          label: LABELS.proxy,
-          url: `${proxy.url}/v1/chat/completions`,
-          pid: proxy.pid,
-          headers: { ...json, authorization: 'Bearer direct' },
-        },
-        tollgate: tollgateTarget('tollgate', always),
-        'tollgate-interval': tollgateTarget('tollgate-interval', interval),
-        'tollgate-off': tollgateTarget('tollgate-off', off),
-      };
-      const idleRss = Object.fromEntries(
-        Object.values(targets)
-          .filter((t) => t.pid !== null)
-          .map((t) => [t.name, rssMiB(t.pid!)]),
-      );
-      if (!SKIP.has('server')) {
-        runs = await serverBench(targets, upstream);
-        report.server = { idleRssMiB: idleRss, runs };
-      }
-      if (!SKIP.has('latency')) {
-        log(
-          `latency client: ${LATENCY_REQUESTS} sequential ` +
-            `requests per target and mode, interleaved`,
-        );
-        const samples = await latencyBench(targets);
-        latency = latencyTable(samples);
-        report.latency = {
-          addedMs: latency.addedMs,
-          p50Ms: Object.fromEntries(
-            Object.entries(samples).map(([k, v]) => [
-              k,
-              { ttft: percentile(v.ttftMs, 50), total: percentile(v.totalMs, 50) },
-            ]),
-          ),
-        };
-      }
-      for (const service of [proxy, always, interval, off]) await stopChild(service.child);
-    }
-    if (!SKIP.has('memory')) {
-      log(`memory: ${OPEN_STREAMS} open streams through a fresh tollgate, ${MEMORY_ROUNDS} rounds`);
-      const memory = await memoryBench(upstream);
-      memory.proxy = await proxyMemoryReference(upstream);
-      report.memory = memory;
-    }
-    await stopChild(upstream.child);
-  }
-
-  let wal: WalReport | null = null;
+/**
+ * Every phase not skipped, in order: those that need the fake upstream (server, latency, memory),
+ * then the WAL and micro benchmarks in their own processes.
+ */
+async function measureAll(report: Report): Promise<Measured> {
+  const measured: Measured = { runs: [], latency: null, memory: null, wal: null, micro: null };
+  if (!SKIP.has('server') || !SKIP.has('latency') || !SKIP.has('memory'))
+    await upstreamPhases(report, measured);
   if (!SKIP.has('wal')) {
     log('wal: appends/s and append-to-durable latency per fsync policy');
-    wal = await runJsonChild<WalReport>(['bench/wal.ts', '--seconds', quick ? '0.5' : '1.5']);
-    report.wal = wal;
+    measured.wal = await runJsonChild<WalReport>([
+      'bench/wal.ts',
+      '--seconds',
+      quick ? '0.5' : '1.5',
+    ]);
+    report.wal = measured.wal;
   }
-  let micro: MicroResult[] | null = null;
   if (!SKIP.has('micro')) {
     log('micro: mitata');
-    micro = await runJsonChild<MicroResult[]>(['bench/micro.ts']);
-    report.micro = micro;
+    measured.micro = await runJsonChild<MicroResult[]>(['bench/micro.ts']);
+    report.micro = measured.micro;
   }
+  return measured;
+}
 
-  // ---- checks against the issue's figures
-  if (runs.length > 0) {
-    const ratio = (mode: Mode, f: (a: ServerRun, b: ServerRun) => number) =>
-      median(perRound(runs, mode, 32, 'tollgate', 'proxy', f));
-    const cpuNs = ratio(
-      'nonstream',
-      (a, b) => a.gatewayCpuUsPerRequest! / b.gatewayCpuUsPerRequest!,
-    );
-    const rpsNs = ratio('nonstream', (a, b) => a.wrk.rps / b.wrk.rps);
-    const cpuSt = ratio('stream', (a, b) => a.gatewayCpuUsPerRequest! / b.gatewayCpuUsPerRequest!);
-    const rpsSt = ratio('stream', (a, b) => a.wrk.rps / b.wrk.rps);
-    checks.push(
-      {
-        figure: 'Non-stream CPU/request ÷ proxy (c32)',
-        target: '≤ 2.0',
-        measured: fmt(cpuNs),
-        pass: cpuNs <= 2.0,
-      },
-      {
-        figure: 'Non-stream req/s ÷ proxy (c32)',
-        target: '≥ 0.5',
-        measured: fmt(rpsNs),
-        pass: rpsNs >= 0.5,
-      },
-      {
-        figure: 'Stream CPU/request ÷ proxy (c32)',
-        target: '≤ 1.5',
-        measured: fmt(cpuSt),
-        pass: cpuSt <= 1.5,
-      },
-      {
-        figure: 'Stream req/s ÷ proxy (c32)',
-        target: '≥ 0.7',
-        measured: fmt(rpsSt),
-        pass: rpsSt >= 0.7,
-      },
-    );
-    for (const [name, limit] of [
-      ['tollgate', 0.5],
-      ['tollgate-interval', 0.25],
-    ] as const) {
-      const added = median(
-        perRound(runs, 'nonstream', 1, name, 'direct', (a, b) => a.wrk.p50Ms - b.wrk.p50Ms),
-      );
-      checks.push({
-        figure: `Non-stream p50 added over direct, c1, wrk (${LABELS[name]})`,
-        target: `≤ ${limit} ms`,
-        measured: `${fmt(added, 3)} ms`,
-        pass: added <= limit,
-      });
-    }
+/** The phases against one fake upstream: the gateways side by side, then memory. */
+async function upstreamPhases(report: Report, measured: Measured): Promise<void> {
+  await ensureWrk();
+  const upstream = await startUpstreamProcess();
+  if (!SKIP.has('server') || !SKIP.has('latency')) await gatewayPhases(report, measured, upstream);
+  if (!SKIP.has('memory')) {
+    log(`memory: ${OPEN_STREAMS} open streams through a fresh tollgate, ${MEMORY_ROUNDS} rounds`);
+    const memory = await memoryBench(upstream);
+    memory.proxy = await proxyMemoryReference(upstream);
+    report.memory = memory;
+    measured.memory = memory;
   }
-  if (latency) {
-    for (const [name, limit] of [
-      ['tollgate', 0.5],
-      ['tollgate-interval', 0.25],
-    ] as const) {
-      const ttft = latency.addedMs[`${name}/ttft`]!;
-      checks.push({
-        figure: `TTFT p50 added over direct, c1 (${LABELS[name]})`,
-        target: `≤ ${limit} ms`,
-        measured: `${fmt(ttft, 3)} ms`,
-        pass: ttft <= limit,
-      });
-      if (runs.length === 0) {
-        const ns = latency.addedMs[`${name}/nonstream`]!;
-        checks.push({
-          figure: `Non-stream p50 added over direct, c1, client (${LABELS[name]})`,
-          target: `≤ ${limit} ms`,
-          measured: `${fmt(ns, 3)} ms`,
-          pass: ns <= limit,
-        });
-      }
-    }
-  }
-  const memory = report.memory as MemoryReport | undefined;
-  if (memory && memory.rounds.length > 0) {
-    // Round 1 starts from the quiet idle baseline; later rounds also carry the garbage earlier
-    // rounds left.
-    const openCost = memory.rounds[0]!.openMiB - memory.startMiB;
-    const growth = (memory.finalMiB - memory.startMiB) / memory.startMiB;
-    checks.push(
-      {
-        figure: `RSS with ${OPEN_STREAMS} open streams over quiet idle (round 1)`,
-        target: '≤ 30 MiB',
-        measured: `${fmt(openCost, 1)} MiB`,
-        pass: openCost <= 30,
-      },
-      {
-        figure:
-          `RSS after the streams end vs idle start (${QUIET_MS / 1000} s after ` +
-          `${memory.rounds.length} rounds)`,
-        target: 'within 10 %',
-        measured:
-          `${growth >= 0 ? '+' : ''}${fmt(growth * 100, 1)} % (${fmt(memory.startMiB, 1)} → ` +
-          `${fmt(memory.finalMiB, 1)} MiB)`,
-        pass: Math.abs(growth) <= 0.1,
-      },
-      ...(memory.proxy
-        ? [
-            {
-              figure:
-                `(reference) trivial proxy: RSS with ${OPEN_STREAMS} open streams over ` +
-                `quiet idle`,
-              target: '—',
-              measured: `${fmt(memory.proxy.openMiB - memory.proxy.startMiB, 1)} MiB`,
-              pass: null,
-            },
-          ]
-        : []),
-      {
-        figure:
-          `(finding) ${OPEN_STREAMS} streams open at ` + `once with tollgate's default environment`,
-        target: `${OPEN_STREAMS}`,
-        measured: `${memory.fetchLimitProbe.opened}`,
-        pass: !memory.fetchLimitProbe.envNeeded,
-      },
-    );
-  }
-  report.checks = checks;
-  report.elapsedS = (Date.now() - startedMs) / 1000;
+  await stopChild(upstream.child);
+}
 
-  // ---- markdown
-  const m = report.machine as Record<string, unknown>;
-  sections.push(
-    '# tollgate benchmarks — latest run',
-    '',
-    `Produced by \`${report.command}\` (\`npm run bench\`) at ${report.startedAt}, in ` +
-      `${fmt(report.elapsedS as number, 0)} s.`,
-    `Machine: ${m.cpu}, ${m.cores} cores, ${m.arch}, Linux ${m.kernel}, Bun ${m.bun}; load ` +
-      `average at start ${m.loadAvgAtStart}.`,
-    `Gateways (proxy, tollgate) pinned to core ${CORE_GATEWAY}; upstream, wrk and clients to ` +
-      `core ${CORE_LOAD}. ` +
-      `All figures come from this one run; ratios are taken per round, then the median (and ` +
-      `range) over ${ROUNDS} rounds.`,
-    '',
+/** The server and latency phases, over the same five targets (started once, stopped after). */
+async function gatewayPhases(report: Report, measured: Measured, upstream: Service): Promise<void> {
+  log(
+    `upstream ${upstream.url}; starting the proxy and three tollgates (fsync always, ` +
+      `interval, off)`,
   );
+  const { targets, gateways } = await startTargets(upstream);
+  const idleRss = Object.fromEntries(
+    Object.values(targets)
+      .filter((t) => t.pid !== null)
+      .map((t) => [t.name, rssMiB(t.pid!)]),
+  );
+  if (!SKIP.has('server')) {
+    measured.runs = await serverBench(targets, upstream);
+    report.server = { idleRssMiB: idleRss, runs: measured.runs };
+  }
+  if (!SKIP.has('latency')) measured.latency = await latencyPhase(report, targets);
+  for (const service of gateways) await stopChild(service.child);
+}
+
+/** The proxy and three tollgates (fsync always, interval, off), and the upstream itself. */
+async function startTargets(
+  upstream: Service,
+): Promise<{ targets: Record<TargetName, Target>; gateways: Service[] }> {
+  const proxy = await startProxyProcess(upstream.url);
+  const [always, interval, off] = [
+    await startTollgate(upstream.url, 'always'),
+    await startTollgate(upstream.url, 'interval'),
+    await startTollgate(upstream.url, 'off'),
+  ];
+  const json = { 'content-type': 'application/json' };
+  const tollgateTarget = (name: TargetName, t: Tollgate): Target => ({
+    name,
+    label: LABELS[name],
+    url: `${t.url}/api/v1/chat/completions`,
+    pid: t.pid,
+    headers: { ...json, authorization: `Bearer ${t.key}` },
+  });
+  const targets: Record<TargetName, Target> = {
+    direct: {
+      name: 'direct',
+      label: LABELS.direct,
+      url: `${upstream.url}/v1/chat/completions`,
+      pid: null,
+      headers: { ...json, authorization: 'Bearer direct' },
+    },
+    proxy: {
+      name: 'proxy',
+      label: LABELS.proxy,
+      url: `${proxy.url}/v1/chat/completions`,
+      pid: proxy.pid,
+      headers: { ...json, authorization: 'Bearer direct' },
+    },
+    tollgate: tollgateTarget('tollgate', always),
+    'tollgate-interval': tollgateTarget('tollgate-interval', interval),
+    'tollgate-off': tollgateTarget('tollgate-off', off),
+  };
+  return { targets, gateways: [proxy, always, interval, off] };
+}
+
+/** The sequential latency client over all targets; its table and the report's p50s. */
+async function latencyPhase(
+  report: Report,
+  targets: Record<TargetName, Target>,
+): Promise<LatencyTable> {
+  log(`latency client: ${LATENCY_REQUESTS} sequential requests per target and mode, interleaved`);
+  const samples = await latencyBench(targets);
+  const latency = latencyTable(samples);
+  report.latency = {
+    addedMs: latency.addedMs,
+    p50Ms: Object.fromEntries(
+      Object.entries(samples).map(([k, v]) => [
+        k,
+        { ttft: percentile(v.ttftMs, 50), total: percentile(v.totalMs, 50) },
+      ]),
+    ),
+  };
+  return latency;
+}
+
+// ---- checks against the issue's figures
+
+function allChecks(measured: Measured): Check[] {
+  const { runs, latency, memory } = measured;
+  const checks: Check[] = [];
+  if (runs.length > 0) checks.push(...serverChecks(runs));
+  // The client's non-stream figure stands in for wrk's only when the server phase was skipped.
+  if (latency) checks.push(...latencyChecks(latency, runs.length === 0));
+  if (memory && memory.rounds.length > 0) checks.push(...memoryChecks(memory));
+  return checks;
+}
+
+/** Tollgate ÷ proxy at 32 connections, and the p50 wrk adds over direct at 1. */
+function serverChecks(runs: ServerRun[]): Check[] {
+  const ratio = (mode: Mode, f: (a: ServerRun, b: ServerRun) => number) =>
+    median(perRound(runs, mode, 32, 'tollgate', 'proxy', f));
+  const cpuNs = ratio('nonstream', (a, b) => a.gatewayCpuUsPerRequest! / b.gatewayCpuUsPerRequest!);
+  const rpsNs = ratio('nonstream', (a, b) => a.wrk.rps / b.wrk.rps);
+  const cpuSt = ratio('stream', (a, b) => a.gatewayCpuUsPerRequest! / b.gatewayCpuUsPerRequest!);
+  const rpsSt = ratio('stream', (a, b) => a.wrk.rps / b.wrk.rps);
+  const checks: Check[] = [
+    {
+      figure: 'Non-stream CPU/request ÷ proxy (c32)',
+      target: '≤ 2.0',
+      measured: fmt(cpuNs),
+      pass: cpuNs <= 2.0,
+    },
+    {
+      figure: 'Non-stream req/s ÷ proxy (c32)',
+      target: '≥ 0.5',
+      measured: fmt(rpsNs),
+      pass: rpsNs >= 0.5,
+    },
+    {
+      figure: 'Stream CPU/request ÷ proxy (c32)',
+      target: '≤ 1.5',
+      measured: fmt(cpuSt),
+      pass: cpuSt <= 1.5,
+    },
+    {
+      figure: 'Stream req/s ÷ proxy (c32)',
+      target: '≥ 0.7',
+      measured: fmt(rpsSt),
+      pass: rpsSt >= 0.7,
+    },
+  ];
+  for (const [name, limit] of ADDED_LIMITS_MS) {
+    const added = median(
+      perRound(runs, 'nonstream', 1, name, 'direct', (a, b) => a.wrk.p50Ms - b.wrk.p50Ms),
+    );
+    checks.push({
+      figure: `Non-stream p50 added over direct, c1, wrk (${LABELS[name]})`,
+      target: `≤ ${limit} ms`,
+      measured: `${fmt(added, 3)} ms`,
+      pass: added <= limit,
+    });
+  }
+  return checks;
+}
+
+/** The most latency a tollgate may add over direct at 1 connection, per fsync policy. */
+const ADDED_LIMITS_MS = [
+  ['tollgate', 0.5],
+  ['tollgate-interval', 0.25],
+] as const;
+
+/** TTFT added over direct, and (without wrk's figure) the client's non-stream p50 added. */
+function latencyChecks(latency: LatencyTable, withNonstream: boolean): Check[] {
+  const checks: Check[] = [];
+  for (const [name, limit] of ADDED_LIMITS_MS) {
+    const ttft = latency.addedMs[`${name}/ttft`]!;
+    checks.push({
+      figure: `TTFT p50 added over direct, c1 (${LABELS[name]})`,
+      target: `≤ ${limit} ms`,
+      measured: `${fmt(ttft, 3)} ms`,
+      pass: ttft <= limit,
+    });
+    if (withNonstream) {
+      const ns = latency.addedMs[`${name}/nonstream`]!;
+      checks.push({
+        figure: `Non-stream p50 added over direct, c1, client (${LABELS[name]})`,
+        target: `≤ ${limit} ms`,
+        measured: `${fmt(ns, 3)} ms`,
+        pass: ns <= limit,
+      });
+    }
+  }
+  return checks;
+}
+
+/** The cost of the open streams, the memory given back after them, the fetch-limit finding. */
+function memoryChecks(memory: MemoryReport): Check[] {
+  // Round 1 starts from the quiet idle baseline; later rounds also carry the garbage earlier
+  // rounds left.
+  const openCost = memory.rounds[0]!.openMiB - memory.startMiB;
+  const growth = (memory.finalMiB - memory.startMiB) / memory.startMiB;
+  return [
+    {
+      figure: `RSS with ${OPEN_STREAMS} open streams over quiet idle (round 1)`,
+      target: '≤ 30 MiB',
+      measured: `${fmt(openCost, 1)} MiB`,
+      pass: openCost <= 30,
+    },
+    {
+      figure:
+        `RSS after the streams end vs idle start (${QUIET_MS / 1000} s after ` +
+        `${memory.rounds.length} rounds)`,
+      target: 'within 10 %',
+      measured:
+        `${growth >= 0 ? '+' : ''}${fmt(growth * 100, 1)} % (${fmt(memory.startMiB, 1)} → ` +
+        `${fmt(memory.finalMiB, 1)} MiB)`,
+      pass: Math.abs(growth) <= 0.1,
+    },
+    ...(memory.proxy
+      ? [
+          {
+            figure:
+              `(reference) trivial proxy: RSS with ${OPEN_STREAMS} open streams over ` +
+              `quiet idle`,
+            target: '—',
+            measured: `${fmt(memory.proxy.openMiB - memory.proxy.startMiB, 1)} MiB`,
+            pass: null,
+          },
+        ]
+      : []),
+    {
+      figure: `(finding) ${OPEN_STREAMS} streams open at once with tollgate's default environment`,
+      target: `${OPEN_STREAMS}`,
+      measured: `${memory.fetchLimitProbe.opened}`,
+      pass: !memory.fetchLimitProbe.envNeeded,
+    },
+  ];
+}
+
+// ---- markdown
+
+/** The whole markdown: a head, then one section per phase that ran. */
+function renderMarkdown(report: Report, measured: Measured, checks: Check[]): string {
+  const { runs, latency, memory, wal, micro } = measured;
+  const sections = headSection(report);
   if (checks.length > 0) {
     sections.push(
       '## Targets (issue 5)',
@@ -1039,136 +1114,9 @@ async function main(): Promise<void> {
       '',
     );
   }
-  if (runs.length > 0) {
-    sections.push(
-      '## Whole server, side by side',
-      '',
-      `wrk -t1, ${LOAD_SECONDS} s per run at 32 connections and ${LATENCY_SECONDS} s at 1, ` +
-        `after a ${WARMUP_SECONDS} s warm-up per target. ` +
-        "Direct and proxy pass the client's `stream` flag to the upstream (non-stream = one JSON " +
-        'reply); so does tollgate (since 8200c6f; before, it always streamed from the ' +
-        'upstream). ' +
-        'Gateway CPU = utime+stime of the gateway process from /proc over the run ÷ requests; ' +
-        'RSS after the run.',
-      '',
-      serverTables(runs),
-      '### Added latency of fsync `always` over `off` (issue 3, from the runs above)',
-      '',
-      table(
-        [
-          'mode',
-          'connections',
-          'p50 always − off (ms)',
-          'p99 always − off (ms)',
-          'req/s always ÷ off',
-        ],
-        (['nonstream', 'stream'] as const).flatMap((mode) =>
-          [1, 32].map((c) => [
-            mode,
-            String(c),
-            fmtRatio(
-              perRound(
-                runs,
-                mode,
-                c,
-                'tollgate',
-                'tollgate-off',
-                (a, b) => a.wrk.p50Ms - b.wrk.p50Ms,
-              ),
-              3,
-            ),
-            fmtRatio(
-              perRound(
-                runs,
-                mode,
-                c,
-                'tollgate',
-                'tollgate-off',
-                (a, b) => a.wrk.p99Ms - b.wrk.p99Ms,
-              ),
-              3,
-            ),
-            fmtRatio(
-              perRound(runs, mode, c, 'tollgate', 'tollgate-off', (a, b) => a.wrk.rps / b.wrk.rps),
-            ),
-          ]),
-        ),
-      ),
-      '',
-    );
-  }
-  if (latency) {
-    sections.push(
-      '## Time to first token and non-stream latency, 1 connection',
-      '',
-      `A sequential Bun client on core ${CORE_LOAD}, ${LATENCY_REQUESTS} requests per target ` +
-        `and mode after 30 warm-up, interleaved over the targets. ` +
-        'TTFT = time from sending the request to the first SSE `data:` bytes.',
-      '',
-      latency.markdown,
-      '',
-    );
-  }
-  if (memory) {
-    sections.push(
-      `## Memory: ${OPEN_STREAMS} concurrent open streams (tollgate, fsync always)`,
-      '',
-      `A fresh tollgate, ${WARMUP_SECONDS} s of streaming load, then idle ${QUIET_MS / 1000} ` +
-        `s: that RSS is the start. Per round, ${OPEN_STREAMS} streams ` +
-        `are opened (each has had its first chunk), RSS is read, the upstream finishes them ` +
-        `all, RSS is read again ${AFTER_MS / 1000} s after the last ends. ` +
-        `The final reading is ${QUIET_MS / 1000} s after the last round (the garbage collector ` +
-        `and allocator return memory late). ` +
-        'Only round 1 starts from the quiet idle, so it is the one checked; later rounds open ' +
-        'while earlier garbage is still resident.' +
-        (memory.envNote ? ` Note: ${memory.envNote}` : ''),
-      '',
-      table(
-        [
-          'round',
-          'before MiB',
-          'open MiB',
-          'open − start MiB',
-          'open − before MiB',
-          `${AFTER_MS / 1000} s after MiB`,
-          'opened',
-          'completed with [DONE]',
-          'all open in ms',
-        ],
-        memory.rounds.map((r) => [
-          String(r.round),
-          fmt(r.beforeMiB, 1),
-          fmt(r.openMiB, 1),
-          fmt(r.openMiB - memory.startMiB, 1),
-          fmt(r.openMiB - r.beforeMiB, 1),
-          fmt(r.afterMiB, 1),
-          String(r.opened),
-          String(r.completed),
-          fmt(r.openMs, 0),
-        ]),
-      ),
-      '',
-      `Start (idle): ${fmt(memory.startMiB, 1)} MiB; final (${QUIET_MS / 1000} s after the ` +
-        `last round): ${fmt(memory.finalMiB, 1)} MiB.`,
-      '',
-      ...(memory.proxy
-        ? [
-            `Reference, the trivial proxy through the same round 1 (warm-up, quiet wait, ` +
-              `${OPEN_STREAMS} streams held by the upstream): ` +
-              `${fmt(memory.proxy.startMiB, 1)} → ${fmt(memory.proxy.openMiB, 1)} MiB, ` +
-              `+${fmt(memory.proxy.openMiB - memory.proxy.startMiB, 1)} MiB ` +
-              `(${memory.proxy.opened} opened). Tollgate's round 1 above costs ` +
-              `${fmt(
-                memory.rounds[0]!.openMiB -
-                  memory.startMiB -
-                  (memory.proxy.openMiB - memory.proxy.startMiB),
-                1,
-              )} MiB more.`,
-            '',
-          ]
-        : []),
-    );
-  }
+  if (runs.length > 0) sections.push(...serverSection(runs));
+  if (latency) sections.push(...latencySection(latency));
+  if (memory) sections.push(...memorySection(memory));
   if (wal)
     sections.push(
       '## WAL per fsync policy (issue 3)',
@@ -1188,8 +1136,148 @@ async function main(): Promise<void> {
       microTable(micro),
       '',
     );
+  return sections.join('\n');
+}
 
-  const markdown = sections.join('\n');
+function headSection(report: Report): string[] {
+  const m = report.machine;
+  return [
+    '# tollgate benchmarks — latest run',
+    '',
+    `Produced by \`${report.command}\` (\`npm run bench\`) at ${report.startedAt}, in ` +
+      `${fmt(report.elapsedS!, 0)} s.`,
+    `Machine: ${m.cpu}, ${m.cores} cores, ${m.arch}, Linux ${m.kernel}, Bun ${m.bun}; load ` +
+      `average at start ${m.loadAvgAtStart}.`,
+    `Gateways (proxy, tollgate) pinned to core ${CORE_GATEWAY}; upstream, wrk and clients to ` +
+      `core ${CORE_LOAD}. ` +
+      `All figures come from this one run; ratios are taken per round, then the median (and ` +
+      `range) over ${ROUNDS} rounds.`,
+    '',
+  ];
+}
+
+function serverSection(runs: ServerRun[]): string[] {
+  return [
+    '## Whole server, side by side',
+    '',
+    `wrk -t1, ${LOAD_SECONDS} s per run at 32 connections and ${LATENCY_SECONDS} s at 1, ` +
+      `after a ${WARMUP_SECONDS} s warm-up per target. ` +
+      "Direct and proxy pass the client's `stream` flag to the upstream (non-stream = one JSON " +
+      'reply); so does tollgate (since 8200c6f; before, it always streamed from the ' +
+      'upstream). ' +
+      'Gateway CPU = utime+stime of the gateway process from /proc over the run ÷ requests; ' +
+      'RSS after the run.',
+    '',
+    serverTables(runs),
+    '### Added latency of fsync `always` over `off` (issue 3, from the runs above)',
+    '',
+    fsyncTable(runs),
+    '',
+  ];
+}
+
+/** Tollgate with fsync always against fsync off, per mode and connection count. */
+function fsyncTable(runs: ServerRun[]): string {
+  const vsOff = (mode: Mode, c: number, f: (a: ServerRun, b: ServerRun) => number) =>
+    perRound(runs, mode, c, 'tollgate', 'tollgate-off', f);
+  return table(
+    ['mode', 'connections', 'p50 always − off (ms)', 'p99 always − off (ms)', 'req/s always ÷ off'],
+    (['nonstream', 'stream'] as const).flatMap((mode) =>
+      [1, 32].map((c) => [
+        mode,
+        String(c),
+        fmtRatio(
+          vsOff(mode, c, (a, b) => a.wrk.p50Ms - b.wrk.p50Ms),
+          3,
+        ),
+        fmtRatio(
+          vsOff(mode, c, (a, b) => a.wrk.p99Ms - b.wrk.p99Ms),
+          3,
+        ),
+        fmtRatio(vsOff(mode, c, (a, b) => a.wrk.rps / b.wrk.rps)),
+      ]),
+    ),
+  );
+}
+
+function latencySection(latency: LatencyTable): string[] {
+  return [
+    '## Time to first token and non-stream latency, 1 connection',
+    '',
+    `A sequential Bun client on core ${CORE_LOAD}, ${LATENCY_REQUESTS} requests per target ` +
+      `and mode after 30 warm-up, interleaved over the targets. ` +
+      'TTFT = time from sending the request to the first SSE `data:` bytes.',
+    '',
+    latency.markdown,
+    '',
+  ];
+}
+
+function memorySection(memory: MemoryReport): string[] {
+  return [
+    `## Memory: ${OPEN_STREAMS} concurrent open streams (tollgate, fsync always)`,
+    '',
+    `A fresh tollgate, ${WARMUP_SECONDS} s of streaming load, then idle ${QUIET_MS / 1000} ` +
+      `s: that RSS is the start. Per round, ${OPEN_STREAMS} streams ` +
+      `are opened (each has had its first chunk), RSS is read, the upstream finishes them ` +
+      `all, RSS is read again ${AFTER_MS / 1000} s after the last ends. ` +
+      `The final reading is ${QUIET_MS / 1000} s after the last round (the garbage collector ` +
+      `and allocator return memory late). ` +
+      'Only round 1 starts from the quiet idle, so it is the one checked; later rounds open ' +
+      'while earlier garbage is still resident.' +
+      (memory.envNote ? ` Note: ${memory.envNote}` : ''),
+    '',
+    memoryRoundsTable(memory),
+    '',
+    `Start (idle): ${fmt(memory.startMiB, 1)} MiB; final (${QUIET_MS / 1000} s after the ` +
+      `last round): ${fmt(memory.finalMiB, 1)} MiB.`,
+    '',
+    ...(memory.proxy ? [proxyReference(memory, memory.proxy), ''] : []),
+  ];
+}
+
+function memoryRoundsTable(memory: MemoryReport): string {
+  return table(
+    [
+      'round',
+      'before MiB',
+      'open MiB',
+      'open − start MiB',
+      'open − before MiB',
+      `${AFTER_MS / 1000} s after MiB`,
+      'opened',
+      'completed with [DONE]',
+      'all open in ms',
+    ],
+    memory.rounds.map((r) => [
+      String(r.round),
+      fmt(r.beforeMiB, 1),
+      fmt(r.openMiB, 1),
+      fmt(r.openMiB - memory.startMiB, 1),
+      fmt(r.openMiB - r.beforeMiB, 1),
+      fmt(r.afterMiB, 1),
+      String(r.opened),
+      String(r.completed),
+      fmt(r.openMs, 0),
+    ]),
+  );
+}
+
+/** The trivial proxy's round 1, and how much more tollgate's costs. */
+function proxyReference(memory: MemoryReport, proxy: NonNullable<MemoryReport['proxy']>): string {
+  const proxyCost = proxy.openMiB - proxy.startMiB;
+  return (
+    `Reference, the trivial proxy through the same round 1 (warm-up, quiet wait, ` +
+    `${OPEN_STREAMS} streams held by the upstream): ` +
+    `${fmt(proxy.startMiB, 1)} → ${fmt(proxy.openMiB, 1)} MiB, ` +
+    `+${fmt(proxyCost, 1)} MiB ` +
+    `(${proxy.opened} opened). Tollgate's round 1 above costs ` +
+    `${fmt(memory.rounds[0]!.openMiB - memory.startMiB - proxyCost, 1)} MiB more.`
+  );
+}
+
+/** bench/results/latest.{md,json}, and the chosen one of them on stdout. */
+function writeResults(report: Report, markdown: string): void {
   const dir = join(ROOT, 'bench', 'results');
   mkdirSync(dir, { recursive: true });
   writeFileSync(join(dir, 'latest.md'), markdown);
@@ -1197,7 +1285,7 @@ async function main(): Promise<void> {
   if (process.env.BENCH_JSON === '1') console.log(JSON.stringify(report));
   else console.log(markdown);
   log(
-    `bench: done in ${fmt(report.elapsedS as number, 0)} ` +
+    `bench: done in ${fmt(report.elapsedS!, 0)} ` +
       `s; wrote bench/results/latest.md and latest.json`,
   );
 }

@@ -724,27 +724,133 @@ function expectedChargeMicro(usage: Usage, holdMicro: number): number {
   );
 }
 
+/**
+ * What the run's steps share: its settings, the live server, the keys, what earlier cycles learned,
+ * and the result being filled.
+ */
+interface Loop {
+  options: CrashLoopOptions;
+  requestsPerCycle: number;
+  historySample: number;
+  log: (line: string) => void;
+  random: SeededRandom;
+  schedule: number[];
+  dataDir: string;
+  configPath: string;
+  result: CrashLoopResult;
+  /** The cycle under way (options.cycles + 1 in the final sweep): violations name it. */
+  cycle: number;
+  /** Null between a kill and the restart. */
+  server: ServerProcess | null;
+  keys: KeyHandle[];
+  loadKeys: KeyHandle[];
+  slowKey: KeyHandle;
+  /**
+   * What each key's ledger must show: the last observed balances, to bound the next cycle's
+   * changes.
+   */
+  last: Map<string, Balances>;
+  snapshotSeqs: Set<number>;
+  segmentsSeen: Set<number>;
+  rememberedIdempotent: Remembered[];
+  rememberedRecords: Remembered[];
+}
+
+/** A top-up sent with a cycle's load; `promise` tells whether it was acknowledged (a 200). */
+interface TopUp {
+  keyId: string;
+  creditsMicro: number;
+  promise: Promise<boolean>;
+}
+
+/** One cycle's load and what the load generator saw of it by the kill. */
+interface CycleLoad {
+  /** The balances at the cycle's start. */
+  before: Map<string, Balances>;
+  killAfterFinishes: number;
+  topUps: TopUp[];
+  outcomes: ChatOutcome[];
+  /** Per top-up, in order: acknowledged or not. */
+  topUpResults: boolean[];
+  /** The killed process, for its log if the restart fails. */
+  dead: ServerProcess;
+}
+
+/** A cycle's load once the server is back: what every check after the restart reads. */
+interface Restarted extends CycleLoad {
+  url: string;
+  /** The prefix of this cycle's violation messages. */
+  when: string;
+  /** The balances first read after the restart. */
+  after: Map<string, Balances>;
+}
+
 export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoopResult> {
   const startedMs = performance.now();
-  const requestsPerCycle = options.requestsPerCycle ?? 16;
-  const killAfterFinishesMax = options.killAfterFinishesMax ?? 8;
-  const historySample = options.historySamplePerCycle ?? 6;
-  const log = options.log ?? (() => {});
+  const loop = await openLoop(options);
+  try {
+    for (loop.cycle = 1; loop.cycle <= options.cycles; loop.cycle++) {
+      if (!(await runCycle(loop))) break;
+    }
+    if (loop.server && loop.result.cycles === options.cycles) await finalSweep(loop, loop.server);
+  } finally {
+    if (loop.server) await loop.server.kill();
+    loop.result.elapsedMs = Math.round(performance.now() - startedMs);
+    if (loop.result.violations.length === 0 && !options.keepDataDir)
+      rmSync(loop.result.dataDir, { recursive: true, force: true });
+  }
+  return loop.result;
+}
+
+/** The run's setup: the data dir and config, the kill schedule, a first server and its keys. */
+async function openLoop(options: CrashLoopOptions): Promise<Loop> {
   const random = new SeededRandom(options.seed);
   // Its own generator: how many draws the checks make depends on what the kills hit, the schedule
   // must not.
   const schedule = killSchedule(
     new SeededRandom(options.seed ^ 0x6b696c6c),
-    killAfterFinishesMax,
+    options.killAfterFinishesMax ?? 8,
     options.cycles,
   );
   const dataRoot = mkdtempSync(join(tmpdir(), 'tollgate-crash-'));
   const dataDir = join(dataRoot, 'data');
   const configPath = join(dataRoot, 'config.json');
   writeFileSync(configPath, JSON.stringify(deepMerge(CRASH_CONFIG, options.configOverrides ?? {})));
+  const result = emptyResult(options.seed, schedule, dataRoot);
+  const server = await ServerProcess.start(dataDir, configPath);
+  const keys: KeyHandle[] = [];
+  const last = new Map<string, Balances>();
+  for (const plan of KEY_PLANS) {
+    const key = await createKey(server.url, plan.name, plan.creditsMicro);
+    keys.push(key);
+    last.set(key.id, await readBalances(server.url, key.id));
+  }
+  return {
+    options,
+    requestsPerCycle: options.requestsPerCycle ?? 16,
+    historySample: options.historySamplePerCycle ?? 6,
+    log: options.log ?? (() => {}),
+    random,
+    schedule,
+    dataDir,
+    configPath,
+    result,
+    cycle: 0,
+    server,
+    keys,
+    loadKeys: keys.filter((_, i) => !KEY_PLANS[i]!.slow),
+    slowKey: keys[KEY_PLANS.findIndex((plan) => plan.slow)]!,
+    last,
+    snapshotSeqs: new Set(),
+    segmentsSeen: new Set(),
+    rememberedIdempotent: [],
+    rememberedRecords: [],
+  };
+}
 
-  const result: CrashLoopResult = {
-    seed: options.seed,
+function emptyResult(seed: number, schedule: number[], dataRoot: string): CrashLoopResult {
+  return {
+    seed,
     cycles: 0,
     requestsSent: 0,
     acknowledged: 0,
@@ -764,524 +870,625 @@ export async function runCrashLoop(options: CrashLoopOptions): Promise<CrashLoop
     dataDir: dataRoot,
     elapsedMs: 0,
   };
-  let cycle = 0;
-  const violation = (message: string) => {
-    result.violations.push(`cycle ${cycle} (seed ${options.seed}): ${message}`);
-    log(`VIOLATION cycle ${cycle}: ${message}`);
-  };
+}
 
-  let server: ServerProcess | null = await ServerProcess.start(dataDir, configPath);
-  const keys: KeyHandle[] = [];
-  // What each key's ledger must show: the last observed balances, to bound the next cycle's
-  // changes.
-  const last = new Map<string, Balances>();
-  for (const plan of KEY_PLANS) {
-    const key = await createKey(server.url, plan.name, plan.creditsMicro);
-    keys.push(key);
-    last.set(key.id, await readBalances(server.url, key.id));
+/** Notes a broken promise and goes on, so that one bug does not hide the next. */
+function violation(loop: Loop, message: string): void {
+  loop.result.violations.push(`cycle ${loop.cycle} (seed ${loop.options.seed}): ${message}`);
+  loop.log(`VIOLATION cycle ${loop.cycle}: ${message}`);
+}
+
+/**
+ * The ledger of every key: the invariant to the µcr, nothing held while nothing runs, nothing
+ * negative.
+ */
+async function checkLedgers(
+  loop: Loop,
+  baseUrl: string,
+  when: string,
+): Promise<Map<string, Balances>> {
+  const now = new Map<string, Balances>();
+  for (const key of loop.keys) {
+    const b = await readBalances(baseUrl, key.id);
+    now.set(key.id, b);
+    const values = [b.creditsMicro, b.heldMicro, b.chargedMicro, b.addedMicro];
+    if (!values.every(Number.isSafeInteger))
+      violation(loop, `${when}: key ${key.id} balances are not whole µcr: ${JSON.stringify(b)}`);
+    if (b.addedMicro !== b.creditsMicro + b.heldMicro + b.chargedMicro) {
+      violation(
+        loop,
+        `${when}: key ${key.id} ledger broken: added ${b.addedMicro} ≠ balance ` +
+          `${b.creditsMicro} + held ${b.heldMicro} + charged ${b.chargedMicro}`,
+      );
+    }
+    if (b.creditsMicro < 0 || b.heldMicro < 0 || b.chargedMicro < 0)
+      violation(loop, `${when}: key ${key.id} has a negative balance: ${JSON.stringify(b)}`);
+    if (b.heldMicro !== 0)
+      violation(
+        loop,
+        `${when}: key ${key.id} still holds ${b.heldMicro} µcr with nothing in flight`,
+      );
   }
-  const loadKeys = keys.filter((_, i) => !KEY_PLANS[i]!.slow);
-  const slowKey = keys[KEY_PLANS.findIndex((plan) => plan.slow)]!;
-  const snapshotSeqs = new Set<number>();
-  const segmentsSeen = new Set<number>();
-  const rememberedIdempotent: Remembered[] = [];
-  const rememberedRecords: Remembered[] = [];
+  return now;
+}
 
-  /**
-   * The ledger of every key: the invariant to the µcr, nothing held while nothing runs, nothing
-   * negative.
-   */
-  const checkLedgers = async (baseUrl: string, when: string): Promise<Map<string, Balances>> => {
-    const now = new Map<string, Balances>();
-    for (const key of keys) {
-      const b = await readBalances(baseUrl, key.id);
-      now.set(key.id, b);
-      const values = [b.creditsMicro, b.heldMicro, b.chargedMicro, b.addedMicro];
-      if (!values.every(Number.isSafeInteger))
-        violation(`${when}: key ${key.id} balances are not whole µcr: ${JSON.stringify(b)}`);
-      if (b.addedMicro !== b.creditsMicro + b.heldMicro + b.chargedMicro) {
-        violation(
-          `${when}: key ${key.id} ledger broken: added ${b.addedMicro} ≠ balance ` +
-            `${b.creditsMicro} + held ${b.heldMicro} + charged ${b.chargedMicro}`,
-        );
-      }
-      if (b.creditsMicro < 0 || b.heldMicro < 0 || b.chargedMicro < 0)
-        violation(`${when}: key ${key.id} has a negative balance: ${JSON.stringify(b)}`);
-      if (b.heldMicro !== 0)
-        violation(`${when}: key ${key.id} still holds ${b.heldMicro} µcr with nothing in flight`);
-    }
-    return now;
-  };
+/** A remembered record must still read back with the same terminal status and charge. */
+async function checkRemembered(
+  loop: Loop,
+  baseUrl: string,
+  entry: Remembered,
+  when: string,
+): Promise<void> {
+  loop.result.recordsChecked++;
+  const { status, body } = await readRecord(baseUrl, entry.plan.key, entry.requestId);
+  if (status !== 200)
+    return violation(
+      loop,
+      `${when}: record ${entry.requestId} (cycle ${entry.cycle}) no longer readable: ` +
+        `${status} ${JSON.stringify(body)}`,
+    );
+  if (
+    body.request_status !== entry.status ||
+    toMicro(body.charged_credits) !== entry.chargedMicro
+  ) {
+    violation(
+      loop,
+      `${when}: record ${entry.requestId} (cycle ${entry.cycle}) changed: was ` +
+        `${entry.status}/${entry.chargedMicro} µcr, now ` +
+        `${body.request_status}/${toMicro(body.charged_credits)} µcr`,
+    );
+  }
+}
 
-  /** A remembered record must still read back with the same terminal status and charge. */
-  const checkRemembered = async (
-    baseUrl: string,
-    entry: Remembered,
-    when: string,
-  ): Promise<void> => {
-    result.recordsChecked++;
-    const { status, body } = await readRecord(baseUrl, entry.plan.key, entry.requestId);
-    if (status !== 200)
-      return violation(
-        `${when}: record ${entry.requestId} (cycle ${entry.cycle}) no longer readable: ` +
-          `${status} ${JSON.stringify(body)}`,
-      );
-    if (
-      body.request_status !== entry.status ||
-      toMicro(body.charged_credits) !== entry.chargedMicro
-    ) {
-      violation(
-        `${when}: record ${entry.requestId} (cycle ${entry.cycle}) changed: was ` +
-          `${entry.status}/${entry.chargedMicro} µcr, now ` +
-          `${body.request_status}/${toMicro(body.charged_credits)} µcr`,
-      );
-    }
-  };
+/** A retry of an acknowledged Idempotency-Key: 409 naming the original, never a new task. */
+async function checkRetry(
+  loop: Loop,
+  baseUrl: string,
+  entry: Remembered,
+  when: string,
+): Promise<void> {
+  loop.result.idempotentRetriesChecked++;
+  const retry = await retryChat(baseUrl, entry.plan);
+  const ok =
+    retry.status === 409 &&
+    (retry.errorCode === 'request_already_completed' ||
+      retry.errorCode === 'request_in_progress') &&
+    retry.requestId === entry.requestId;
+  if (!ok) {
+    violation(
+      loop,
+      `${when}: retry of Idempotency-Key ${entry.plan.idempotencyKey} (original ` +
+        `${entry.requestId}, cycle ${entry.cycle}) answered ` +
+        `${retry.status} ${retry.errorCode ?? ''} ` +
+        `request_id=${retry.requestId} ${retry.transportError ?? ''}`,
+    );
+  } else if (retry.requestStatus !== entry.status) {
+    violation(
+      loop,
+      `${when}: retry of ${entry.plan.idempotencyKey} reports status ${retry.requestStatus}, ` +
+        `the record says ${entry.status}`,
+    );
+  }
+}
 
-  /** A retry of an acknowledged Idempotency-Key: 409 naming the original, never a new task. */
-  const checkRetry = async (baseUrl: string, entry: Remembered, when: string): Promise<void> => {
-    result.idempotentRetriesChecked++;
-    const retry = await retryChat(baseUrl, entry.plan);
-    const ok =
-      retry.status === 409 &&
-      (retry.errorCode === 'request_already_completed' ||
-        retry.errorCode === 'request_in_progress') &&
-      retry.requestId === entry.requestId;
-    if (!ok) {
-      violation(
-        `${when}: retry of Idempotency-Key ${entry.plan.idempotencyKey} (original ` +
-          `${entry.requestId}, cycle ${entry.cycle}) answered ` +
-          `${retry.status} ${retry.errorCode ?? ''} ` +
-          `request_id=${retry.requestId} ${retry.transportError ?? ''}`,
-      );
-    } else if (retry.requestStatus !== entry.status) {
-      violation(
-        `${when}: retry of ${entry.plan.idempotencyKey} reports status ${retry.requestStatus}, ` +
-          `the record says ${entry.status}`,
-      );
-    }
-  };
-
+/** One cycle: the load, the kill, the restart and the checks; false when the restart failed. */
+async function runCycle(loop: Loop): Promise<boolean> {
+  const load = await loadAndKill(loop);
+  noteWalDir(loop);
+  // Restart on the same data dir at once (no sleep, no retry): the kernel lock died with the
+  // process.
   try {
-    for (cycle = 1; cycle <= options.cycles; cycle++) {
-      const baseUrl: string = server!.url;
-      const before = new Map(last);
-
-      // The load: concurrent chat requests (some sent twice at once), and now and then a top-up.
-      const plans = Array.from({ length: requestsPerCycle }, (_, index) =>
-        planChat(random, loadKeys, options.seed, cycle, index),
-      );
-      plans.push(planSlowStream(slowKey, options.seed, cycle, requestsPerCycle));
-      const topUps: Array<{ keyId: string; creditsMicro: number; promise: Promise<boolean> }> = [];
-      for (const key of keys) {
-        const b = before.get(key.id)!;
-        const plan = KEY_PLANS[keys.indexOf(key)]!;
-        // Balances stay near the plan's, so the same share of requests meets 402 in cycle 500 as in
-        // cycle 5; amounts are arbitrary µcr, so that any rounding of credits on the way would show
-        // in the ledger check.
-        let creditsMicro = 0;
-        if (b.creditsMicro < plan.creditsMicro / 2)
-          creditsMicro = plan.creditsMicro - b.creditsMicro + random.int(1_000) + 1;
-        else if (b.creditsMicro < plan.creditsMicro && random.chance(0.1))
-          creditsMicro = random.int(plan.creditsMicro - b.creditsMicro) + 1;
-        if (creditsMicro > 0)
-          topUps.push({ keyId: key.id, creditsMicro, promise: Promise.resolve(false) });
-      }
-      const killAfterFinishes = schedule[cycle - 1]!;
-      const trigger = new KillTrigger(killAfterFinishes);
-      const sends: Promise<ChatOutcome>[] = [];
-      for (const plan of plans) {
-        for (let copy = plan.duplicate ? 2 : 1; copy > 0; copy--) {
-          const send = sendChat(baseUrl, plan, trigger.observer);
-          trigger.track(send, plan.slow);
-          sends.push(send);
-        }
-      }
-      for (const topUp of topUps) {
-        topUp.promise = fetchWithTimeout(`${baseUrl}/admin/v1/keys/${topUp.keyId}/credits`, {
-          method: 'POST',
-          headers: adminHeaders(),
-          body: JSON.stringify({ credits: topUp.creditsMicro / MICRO_PER_CREDIT }),
-        }).then(
-          async (response) => {
-            await response.arrayBuffer().catch(() => {});
-            return response.status === 200;
-          },
-          () => false,
-        );
-      }
-      // N = 0: the kill follows the sends within the same turn, before the server can answer
-      // anything. Otherwise the kill lands the moment the load generator sees the cycle's event.
-      if (killAfterFinishes > 0) await trigger.moment.promise;
-      if (server!.exitedOnItsOwn)
-        violation(`the server exited on its own during load:\n${server!.diagnostics()}`);
-      await server!.kill();
-      for (const line of server!.errorLines) violation(`the server logged an error: ${line}`);
-      const dead = server!;
-      server = null;
-      const outcomes = await Promise.all(sends);
-      const topUpResults = await Promise.all(topUps.map((t) => t.promise));
-      result.requestsSent += sends.length;
-
-      // What the log kept on disk: snapshots taken and segments they let go, whatever the kill hit.
-      const wal = readWalDir(dataDir);
-      if (wal.snapshotSeq !== null) snapshotSeqs.add(wal.snapshotSeq);
-      for (const index of [...segmentsSeen]) {
-        if (wal.segments.includes(index)) continue;
-        segmentsSeen.delete(index);
-        result.segmentsRemoved++;
-      }
-      for (const index of wal.segments) segmentsSeen.add(index);
-      result.snapshotsSeen = snapshotSeqs.size;
-
-      // Restart on the same data dir at once (no sleep, no retry): the kernel lock died with the
-      // process.
-      try {
-        server = await ServerProcess.start(dataDir, configPath);
-      } catch (error) {
-        violation(
-          `restart failed after the kill: ${(error as Error).message}\nlast ` +
-            `log of the killed process:\n${dead.diagnostics()}`,
-        );
-        break;
-      }
-      const url = server.url;
-      const when = `after kill at finish ${killAfterFinishes}`;
-
-      // 1. The ledger of every key, and the bounds the acknowledged work sets on it.
-      const after = await checkLedgers(url, when);
-      for (const key of keys) {
-        const b0 = before.get(key.id)!;
-        const b1 = after.get(key.id)!;
-        let ackedTopUpMicro = 0;
-        let cutTopUpMicro = 0;
-        topUps.forEach((t, i) => {
-          if (t.keyId !== key.id) return;
-          if (topUpResults[i]) ackedTopUpMicro += t.creditsMicro;
-          else cutTopUpMicro += t.creditsMicro;
-        });
-        const addedDelta = b1.addedMicro - b0.addedMicro;
-        // An acknowledged top-up is durable; one cut off by the kill may or may not have been
-        // written. At most one top-up per key and cycle, so the change is exactly one of two
-        // amounts.
-        if (addedDelta !== ackedTopUpMicro && addedDelta !== ackedTopUpMicro + cutTopUpMicro) {
-          violation(
-            `${when}: key ${key.id} credits_added moved by ${addedDelta} µcr; acknowledged ` +
-              `top-ups ${ackedTopUpMicro}, cut off ${cutTopUpMicro}`,
-          );
-        }
-        if (b1.chargedMicro < b0.chargedMicro)
-          violation(
-            `${when}: key ${key.id} charged went down ` +
-              `from ${b0.chargedMicro} to ${b1.chargedMicro}`,
-          );
-      }
-      result.topUps.acknowledged += topUpResults.filter(Boolean).length;
-      result.topUps.cutOff += topUpResults.filter((ok) => !ok).length;
-
-      // 2. Every request the server acknowledged has a durable record; count what happened.
-      const chargedByKey = new Map<string, number>();
-      const idempotentOutcomes = new Map<string, ChatOutcome[]>();
-      for (const outcome of outcomes) {
-        const label = outcome.status === null ? 'cut' : String(outcome.status);
-        result.statusCounts[label] = (result.statusCounts[label] ?? 0) + 1;
-        if (outcome.status === null) result.cutOff++;
-        if (outcome.status === 402) result.quotaRefused++;
-        if (outcome.status !== null && outcome.status >= 500) {
-          violation(
-            `request ${outcome.plan.index} answered ${outcome.status} ${outcome.errorCode} ` +
-              `before the kill`,
-          );
-        }
-        if (outcome.plan.idempotencyKey) {
-          const list = idempotentOutcomes.get(outcome.plan.idempotencyKey) ?? [];
-          list.push(outcome);
-          idempotentOutcomes.set(outcome.plan.idempotencyKey, list);
-        }
-        // A twin that arrives while the original runs is in progress; one that arrives after it,
-        // already completed.
-        const twinRefusal =
-          outcome.errorCode === 'request_in_progress' ||
-          outcome.errorCode === 'request_already_completed';
-        if (outcome.status === 409 && outcome.plan.duplicate && twinRefusal)
-          result.duplicatesRefused++;
-        else if (outcome.status === 409)
-          violation(`request ${outcome.plan.index} answered 409 ${outcome.errorCode} during load`);
-        if (outcome.errorCode && outcome.status === 200) {
-          violation(
-            `stream ${outcome.requestId} ended with an error event ${outcome.errorCode} before ` +
-              `the kill`,
-          );
-        }
-        if (!outcome.acknowledged) continue;
-        result.acknowledged++;
-        if (outcome.complete) result.completed++;
-        if (!outcome.requestId) {
-          violation(`request ${outcome.plan.index} was acknowledged without a request id`);
-          continue;
-        }
-        result.recordsChecked++;
-        const { status, body } = await readRecord(url, outcome.plan.key, outcome.requestId);
-        if (status !== 200) {
-          violation(
-            `${when}: acknowledged request ${outcome.requestId} is not readable after restart: ` +
-              `${status} ${JSON.stringify(body)}`,
-          );
-          continue;
-        }
-        const recordStatus: string = body.request_status;
-        const chargedMicro = toMicro(body.charged_credits);
-        const reservedMicro = toMicro(body.reserved_credits);
-        chargedByKey.set(
-          outcome.plan.key.id,
-          (chargedByKey.get(outcome.plan.key.id) ?? 0) + chargedMicro,
-        );
-        if (outcome.complete) {
-          if (recordStatus !== 'completed')
-            violation(
-              `${when}: request ${outcome.requestId} answered in full ` +
-                `but its record is ${recordStatus}/${body.error_code}`,
-            );
-          if (outcome.usage) {
-            if (JSON.stringify(body.usage) !== JSON.stringify(outcome.usage)) {
-              violation(
-                `${when}: request ${outcome.requestId} usage ${JSON.stringify(outcome.usage)} ` +
-                  `but the record has ${JSON.stringify(body.usage)}`,
-              );
-            }
-            const expected = expectedChargeMicro(outcome.usage, reservedMicro);
-            if (chargedMicro !== expected)
-              violation(
-                `${when}: request ${outcome.requestId} charged ${chargedMicro} µcr, its usage ` +
-                  `costs ${expected}`,
-              );
-          }
-        } else if (recordStatus === 'completed') {
-          if (chargedMicro > reservedMicro)
-            violation(
-              `${when}: request ${outcome.requestId} charged ` +
-                `${chargedMicro} above its hold ${reservedMicro}`,
-            );
-        } else if (recordStatus === 'error' && body.error_code === 'interrupted') {
-          result.interruptedRecovered++;
-          if (chargedMicro !== 0)
-            violation(
-              `${when}: interrupted request ${outcome.requestId} was charged ${chargedMicro} µcr`,
-            );
-        } else {
-          violation(
-            `${when}: stream ${outcome.requestId} cut by the kill ended as ` +
-              `${recordStatus}/${body.error_code}, expected completed or error/interrupted`,
-          );
-        }
-        const entry: Remembered = {
-          cycle,
-          plan: outcome.plan,
-          requestId: outcome.requestId,
-          status: recordStatus,
-          chargedMicro,
-        };
-        rememberedRecords.push(entry);
-      }
-      // Charges of acknowledged requests are part of the key's charged total (others may add to it,
-      // never subtract).
-      for (const key of keys) {
-        const grew = after.get(key.id)!.chargedMicro - before.get(key.id)!.chargedMicro;
-        const known = chargedByKey.get(key.id) ?? 0;
-        if (grew < known)
-          violation(
-            `${when}: key ${key.id} charged grew by ${grew} µcr, but acknowledged requests ` +
-              `were charged ${known}`,
-          );
-      }
-
-      // 3. Idempotency: twins never both ran; acknowledged keys answer 409 on retry and charge
-      //    nothing more.
-      const retriesNow: Remembered[] = [];
-      const unacknowledged: ChatPlan[] = [];
-      for (const [idempotencyKey, list] of idempotentOutcomes) {
-        const acked = list.filter((o) => o.acknowledged);
-        if (acked.length > 1)
-          violation(
-            `Idempotency-Key ${idempotencyKey} ran twice: ` +
-              `${acked.map((o) => o.requestId).join(', ')}`,
-          );
-        const refused = list.find((o) => o.status === 409 && o.requestId);
-        if (acked.length === 1) {
-          const entry = rememberedRecords.find((r) => r.requestId === acked[0]!.requestId);
-          if (entry) {
-            rememberedIdempotent.push(entry);
-            retriesNow.push(entry);
-          }
-          if (refused && refused.requestId !== acked[0]!.requestId) {
-            violation(
-              `Idempotency-Key ${idempotencyKey}: the twin was told ${refused.requestId}, the ` +
-                `original is ${acked[0]!.requestId}`,
-            );
-          }
-        } else if (refused) {
-          // The twin learned the original's id (a 409 is an acknowledgement that the request
-          // exists) but the original's own answer was cut off. Its record must exist; the status is
-          // read like any other.
-          result.recordsChecked++;
-          const { status, body } = await readRecord(url, refused.plan.key, refused.requestId!);
-          if (status !== 200) {
-            violation(
-              `${when}: Idempotency-Key ${idempotencyKey}: a 409 ${refused.errorCode} named ` +
-                `request ${refused.requestId}, ` +
-                `which does not exist after restart (${status} ${body?.error?.code}); the ` +
-                `binding was acknowledged before it was durable`,
-            );
-            unacknowledged.push(refused.plan);
-          } else {
-            const entry: Remembered = {
-              cycle,
-              plan: refused.plan,
-              requestId: refused.requestId!,
-              status: body.request_status,
-              chargedMicro: toMicro(body.charged_credits),
-            };
-            if (body.request_status === 'error' && body.error_code === 'interrupted')
-              result.interruptedRecovered++;
-            rememberedRecords.push(entry);
-            rememberedIdempotent.push(entry);
-            retriesNow.push(entry);
-          }
-        } else if (list.some((o) => o.status === null)) {
-          unacknowledged.push(list[0]!.plan);
-        }
-      }
-      const older = random.sample(
-        rememberedIdempotent.filter((r) => r.cycle < cycle),
-        historySample,
-      );
-      for (const entry of [...retriesNow, ...older]) await checkRetry(url, entry, when);
-      for (const entry of random.sample(
-        rememberedRecords.filter((r) => r.cycle < cycle),
-        historySample,
-      )) {
-        await checkRemembered(url, entry, when);
-      }
-      const afterRetries = await checkLedgers(url, `${when}, after idempotent retries`);
-      for (const key of keys) {
-        if (afterRetries.get(key.id)!.chargedMicro !== after.get(key.id)!.chargedMicro) {
-          violation(
-            `${when}: retries of acknowledged Idempotency-Keys changed key ${key.id}'s charged ` +
-              `total from ${after.get(key.id)!.chargedMicro} ` +
-              `to ${afterRetries.get(key.id)!.chargedMicro}`,
-          );
-        }
-      }
-
-      // 4. A key whose first attempt was cut before any answer may or may not be bound; either way
-      //    a retry
-      //    yields exactly one task: a 409 naming a readable record, or a new 200 (the first never
-      //    became durable).
-      for (const plan of unacknowledged) {
-        const retry = await retryChat(url, plan);
-        result.idempotentRetriesChecked++;
-        if (retry.status === 409) {
-          if (
-            !retry.requestId ||
-            (retry.errorCode !== 'request_already_completed' &&
-              retry.errorCode !== 'request_in_progress')
-          ) {
-            violation(
-              `${when}: retry of cut-off ${plan.idempotencyKey} answered 409 ${retry.errorCode} ` +
-                `without a usable request_id`,
-            );
-            continue;
-          }
-          const { status, body } = await readRecord(url, plan.key, retry.requestId);
-          if (status !== 200)
-            violation(
-              `${when}: retry of ${plan.idempotencyKey} names ${retry.requestId}, which is not ` +
-                `readable (${status})`,
-            );
-          else
-            rememberedIdempotent.push({
-              cycle,
-              plan,
-              requestId: retry.requestId,
-              status: body.request_status,
-              chargedMicro: toMicro(body.charged_credits),
-            });
-        } else if (
-          retry.status === 200 &&
-          retry.acknowledged &&
-          retry.complete &&
-          retry.requestId
-        ) {
-          const { status, body } = await readRecord(url, plan.key, retry.requestId);
-          if (status === 200) {
-            rememberedIdempotent.push({
-              cycle,
-              plan,
-              requestId: retry.requestId,
-              status: body.request_status,
-              chargedMicro: toMicro(body.charged_credits),
-            });
-            rememberedRecords.push({
-              cycle,
-              plan,
-              requestId: retry.requestId,
-              status: body.request_status,
-              chargedMicro: toMicro(body.charged_credits),
-            });
-          } else {
-            violation(
-              `${when}: retry of ${plan.idempotencyKey} completed as ${retry.requestId}, which ` +
-                `is not readable (${status})`,
-            );
-          }
-        } else if (retry.status !== 402) {
-          violation(
-            `${when}: retry of cut-off ${plan.idempotencyKey} answered ${retry.status} ` +
-              `${retry.errorCode} ${retry.transportError ?? ''}`,
-          );
-        }
-      }
-
-      // The next cycle's baseline, read once everything above has settled.
-      const settled = await checkLedgers(url, `${when}, end of cycle`);
-      for (const [id, b] of settled) last.set(id, b);
-      result.cycles = cycle;
-      if (cycle % 25 === 0 || cycle === options.cycles) {
-        log(
-          `cycle ${cycle}/${options.cycles}: sent ${result.requestsSent}, acknowledged ` +
-            `${result.acknowledged}, completed ${result.completed}, ` +
-            `402 ${result.quotaRefused}, cut ${result.cutOff}, interrupted ` +
-            `${result.interruptedRecovered}, violations ${result.violations.length}`,
-        );
-      }
-    }
-
-    // The final sweep, against the last server: every acknowledged key and every record, not a
-    // sample.
-    if (server && result.cycles === options.cycles) {
-      cycle = options.cycles + 1;
-      const url = server.url;
-      const before = await checkLedgers(url, 'final sweep');
-      for (const entry of rememberedIdempotent) await checkRetry(url, entry, 'final sweep');
-      for (const entry of rememberedRecords) await checkRemembered(url, entry, 'final sweep');
-      const after = await checkLedgers(url, 'final sweep, after retries');
-      for (const key of keys) {
-        if (after.get(key.id)!.chargedMicro !== before.get(key.id)!.chargedMicro) {
-          violation(
-            `final sweep: retries changed key ${key.id}'s charged total from ` +
-              `${before.get(key.id)!.chargedMicro} to ${after.get(key.id)!.chargedMicro}`,
-          );
-        }
-      }
-      for (const line of server.errorLines) violation(`the server logged an error: ${line}`);
-    }
-  } finally {
-    if (server) await server.kill();
-    result.elapsedMs = Math.round(performance.now() - startedMs);
-    if (result.violations.length === 0 && !options.keepDataDir)
-      rmSync(dataRoot, { recursive: true, force: true });
+    loop.server = await ServerProcess.start(loop.dataDir, loop.configPath);
+  } catch (error) {
+    violation(
+      loop,
+      `restart failed after the kill: ${(error as Error).message}\nlast ` +
+        `log of the killed process:\n${load.dead.diagnostics()}`,
+    );
+    return false;
   }
-  return result;
+  const url = loop.server.url;
+  const when = `after kill at finish ${load.killAfterFinishes}`;
+  const cycle: Restarted = { ...load, url, when, after: await checkLedgers(loop, url, when) };
+  checkLedgerBounds(loop, cycle);
+  const idempotentOutcomes = await checkOutcomes(loop, cycle);
+  const unacknowledged = await checkIdempotency(loop, cycle, idempotentOutcomes);
+  for (const plan of unacknowledged) await retryCutOff(loop, cycle, plan);
+  await endCycle(loop, url, when);
+  return true;
+}
+
+/**
+ * The cycle's load (concurrent chat requests, some sent twice at once, now and then a top-up) and
+ * the kill on its event; returns what the load generator saw.
+ */
+async function loadAndKill(loop: Loop): Promise<CycleLoad> {
+  const server = loop.server!;
+  const before = new Map(loop.last);
+  const plans = Array.from({ length: loop.requestsPerCycle }, (_, index) =>
+    planChat(loop.random, loop.loadKeys, loop.options.seed, loop.cycle, index),
+  );
+  plans.push(planSlowStream(loop.slowKey, loop.options.seed, loop.cycle, loop.requestsPerCycle));
+  const topUps = planTopUps(loop, before);
+  const killAfterFinishes = loop.schedule[loop.cycle - 1]!;
+  const trigger = new KillTrigger(killAfterFinishes);
+  const sends = sendLoad(server.url, plans, topUps, trigger);
+  // N = 0: the kill follows the sends within the same turn, before the server can answer
+  // anything. Otherwise the kill lands the moment the load generator sees the cycle's event.
+  if (killAfterFinishes > 0) await trigger.moment.promise;
+  if (server.exitedOnItsOwn)
+    violation(loop, `the server exited on its own during load:\n${server.diagnostics()}`);
+  await server.kill();
+  for (const line of server.errorLines) violation(loop, `the server logged an error: ${line}`);
+  loop.server = null;
+  const outcomes = await Promise.all(sends);
+  const topUpResults = await Promise.all(topUps.map((t) => t.promise));
+  loop.result.requestsSent += sends.length;
+  return { before, killAfterFinishes, topUps, outcomes, topUpResults, dead: server };
+}
+
+/** At most one top-up per key and cycle, drawn so that balances stay near the plan's. */
+function planTopUps(loop: Loop, before: Map<string, Balances>): TopUp[] {
+  const topUps: TopUp[] = [];
+  for (const key of loop.keys) {
+    const b = before.get(key.id)!;
+    const plan = KEY_PLANS[loop.keys.indexOf(key)]!;
+    // Balances stay near the plan's, so the same share of requests meets 402 in cycle 500 as in
+    // cycle 5; amounts are arbitrary µcr, so that any rounding of credits on the way would show
+    // in the ledger check.
+    let creditsMicro = 0;
+    if (b.creditsMicro < plan.creditsMicro / 2)
+      creditsMicro = plan.creditsMicro - b.creditsMicro + loop.random.int(1_000) + 1;
+    else if (b.creditsMicro < plan.creditsMicro && loop.random.chance(0.1))
+      creditsMicro = loop.random.int(plan.creditsMicro - b.creditsMicro) + 1;
+    if (creditsMicro > 0)
+      topUps.push({ keyId: key.id, creditsMicro, promise: Promise.resolve(false) });
+  }
+  return topUps;
+}
+
+/**
+ * Sends the chats and top-ups without awaiting anything, so that a kill at N = 0 follows them in
+ * the same turn.
+ */
+function sendLoad(
+  baseUrl: string,
+  plans: ChatPlan[],
+  topUps: TopUp[],
+  trigger: KillTrigger,
+): Promise<ChatOutcome>[] {
+  const sends: Promise<ChatOutcome>[] = [];
+  for (const plan of plans) {
+    for (let copy = plan.duplicate ? 2 : 1; copy > 0; copy--) {
+      const send = sendChat(baseUrl, plan, trigger.observer);
+      trigger.track(send, plan.slow);
+      sends.push(send);
+    }
+  }
+  for (const topUp of topUps) {
+    topUp.promise = fetchWithTimeout(`${baseUrl}/admin/v1/keys/${topUp.keyId}/credits`, {
+      method: 'POST',
+      headers: adminHeaders(),
+      body: JSON.stringify({ credits: topUp.creditsMicro / MICRO_PER_CREDIT }),
+    }).then(
+      async (response) => {
+        await response.arrayBuffer().catch(() => {});
+        return response.status === 200;
+      },
+      () => false,
+    );
+  }
+  return sends;
+}
+
+/** What the log kept on disk: snapshots taken and segments they let go, whatever the kill hit. */
+function noteWalDir(loop: Loop): void {
+  const wal = readWalDir(loop.dataDir);
+  if (wal.snapshotSeq !== null) loop.snapshotSeqs.add(wal.snapshotSeq);
+  for (const index of [...loop.segmentsSeen]) {
+    if (wal.segments.includes(index)) continue;
+    loop.segmentsSeen.delete(index);
+    loop.result.segmentsRemoved++;
+  }
+  for (const index of wal.segments) loop.segmentsSeen.add(index);
+  loop.result.snapshotsSeen = loop.snapshotSeqs.size;
+}
+
+/** 1. The bounds the acknowledged work sets on every key's ledger (its invariant is checked). */
+function checkLedgerBounds(loop: Loop, cycle: Restarted): void {
+  for (const key of loop.keys) {
+    const b0 = cycle.before.get(key.id)!;
+    const b1 = cycle.after.get(key.id)!;
+    let ackedTopUpMicro = 0;
+    let cutTopUpMicro = 0;
+    cycle.topUps.forEach((t, i) => {
+      if (t.keyId !== key.id) return;
+      if (cycle.topUpResults[i]) ackedTopUpMicro += t.creditsMicro;
+      else cutTopUpMicro += t.creditsMicro;
+    });
+    const addedDelta = b1.addedMicro - b0.addedMicro;
+    // An acknowledged top-up is durable; one cut off by the kill may or may not have been
+    // written. At most one top-up per key and cycle, so the change is exactly one of two
+    // amounts.
+    if (addedDelta !== ackedTopUpMicro && addedDelta !== ackedTopUpMicro + cutTopUpMicro) {
+      violation(
+        loop,
+        `${cycle.when}: key ${key.id} credits_added moved by ${addedDelta} µcr; acknowledged ` +
+          `top-ups ${ackedTopUpMicro}, cut off ${cutTopUpMicro}`,
+      );
+    }
+    if (b1.chargedMicro < b0.chargedMicro)
+      violation(
+        loop,
+        `${cycle.when}: key ${key.id} charged went down ` +
+          `from ${b0.chargedMicro} to ${b1.chargedMicro}`,
+      );
+  }
+  loop.result.topUps.acknowledged += cycle.topUpResults.filter(Boolean).length;
+  loop.result.topUps.cutOff += cycle.topUpResults.filter((ok) => !ok).length;
+}
+
+/**
+ * 2. Every request the server acknowledged has a durable record; counts what happened. Returns the
+ * outcomes per Idempotency-Key, for step 3.
+ */
+async function checkOutcomes(loop: Loop, cycle: Restarted): Promise<Map<string, ChatOutcome[]>> {
+  const chargedByKey = new Map<string, number>();
+  const idempotentOutcomes = new Map<string, ChatOutcome[]>();
+  for (const outcome of cycle.outcomes) {
+    countOutcome(loop, outcome);
+    if (outcome.plan.idempotencyKey) {
+      const list = idempotentOutcomes.get(outcome.plan.idempotencyKey) ?? [];
+      list.push(outcome);
+      idempotentOutcomes.set(outcome.plan.idempotencyKey, list);
+    }
+    if (!outcome.acknowledged) continue;
+    loop.result.acknowledged++;
+    if (outcome.complete) loop.result.completed++;
+    if (!outcome.requestId) {
+      violation(loop, `request ${outcome.plan.index} was acknowledged without a request id`);
+      continue;
+    }
+    const chargedMicro = await checkAcknowledged(loop, cycle, outcome, outcome.requestId);
+    if (chargedMicro === null) continue;
+    const keyId = outcome.plan.key.id;
+    chargedByKey.set(keyId, (chargedByKey.get(keyId) ?? 0) + chargedMicro);
+  }
+  // Charges of acknowledged requests are part of the key's charged total (others may add to it,
+  // never subtract).
+  for (const key of loop.keys) {
+    const grew = cycle.after.get(key.id)!.chargedMicro - cycle.before.get(key.id)!.chargedMicro;
+    const known = chargedByKey.get(key.id) ?? 0;
+    if (grew < known)
+      violation(
+        loop,
+        `${cycle.when}: key ${key.id} charged grew by ${grew} µcr, but acknowledged requests ` +
+          `were charged ${known}`,
+      );
+  }
+  return idempotentOutcomes;
+}
+
+/** Counts one outcome by status; answers no request may get before the kill are violations. */
+function countOutcome(loop: Loop, outcome: ChatOutcome): void {
+  const result = loop.result;
+  const label = outcome.status === null ? 'cut' : String(outcome.status);
+  result.statusCounts[label] = (result.statusCounts[label] ?? 0) + 1;
+  if (outcome.status === null) result.cutOff++;
+  if (outcome.status === 402) result.quotaRefused++;
+  if (outcome.status !== null && outcome.status >= 500) {
+    violation(
+      loop,
+      `request ${outcome.plan.index} answered ${outcome.status} ${outcome.errorCode} ` +
+        `before the kill`,
+    );
+  }
+  // A twin that arrives while the original runs is in progress; one that arrives after it,
+  // already completed.
+  const twinRefusal =
+    outcome.errorCode === 'request_in_progress' ||
+    outcome.errorCode === 'request_already_completed';
+  if (outcome.status === 409 && outcome.plan.duplicate && twinRefusal) result.duplicatesRefused++;
+  else if (outcome.status === 409)
+    violation(loop, `request ${outcome.plan.index} answered 409 ${outcome.errorCode} during load`);
+  if (outcome.errorCode && outcome.status === 200) {
+    violation(
+      loop,
+      `stream ${outcome.requestId} ended with an error event ${outcome.errorCode} before ` +
+        `the kill`,
+    );
+  }
+}
+
+/**
+ * An acknowledged request's record after the restart: readable, and its status and charge what the
+ * answer promised. Remembers it for later cycles; returns its charge (null when unreadable).
+ */
+async function checkAcknowledged(
+  loop: Loop,
+  cycle: Restarted,
+  outcome: ChatOutcome,
+  requestId: string,
+): Promise<number | null> {
+  loop.result.recordsChecked++;
+  const { status, body } = await readRecord(cycle.url, outcome.plan.key, requestId);
+  if (status !== 200) {
+    violation(
+      loop,
+      `${cycle.when}: acknowledged request ${requestId} is not readable after restart: ` +
+        `${status} ${JSON.stringify(body)}`,
+    );
+    return null;
+  }
+  const chargedMicro = toMicro(body.charged_credits);
+  checkRecordStatus(loop, cycle.when, outcome, body);
+  loop.rememberedRecords.push({
+    cycle: loop.cycle,
+    plan: outcome.plan,
+    requestId,
+    status: body.request_status,
+    chargedMicro,
+  });
+  return chargedMicro;
+}
+
+/**
+ * A complete answer's record is completed and charged for its usage; a cut one's is completed
+ * within its hold or error/interrupted and charged nothing.
+ */
+function checkRecordStatus(loop: Loop, when: string, outcome: ChatOutcome, body: any): void {
+  const recordStatus: string = body.request_status;
+  const chargedMicro = toMicro(body.charged_credits);
+  const reservedMicro = toMicro(body.reserved_credits);
+  const id = outcome.requestId;
+  if (outcome.complete) {
+    if (recordStatus !== 'completed')
+      violation(
+        loop,
+        `${when}: request ${id} answered in full but its record is ${recordStatus}/` +
+          `${body.error_code}`,
+      );
+    if (!outcome.usage) return;
+    if (JSON.stringify(body.usage) !== JSON.stringify(outcome.usage)) {
+      violation(
+        loop,
+        `${when}: request ${id} usage ${JSON.stringify(outcome.usage)} ` +
+          `but the record has ${JSON.stringify(body.usage)}`,
+      );
+    }
+    const expected = expectedChargeMicro(outcome.usage, reservedMicro);
+    if (chargedMicro !== expected)
+      violation(
+        loop,
+        `${when}: request ${id} charged ${chargedMicro} µcr, its usage costs ${expected}`,
+      );
+  } else if (recordStatus === 'completed') {
+    if (chargedMicro > reservedMicro)
+      violation(
+        loop,
+        `${when}: request ${id} charged ${chargedMicro} above its hold ${reservedMicro}`,
+      );
+  } else if (recordStatus === 'error' && body.error_code === 'interrupted') {
+    loop.result.interruptedRecovered++;
+    if (chargedMicro !== 0)
+      violation(loop, `${when}: interrupted request ${id} was charged ${chargedMicro} µcr`);
+  } else {
+    violation(
+      loop,
+      `${when}: stream ${id} cut by the kill ended as ` +
+        `${recordStatus}/${body.error_code}, expected completed or error/interrupted`,
+    );
+  }
+}
+
+/**
+ * 3. Idempotency: twins never both ran; acknowledged keys answer 409 on retry and charge nothing
+ *    more. Returns the plans whose key no answer acknowledged, for step 4.
+ */
+async function checkIdempotency(
+  loop: Loop,
+  cycle: Restarted,
+  idempotentOutcomes: Map<string, ChatOutcome[]>,
+): Promise<ChatPlan[]> {
+  const retriesNow: Remembered[] = [];
+  const unacknowledged: ChatPlan[] = [];
+  for (const [idempotencyKey, list] of idempotentOutcomes) {
+    const acked = list.filter((o) => o.acknowledged);
+    if (acked.length > 1)
+      violation(
+        loop,
+        `Idempotency-Key ${idempotencyKey} ran twice: ` +
+          `${acked.map((o) => o.requestId).join(', ')}`,
+      );
+    const refused = list.find((o) => o.status === 409 && o.requestId);
+    if (acked.length === 1) {
+      const entry = loop.rememberedRecords.find((r) => r.requestId === acked[0]!.requestId);
+      if (entry) {
+        loop.rememberedIdempotent.push(entry);
+        retriesNow.push(entry);
+      }
+      if (refused && refused.requestId !== acked[0]!.requestId) {
+        violation(
+          loop,
+          `Idempotency-Key ${idempotencyKey}: the twin was told ${refused.requestId}, the ` +
+            `original is ${acked[0]!.requestId}`,
+        );
+      }
+    } else if (refused) {
+      const entry = await readRefusedTwin(loop, cycle, idempotencyKey, refused);
+      if (entry) retriesNow.push(entry);
+      else unacknowledged.push(refused.plan);
+    } else if (list.some((o) => o.status === null)) {
+      unacknowledged.push(list[0]!.plan);
+    }
+  }
+  await retryAcknowledged(loop, cycle, retriesNow);
+  return unacknowledged;
+}
+
+/**
+ * The twin learned the original's id (a 409 is an acknowledgement that the request exists) but the
+ * original's own answer was cut off. Its record must exist; the status is read like any other.
+ * Returns the record remembered, or null when it does not exist.
+ */
+async function readRefusedTwin(
+  loop: Loop,
+  cycle: Restarted,
+  idempotencyKey: string,
+  refused: ChatOutcome,
+): Promise<Remembered | null> {
+  loop.result.recordsChecked++;
+  const { status, body } = await readRecord(cycle.url, refused.plan.key, refused.requestId!);
+  if (status !== 200) {
+    violation(
+      loop,
+      `${cycle.when}: Idempotency-Key ${idempotencyKey}: a 409 ${refused.errorCode} named ` +
+        `request ${refused.requestId}, ` +
+        `which does not exist after restart (${status} ${body?.error?.code}); the ` +
+        `binding was acknowledged before it was durable`,
+    );
+    return null;
+  }
+  const entry = remembered(loop.cycle, refused.plan, refused.requestId!, body);
+  if (body.request_status === 'error' && body.error_code === 'interrupted')
+    loop.result.interruptedRecovered++;
+  loop.rememberedRecords.push(entry);
+  loop.rememberedIdempotent.push(entry);
+  return entry;
+}
+
+/** What a cycle keeps of a record it read: its terminal status and charge. */
+function remembered(cycle: number, plan: ChatPlan, requestId: string, body: any): Remembered {
+  return {
+    cycle,
+    plan,
+    requestId,
+    status: body.request_status,
+    chargedMicro: toMicro(body.charged_credits),
+  };
+}
+
+/**
+ * Retries this cycle's acknowledged keys and a sample of older ones, re-reads a sample of older
+ * records; the retries must charge nothing.
+ */
+async function retryAcknowledged(
+  loop: Loop,
+  cycle: Restarted,
+  retriesNow: Remembered[],
+): Promise<void> {
+  const { url, when, after } = cycle;
+  const older = loop.random.sample(
+    loop.rememberedIdempotent.filter((r) => r.cycle < loop.cycle),
+    loop.historySample,
+  );
+  for (const entry of [...retriesNow, ...older]) await checkRetry(loop, url, entry, when);
+  for (const entry of loop.random.sample(
+    loop.rememberedRecords.filter((r) => r.cycle < loop.cycle),
+    loop.historySample,
+  )) {
+    await checkRemembered(loop, url, entry, when);
+  }
+  const afterRetries = await checkLedgers(loop, url, `${when}, after idempotent retries`);
+  for (const key of loop.keys) {
+    if (afterRetries.get(key.id)!.chargedMicro !== after.get(key.id)!.chargedMicro) {
+      violation(
+        loop,
+        `${when}: retries of acknowledged Idempotency-Keys changed key ${key.id}'s charged ` +
+          `total from ${after.get(key.id)!.chargedMicro} ` +
+          `to ${afterRetries.get(key.id)!.chargedMicro}`,
+      );
+    }
+  }
+}
+
+/**
+ * 4. A key whose first attempt was cut before any answer may or may not be bound; either way a
+ *    retry yields exactly one task: a 409 naming a readable record, or a new 200 (the first never
+ *    became durable).
+ */
+async function retryCutOff(loop: Loop, cycle: Restarted, plan: ChatPlan): Promise<void> {
+  const { url, when } = cycle;
+  const retry = await retryChat(url, plan);
+  loop.result.idempotentRetriesChecked++;
+  if (retry.status === 409) {
+    if (
+      !retry.requestId ||
+      (retry.errorCode !== 'request_already_completed' && retry.errorCode !== 'request_in_progress')
+    ) {
+      return violation(
+        loop,
+        `${when}: retry of cut-off ${plan.idempotencyKey} answered 409 ${retry.errorCode} ` +
+          `without a usable request_id`,
+      );
+    }
+    const { status, body } = await readRecord(url, plan.key, retry.requestId);
+    if (status !== 200)
+      violation(
+        loop,
+        `${when}: retry of ${plan.idempotencyKey} names ${retry.requestId}, which is not ` +
+          `readable (${status})`,
+      );
+    else loop.rememberedIdempotent.push(remembered(loop.cycle, plan, retry.requestId, body));
+  } else if (retry.status === 200 && retry.acknowledged && retry.complete && retry.requestId) {
+    const { status, body } = await readRecord(url, plan.key, retry.requestId);
+    if (status === 200) {
+      loop.rememberedIdempotent.push(remembered(loop.cycle, plan, retry.requestId, body));
+      loop.rememberedRecords.push(remembered(loop.cycle, plan, retry.requestId, body));
+    } else {
+      violation(
+        loop,
+        `${when}: retry of ${plan.idempotencyKey} completed as ${retry.requestId}, which ` +
+          `is not readable (${status})`,
+      );
+    }
+  } else if (retry.status !== 402) {
+    violation(
+      loop,
+      `${when}: retry of cut-off ${plan.idempotencyKey} answered ${retry.status} ` +
+        `${retry.errorCode} ${retry.transportError ?? ''}`,
+    );
+  }
+}
+
+/** The next cycle's baseline, read once everything above has settled; progress every 25 cycles. */
+async function endCycle(loop: Loop, url: string, when: string): Promise<void> {
+  const { result, cycle, options } = loop;
+  const settled = await checkLedgers(loop, url, `${when}, end of cycle`);
+  for (const [id, b] of settled) loop.last.set(id, b);
+  result.cycles = cycle;
+  if (cycle % 25 === 0 || cycle === options.cycles) {
+    loop.log(
+      `cycle ${cycle}/${options.cycles}: sent ${result.requestsSent}, acknowledged ` +
+        `${result.acknowledged}, completed ${result.completed}, ` +
+        `402 ${result.quotaRefused}, cut ${result.cutOff}, interrupted ` +
+        `${result.interruptedRecovered}, violations ${result.violations.length}`,
+    );
+  }
+}
+
+/**
+ * The final sweep, against the last server: every acknowledged key and every record, not a
+ * sample.
+ */
+async function finalSweep(loop: Loop, server: ServerProcess): Promise<void> {
+  loop.cycle = loop.options.cycles + 1;
+  const url = server.url;
+  const before = await checkLedgers(loop, url, 'final sweep');
+  for (const entry of loop.rememberedIdempotent) await checkRetry(loop, url, entry, 'final sweep');
+  for (const entry of loop.rememberedRecords)
+    await checkRemembered(loop, url, entry, 'final sweep');
+  const after = await checkLedgers(loop, url, 'final sweep, after retries');
+  for (const key of loop.keys) {
+    if (after.get(key.id)!.chargedMicro !== before.get(key.id)!.chargedMicro) {
+      violation(
+        loop,
+        `final sweep: retries changed key ${key.id}'s charged total from ` +
+          `${before.get(key.id)!.chargedMicro} to ${after.get(key.id)!.chargedMicro}`,
+      );
+    }
+  }
+  for (const line of server.errorLines) violation(loop, `the server logged an error: ${line}`);
 }
 
 /** One line per number, for the soak's summary and a failing test's message. */
