@@ -4,6 +4,7 @@ import { RateLimiter } from './keys/rate-limit.ts';
 import { Metrics } from './ops/metrics.ts';
 import type { Provider } from './providers/provider.ts';
 import { createProviders } from './providers/registry.ts';
+import { Router } from './providers/router.ts';
 import { ActorRegistry } from './requests/registry.ts';
 import { StateStore } from './state/store.ts';
 import type { Logger } from './util/log.ts';
@@ -14,6 +15,8 @@ export interface Gateway {
   registry: ActorRegistry;
   rateLimiter: RateLimiter;
   providers: Map<string, Provider>;
+  /** Picks a model's deployment per call and fails over (CONTRACT §7). */
+  router: Router;
   logger: Logger;
   adminToken: string;
   /** Set by SIGTERM: new work is refused with 503 while in-flight requests finish. */
@@ -58,13 +61,15 @@ export function openGateway(config: Config, logger: Logger, adminToken: string):
     expectedCommits: () => registry.size,
     onFailure: (error) => gateway?.onLogFailure?.(error),
   });
+  const providers = createProviders(config, logger);
   gateway = {
     config,
     store,
     registry,
     metrics: new Metrics(() => registry.size),
     rateLimiter: new RateLimiter(config.limits.max_keys),
-    providers: createProviders(config, logger),
+    providers,
+    router: new Router(config, providers),
     logger,
     adminToken,
     draining: false,

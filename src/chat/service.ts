@@ -3,18 +3,12 @@
 import { countAnswerTokens, StreamedText } from '../billing/offload.ts';
 import { chargeMicro, reservationMicro } from '../billing/pricing.ts';
 import type { Config } from '../config/model.ts';
-import {
-  collectAnswer,
-  type Delta,
-  type Provider,
-  type ProviderRequest,
-  type ToolCall,
-} from '../providers/provider.ts';
+import type { Delta, ProviderRequest, ToolCall } from '../providers/provider.ts';
+import type { Router } from '../providers/router.ts';
 import type { Completion, RunPolicy, RunResult } from '../requests/actor.ts';
 import { type Admission, type AdmitContext, admit, type Reservation } from '../requests/admit.ts';
 import type { KeyAccount } from '../state/apply.ts';
 import type { Usage } from '../state/events.ts';
-import { assert } from '../util/assert.ts';
 import { GatewayError } from '../util/errors.ts';
 import { TextBuilder } from '../util/text-builder.ts';
 import type { ChatRequest } from './model.ts';
@@ -22,7 +16,7 @@ import type { PublicFinishReason } from './stream.ts';
 
 /** What the chat service uses of the gateway (the Gateway satisfies it). */
 export interface ChatContext extends AdmitContext {
-  providers: Map<string, Provider>;
+  router: Router;
   metrics: AdmitContext['metrics'] & { firstToken(model: string, seconds: number): void };
 }
 
@@ -341,10 +335,13 @@ async function chatWork(
   const { actor, providerRequest } = admission;
   if (sink !== null) await relay(gateway, admission, chat, sink, answer);
   else {
-    const provider = gateway.providers.get(chat.model.provider);
-    assert(provider, `no provider ${chat.model.provider}`);
     // Nothing to relay before the end: the provider's whole answer, then one reply.
-    const deltas = await collectAnswer(provider, providerRequest, actor.signal);
+    const deltas = await gateway.router.complete(
+      chat.modelId,
+      providerRequest,
+      actor.signal,
+      actor.attempts,
+    );
     if (actor.signal.aborted) throw actor.signal.reason;
     await actor.startDurable;
     gateway.metrics.firstToken(chat.modelId, (Date.now() - admission.createdMs) / 1000);
@@ -395,10 +392,9 @@ async function relay(
   answer: Answer,
 ): Promise<void> {
   const { actor, providerRequest } = admission;
-  const provider = gateway.providers.get(chat.model.provider);
-  assert(provider, `no provider ${chat.model.provider}`);
   let began = false;
-  for await (const delta of provider.stream(providerRequest, actor.signal)) {
+  const deltas = gateway.router.stream(chat.modelId, providerRequest, actor.signal, actor.attempts);
+  for await (const delta of deltas) {
     if (!began) {
       // The hold must be durable before anything reaches the client; the provider call overlapped
       // it.

@@ -1,5 +1,5 @@
 // Built-in defaults: the spec's 11-model catalogue on the embedded simulator, aliases, limits.
-import type { Config, ModelConfig } from './model.ts';
+import { type Config, type ConfigSettings, type ModelSettings, withDeployments } from './model.ts';
 
 // One fixed creation time for the catalogue, so GET /models is stable across restarts.
 const CATALOGUE_CREATED_S = 1_767_225_600; // 2026-01-01T00:00:00Z
@@ -10,8 +10,8 @@ function model(
   tools: boolean,
   contextWindow: number,
   maxOutputTokens: number,
-  extra: Partial<ModelConfig> = {},
-): ModelConfig {
+  extra: Partial<ModelSettings> = {},
+): ModelSettings {
   return {
     provider: 'simulator',
     tools,
@@ -26,8 +26,15 @@ function model(
   };
 }
 
-// One literal, long because it is the whole default configuration in the order of config/model.ts.
+/** The defaults with every model's deployments listed, as the loader returns a config. */
 export function defaultConfig(): Config {
+  return withDeployments(defaultSettings());
+}
+
+// One literal, long because it is the whole default configuration in the order of config/model.ts.
+// Models use the one-provider form, so a file that sets a model's `provider` is not overruled by a
+// default `deployments` list.
+export function defaultSettings(): ConfigSettings {
   return {
     server: { host: '127.0.0.1', port: 8080 },
     data_dir: './data',
@@ -83,6 +90,7 @@ export function defaultConfig(): Config {
       max_upstream_event_bytes: 1024 * 1024,
       simulator_tool_arguments_bytes: 64 * 1024,
     },
+    routing: { max_attempts: 3, failures_to_eject: 3, cooldown_ms: 30_000 },
     billing: { on_error: 'keep' },
     idempotency_ttl_s: 86_400,
     wal: {

@@ -3,12 +3,14 @@
 import { readFileSync } from 'node:fs';
 import { Value } from '@sinclair/typebox/value';
 import { fieldPath, firstProblem } from '../util/validation.ts';
-import { defaultConfig } from './defaults.ts';
+import { defaultSettings } from './defaults.ts';
 import {
   type Config,
   ConfigSchema,
+  type ConfigSettings,
   type HttpProviderConfig,
   ProviderConfigSchema,
+  withDeployments,
 } from './model.ts';
 
 /** A config that cannot run; the message names the field so the operator can fix it. */
@@ -58,7 +60,7 @@ function envInteger(env: Record<string, string | undefined>, name: string): numb
 
 export function loadConfig(options: LoadOptions = {}): Config {
   const env = options.env ?? process.env;
-  let merged = defaultConfig() as unknown as Json;
+  let merged = defaultSettings() as unknown as Json;
   if (options.overrides !== undefined) merged = deepMerge(merged, options.overrides as Json);
 
   const path = env.GATEWAY_CONFIG;
@@ -198,24 +200,33 @@ export function validateConfig(input: unknown): Config {
         : ` (got ${JSON.stringify(problem.value)})`;
     throw new ConfigError(`config field ${field}: ${problem.problem}${got}`);
   }
-  const config = candidate as Config;
+  const settings = candidate as ConfigSettings;
   // Own keys only, here and below: a name such as "constructor" must not find Object.prototype's.
   const has = (record: object, key: string) => Object.hasOwn(record, key);
-  for (const [name, provider] of Object.entries(config.providers)) {
+  for (const [name, provider] of Object.entries(settings.providers)) {
     if (provider.type !== 'simulator') checkHttpProvider(name, provider);
   }
-  for (const [id, model] of Object.entries(config.models)) {
-    if (!has(config.providers, model.provider)) {
-      throw new ConfigError(
-        `config field models.${id}.provider: no provider named ${JSON.stringify(model.provider)}`,
-      );
+  for (const [id, model] of Object.entries(settings.models)) {
+    if (model.deployments === undefined && model.provider === undefined) {
+      throw new ConfigError(`config field models.${id}: needs a provider or deployments`);
     }
+    const deployments = model.deployments ?? [{ provider: model.provider as string }];
+    deployments.forEach((deployment, index) => {
+      if (!has(settings.providers, deployment.provider)) {
+        const field = model.deployments ? `deployments[${index}].provider` : 'provider';
+        throw new ConfigError(
+          `config field models.${id}.${field}: no provider named ` +
+            `${JSON.stringify(deployment.provider)}`,
+        );
+      }
+    });
     if (model.max_output_tokens > model.context_window) {
       throw new ConfigError(
         `config field models.${id}.max_output_tokens: larger than its context_window`,
       );
     }
   }
+  const config = withDeployments(settings);
   for (const [alias, target] of Object.entries(config.aliases)) {
     if (!has(config.models, target))
       throw new ConfigError(

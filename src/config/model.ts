@@ -115,10 +115,32 @@ export const RatesSchema = Type.Object(
   { additionalProperties: false },
 );
 
-export const ModelConfigSchema = Type.Object(
+/** Deployments of one model the router picks among (CONTRACT §7). */
+export const DEPLOYMENTS_MAX = 16;
+
+export const DeploymentSchema = Type.Object(
   {
     provider: Type.String({ minLength: 1 }),
-    upstream_model: Type.Optional(Type.String({ minLength: 1 })),
+    upstream_model: Type.Optional(Type.String({ minLength: 1, maxLength: 256 })),
+    weight: Type.Optional(
+      Type.Integer({
+        minimum: 1,
+        maximum: 1_000_000,
+        description: 'share of the picks; 1 default',
+      }),
+    ),
+  },
+  { additionalProperties: false },
+);
+
+export const ModelConfigSchema = Type.Object(
+  {
+    /** Shorthand for one deployment; `deployments` wins when both are set. */
+    provider: Type.Optional(Type.String({ minLength: 1 })),
+    upstream_model: Type.Optional(Type.String({ minLength: 1, maxLength: 256 })),
+    deployments: Type.Optional(
+      Type.Array(DeploymentSchema, { minItems: 1, maxItems: DEPLOYMENTS_MAX }),
+    ),
     tools: Type.Boolean(),
     top_k: Type.Boolean({ description: 'whether the model applies top_k' }),
     seed: Type.Boolean({ description: 'whether the model applies seed' }),
@@ -215,6 +237,18 @@ export const ConfigSchema = Type.Object(
       },
       { additionalProperties: false },
     ),
+    routing: Type.Object(
+      {
+        max_attempts: Type.Integer({
+          minimum: 1,
+          maximum: DEPLOYMENTS_MAX,
+          description: 'deployments one call may try before it fails',
+        }),
+        failures_to_eject: PositiveInt('failures in a row after which a deployment is skipped'),
+        cooldown_ms: DurationMs('how long an ejected deployment is skipped before a probe'),
+      },
+      { additionalProperties: false },
+    ),
     billing: Type.Object(
       { on_error: Type.Union([Type.Literal('keep'), Type.Literal('release')]) },
       { additionalProperties: false },
@@ -235,8 +269,42 @@ export const ConfigSchema = Type.Object(
   { additionalProperties: false },
 );
 
-export type Config = Static<typeof ConfigSchema>;
-export type ModelConfig = Static<typeof ModelConfigSchema>;
+/** The config as written (and as the schema checks it): a model may use the one-provider form. */
+export type ConfigSettings = Static<typeof ConfigSchema>;
+export type ModelSettings = Static<typeof ModelConfigSchema>;
+export type Config = Omit<ConfigSettings, 'models'> & {
+  models: Record<string, ModelConfig>;
+};
+
+/**
+ * Every model with its deployments listed: `deployments` when given (its first provider is then
+ * the model's `provider`, shown as `owned_by`), else the one-provider form as one deployment. The
+ * loader checked that one of the two is there.
+ */
+export function withDeployments(settings: ConfigSettings): Config {
+  const models: Record<string, ModelConfig> = {};
+  for (const [id, model] of Object.entries(settings.models)) {
+    const deployments = model.deployments ?? [
+      {
+        provider: model.provider as string,
+        ...(model.upstream_model === undefined ? {} : { upstream_model: model.upstream_model }),
+      },
+    ];
+    Object.defineProperty(models, id, {
+      value: { ...model, provider: deployments[0]!.provider, deployments },
+      enumerable: true,
+      writable: true,
+      configurable: true,
+    });
+  }
+  return { ...settings, models };
+}
+export type Deployment = Static<typeof DeploymentSchema>;
+/** A model as the loader leaves it: its deployments always listed (the shorthand expanded). */
+export type ModelConfig = Static<typeof ModelConfigSchema> & {
+  provider: string;
+  deployments: Deployment[];
+};
 export type SimulatorProviderConfig = Static<typeof SimulatorProviderSchema>;
 export type OpenAIProviderConfig = Static<typeof OpenAIProviderSchema>;
 export type AnthropicProviderConfig = Static<typeof AnthropicProviderSchema>;

@@ -3,12 +3,12 @@
 import { countAnswerTokens } from '../billing/offload.ts';
 import { costMicro, ratesFor } from '../billing/pricing.ts';
 import type { Config } from '../config/model.ts';
-import { collectAnswer, type Provider, type ProviderRequest } from '../providers/provider.ts';
+import type { ProviderRequest } from '../providers/provider.ts';
+import type { Router } from '../providers/router.ts';
 import type { Completion, RunPolicy, RunResult } from '../requests/actor.ts';
 import { type Admission, type AdmitContext, admit, type Reservation } from '../requests/admit.ts';
 import { DAY_MS, type KeyAccount } from '../state/apply.ts';
-import type { Amount, Usage } from '../state/events.ts';
-import { assert } from '../util/assert.ts';
+import type { Amount, Attempt, Usage } from '../state/events.ts';
 import { GatewayError } from '../util/errors.ts';
 import type { Answer, DecisionRequest } from './model.ts';
 import {
@@ -20,7 +20,7 @@ import {
 
 /** What the decision service uses of the gateway (the Gateway satisfies it). */
 export interface DecisionContext extends AdmitContext {
-  providers: Map<string, Provider>;
+  router: Router;
 }
 
 /** A model answer that is not a valid label or level is asked again this many times, then 502. */
@@ -141,14 +141,13 @@ async function askOnce(
   request: ProviderRequest,
   signal: AbortSignal,
   keyId: string,
+  attempts: Attempt[],
 ): Promise<{ raw: unknown; promptTokens: number; completionTokens: number }> {
-  const provider = gateway.providers.get(decision.model.provider);
-  assert(provider, `no provider ${decision.model.provider}`);
   let text = '';
   let args = '';
   let name: string | null = null;
   let usage: { promptTokens: number; completionTokens: number } | null = null;
-  for (const delta of await collectAnswer(provider, request, signal)) {
+  for (const delta of await gateway.router.complete(decision.modelId, request, signal, attempts)) {
     if (delta.type === 'text') text += delta.text;
     else if (delta.type === 'tool_call') {
       if (delta.index === 0) {
@@ -256,7 +255,14 @@ async function decisionWork(
   let completionTokens = 0;
   let answers: Record<string, Answer> | null = null;
   for (let attempt = 0; attempt <= ANSWER_RETRIES && answers === null; attempt++) {
-    const reply = await askOnce(gateway, decision, request, actor.signal, actor.init.keyId);
+    const reply = await askOnce(
+      gateway,
+      decision,
+      request,
+      actor.signal,
+      actor.init.keyId,
+      actor.attempts,
+    );
     promptTokens += reply.promptTokens;
     completionTokens += reply.completionTokens;
     answers = readAnswers(reply.raw, decision.questions);

@@ -2,7 +2,7 @@
 // hold.
 
 import * as commands from '../state/commands.ts';
-import type { Amount, RequestStatus, Service, Usage } from '../state/events.ts';
+import type { Amount, Attempt, RequestStatus, Service, Usage } from '../state/events.ts';
 import type { StateStore } from '../state/store.ts';
 import { assert } from '../util/assert.ts';
 import { GatewayError, internalError } from '../util/errors.ts';
@@ -88,6 +88,8 @@ const LEGAL: Record<RequestStatus, readonly RequestStatus[]> = {
 export class RequestActor {
   private current: RequestStatus = 'in_progress';
   readonly controller = new AbortController();
+  /** The deployments tried so far (the router adds to it; the finish records it). */
+  readonly attempts: Attempt[] = [];
   /**
    * Made when someone waits for the end (cancel, shutdown, a status read): most requests have
    * nobody.
@@ -302,6 +304,7 @@ export class RequestActor {
         charge: outcome.charge,
         budgetSpendMicro: outcome.budgetSpendMicro,
         answers: outcome.answers,
+        attempts: this.attempts,
         atMs: Date.now(),
       });
       durable = true;

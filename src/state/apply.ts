@@ -158,6 +158,7 @@ export class GatewayState {
       errorCode: null,
       httpStatus: null,
       answers: null,
+      attempts: null,
       idempotencyKey: event.idempotency?.key ?? null,
     });
     if (event.idempotency) {
@@ -207,6 +208,7 @@ export class GatewayState {
     record.errorCode = event.error_code;
     record.httpStatus = event.http_status;
     record.answers = event.answers;
+    record.attempts = event.attempts ?? null;
     this.inFlight.delete(record.id);
     this.finished.add(record);
     // The one rule for an Idempotency-Key whose request ended without an answer.
@@ -241,6 +243,7 @@ export class GatewayState {
       errorCode: event.error_code,
       httpStatus: event.http_status,
       answers: null,
+      attempts: null,
       idempotencyKey: null,
     });
   }

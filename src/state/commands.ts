@@ -1,7 +1,7 @@
 // Verbs → events: the only module that builds an event and decides whether it is logged now,
 // logged with a later event, or (never) not at all. Services call these verbs, never the store.
 import { RESOLVED } from '../util/promise.ts';
-import type { Amount, RequestFinished, RequestStarted, Service, Usage } from './events.ts';
+import type { Amount, Attempt, RequestFinished, RequestStarted, Service, Usage } from './events.ts';
 import type { StateStore } from './store.ts';
 
 export interface HoldPlacement {
@@ -62,6 +62,8 @@ export interface Finish {
   charge: Amount;
   budgetSpendMicro: number;
   answers: Record<string, unknown> | null;
+  /** The deployments tried (none when no provider was called). */
+  attempts?: readonly Attempt[];
   atMs: number;
 }
 
@@ -99,6 +101,9 @@ function finishedEvent(requestId: string, end: Finish): RequestFinished {
     charge: end.charge,
     budget_spend_micro: end.budgetSpendMicro,
     answers: end.answers,
+    ...(end.attempts !== undefined && end.attempts.length > 0
+      ? { attempts: end.attempts as Attempt[] }
+      : {}),
     at_ms: end.atMs,
   };
 }

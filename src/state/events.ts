@@ -71,6 +71,18 @@ export const RequestStartedSchema = Type.Object({
   at_ms: TimeMs,
 });
 
+/** Attempts one request may list (routing.max_attempts is at most this). */
+export const ATTEMPTS_MAX = 16;
+
+/** One try of one deployment (CONTRACT §7), as the status record lists it. */
+export const AttemptSchema = Type.Object({
+  provider: Type.String({ maxLength: 128 }),
+  upstream_model: Type.String({ maxLength: 256 }),
+  outcome: Type.Union([Type.Literal('ok'), Type.Literal('error'), Type.Literal('cancelled')]),
+  error_code: Type.Union([Type.Null(), Type.String({ maxLength: 64 })]),
+  latency_ms: Count,
+});
+
 export const RequestFinishedSchema = Type.Object({
   type: Type.Literal('request.finished'),
   request_id: Id,
@@ -85,6 +97,8 @@ export const RequestFinishedSchema = Type.Object({
   budget_spend_micro: Micro,
   /** Decision only: the answers of a completed decision, for the lookup endpoint. */
   answers: Type.Union([Type.Null(), Type.Record(Type.String(), Type.Unknown())]),
+  /** The deployments tried, in order (absent in logs written before failover existed). */
+  attempts: Type.Optional(Type.Array(AttemptSchema, { maxItems: ATTEMPTS_MAX })),
   at_ms: TimeMs,
 });
 
@@ -122,6 +136,7 @@ export type Service = Static<typeof ServiceSchema>;
 export type RequestStatus = Static<typeof RequestStatusSchema>;
 export type Usage = Static<typeof UsageSchema>;
 export type Amount = Static<typeof AmountSchema>;
+export type Attempt = Static<typeof AttemptSchema>;
 
 const EventCheck = TypeCompiler.Compile(EventSchema);
 

@@ -14,7 +14,7 @@
 // the total bound, an expired record first, else the oldest of the key holding the most), so one
 // key's traffic cannot push another key's records out.
 import { assert } from '../util/assert.ts';
-import type { Amount, RequestStatus, Service, Usage } from './events.ts';
+import type { Amount, Attempt, RequestStatus, Service, Usage } from './events.ts';
 import { FairSlots } from './fair-slots.ts';
 
 /** A request as the status endpoints show it: in flight (GatewayState.inFlight) or finished. */
@@ -34,6 +34,8 @@ export interface RequestRecord {
   errorCode: string | null;
   httpStatus: number | null;
   answers: Record<string, unknown> | null;
+  /** The deployments tried (CONTRACT §7); null when none was, or before failover existed. */
+  attempts: Attempt[] | null;
   idempotencyKey: string | null;
 }
 
@@ -83,6 +85,8 @@ export interface ColumnsMeta {
   strings: string[];
   otherIds: Record<number, string>;
   answers: Record<number, Record<string, unknown>>;
+  /** Attempts by position (absent in snapshots made before failover). */
+  attempts?: Record<number, Attempt[]>;
   /**
    * The key ids holding records, in FairSlots' bucket order (absent in snapshots made before it).
    */
@@ -101,6 +105,11 @@ export class RecordTable {
   private readonly otherIds = new Map<number, string>();
   /** Answers of completed decisions, by slot (chat records have none). */
   private readonly answers = new Map<number, Record<string, unknown>>();
+  /**
+   * The deployments each request tried, by slot. Kept as the event's own array (no copy); a
+   * compact column is the follow-up if its collector cost shows in the tail (issue 15).
+   */
+  private readonly attempts = new Map<number, Attempt[]>();
   /**
    * Open addressing with linear probing: slot + 1 of the record whose id hashes here, 0 when empty.
    */
@@ -171,6 +180,7 @@ export class RecordTable {
     this.writeId(slot, record.id);
     this.indexSlot(slot, record.id);
     if (record.answers !== null) this.answers.set(slot, record.answers);
+    if (record.attempts !== null) this.attempts.set(slot, record.attempts);
     const n = slot * NUMBERS;
     const numbers = this.numbers;
     numbers[n + CREATED_MS] = record.createdAtMs;
@@ -206,6 +216,7 @@ export class RecordTable {
     this.unindex(slot);
     this.otherIds.delete(slot);
     this.answers.delete(slot);
+    this.attempts.delete(slot);
   }
 
   /**
@@ -223,6 +234,7 @@ export class RecordTable {
     const idLengths = new Uint8Array(count);
     const otherIds: Record<number, string> = {};
     const answers: Record<number, Record<string, unknown>> = {};
+    const attempts: Record<number, Attempt[]> = {};
     let at = 0;
     // In age order, which follows the slots in runs (records go to the next slot until one is freed
     // or taken back): each run is copied in one go per column, as the ring's two runs were.
@@ -235,12 +247,14 @@ export class RecordTable {
       small.set(this.small.subarray(first * SMALL, (last + 1) * SMALL), at * SMALL);
       idBytes.set(this.idBytes.subarray(first * ID_BYTES, (last + 1) * ID_BYTES), at * ID_BYTES);
       idLengths.set(this.idLengths.subarray(first, last + 1), at);
-      if (this.otherIds.size > 0 || this.answers.size > 0) {
+      if (this.otherIds.size > 0 || this.answers.size > 0 || this.attempts.size > 0) {
         for (let slot = first; slot <= last; slot++) {
           const other = this.otherIds.get(slot);
           if (other !== undefined) otherIds[at + slot - first] = other;
           const answer = this.answers.get(slot);
           if (answer !== undefined) answers[at + slot - first] = answer;
+          const tried = this.attempts.get(slot);
+          if (tried !== undefined) attempts[at + slot - first] = tried;
         }
       }
       at += rows;
@@ -250,7 +264,7 @@ export class RecordTable {
       new Uint8Array(array.buffer, array.byteOffset, array.byteLength);
     const owners = this.slots.ownerOrder().map((owner) => this.strings[owner]!);
     return {
-      meta: { count, strings: [...this.strings], otherIds, answers, owners },
+      meta: { count, strings: [...this.strings], otherIds, answers, attempts, owners },
       blobs: COLUMNS.map((name) => bytes({ numbers, small, idBytes, idLengths }[name])),
     };
   }
@@ -295,6 +309,7 @@ export class RecordTable {
     const idLengths = column('idLengths', Uint8Array, 1);
     const otherIds = (snapshot.otherIds ?? {}) as Record<string, unknown>;
     const answers = (snapshot.answers ?? {}) as Record<string, unknown>;
+    const attempts = (snapshot.attempts ?? {}) as Record<string, unknown>;
     const text = (position: number): string => {
       assert(position >= 0 && position < strings.length, 'snapshot records: bad string position');
       return strings[position] as string;
@@ -323,7 +338,20 @@ export class RecordTable {
         answer === null || (typeof answer === 'object' && !Array.isArray(answer)),
         'snapshot records: bad answers',
       );
-      this.add(recordOf(numbers, n, small, f, id, text, answer as Record<string, unknown> | null));
+      const tried = attempts[row] ?? null;
+      assert(tried === null || Array.isArray(tried), 'snapshot records: bad attempts');
+      this.add(
+        recordOf(
+          numbers,
+          n,
+          small,
+          f,
+          id,
+          text,
+          answer as Record<string, unknown> | null,
+          tried as Attempt[] | null,
+        ),
+      );
     }
     const owners = snapshot.owners;
     if (Array.isArray(owners))
@@ -358,6 +386,7 @@ export class RecordTable {
       id,
       this.textAt,
       this.answers.get(slot) ?? null,
+      this.attempts.get(slot) ?? null,
     );
   }
 
@@ -468,6 +497,7 @@ function recordOf(
   id: string,
   text: (position: number) => string,
   answers: Record<string, unknown> | null,
+  attempts: Attempt[] | null,
 ): RequestRecord {
   const promptTokens = numbers[n + PROMPT_TOKENS]!;
   const httpStatus = numbers[n + HTTP_STATUS]!;
@@ -495,6 +525,7 @@ function recordOf(
     errorCode: errorCode < 0 ? null : text(errorCode),
     httpStatus: httpStatus < 0 ? null : httpStatus,
     answers,
+    attempts,
     // Only an in-flight request needs its key (an unfinished decision frees it); a finished one
     // never does.
     idempotencyKey: null,

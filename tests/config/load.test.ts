@@ -131,11 +131,16 @@ describe('GATEWAY_CONFIG deep merge', () => {
       },
     });
     const defaults = defaultConfig();
-    expect(config.models.model_03).toEqual({ ...defaults.models.model_03!, provider: 'upstream' });
+    expect(config.models.model_03).toEqual({
+      ...defaults.models.model_03!,
+      provider: 'upstream',
+      deployments: [{ provider: 'upstream' }],
+    });
     expect(config.models.model_01).toEqual({
       ...defaults.models.model_01!,
       provider: 'upstream',
       upstream_model: 'big-one',
+      deployments: [{ provider: 'upstream', upstream_model: 'big-one' }],
     });
     // Untouched models and the default provider stay.
     expect(config.models.model_02).toEqual(defaults.models.model_02!);
@@ -175,7 +180,11 @@ describe('GATEWAY_CONFIG deep merge', () => {
         aliases: { extra_alias: 'model_extra' },
       });
       expect(Object.keys(config.models)).toHaveLength(12);
-      expect(config.models.model_extra).toEqual(extra);
+      // The one-provider form comes back with its deployment listed.
+      expect(config.models.model_extra).toEqual({
+        ...extra,
+        deployments: [{ provider: extra.provider }],
+      });
       expect(config.aliases).toEqual({
         legacy_fast_1: 'model_03',
         legacy_fast_2: 'model_03',

@@ -23,6 +23,7 @@ function record(id: string, overrides: Partial<RequestRecord> = {}): RequestReco
     errorCode: null,
     httpStatus: 200,
     answers: null,
+    attempts: null,
     idempotencyKey: null,
     ...overrides,
   };

@@ -150,6 +150,7 @@ test(
       errorCode: null,
       httpStatus: 200,
       answers: null,
+      attempts: null,
       idempotencyKey: null,
     });
     for (const [id, key] of [

@@ -4,7 +4,7 @@ import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { type App, createApp } from '../../src/app.ts';
-import { defaultConfig } from '../../src/config/defaults.ts';
+import { defaultSettings } from '../../src/config/defaults.ts';
 import { deepMerge, validateConfig } from '../../src/config/load.ts';
 import type { Config } from '../../src/config/model.ts';
 import { type Gateway, openGateway } from '../../src/gateway.ts';
@@ -27,7 +27,7 @@ export function tempDir(prefix = 'tollgate-test-'): string {
 
 export function testConfig(overrides: unknown = {}, dataDir = tempDir()): Config {
   const base = deepMerge(
-    defaultConfig() as any,
+    defaultSettings() as any,
     {
       data_dir: dataDir,
       admin_token: ADMIN_TOKEN,
