@@ -75,5 +75,6 @@ export function openGateway(config: Config, logger: Logger, adminToken: string):
     draining: false,
     endingStreams: new Set(),
   };
+  gateway.metrics.watchDeployments(() => gateway!.router.deployments());
   return gateway;
 }

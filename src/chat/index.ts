@@ -149,6 +149,7 @@ function statusView(gateway: Gateway, record: RequestRecord): Record<string, unk
     reserved_credits: microToCredits(record.hold.credits_micro),
     charged_credits: microToCredits(record.charge.credits_micro),
     error_code: record.errorCode,
+    attempts: gateway.registry.attemptsOf(record),
   };
 }
 

@@ -107,7 +107,7 @@ async function prepareDecision(
   return { decision, prepared: measuring instanceof Promise ? await measuring : measuring };
 }
 
-function lookupView(record: RequestRecord): Record<string, unknown> {
+function lookupView(gateway: Gateway, record: RequestRecord): Record<string, unknown> {
   return {
     id: record.id,
     object: 'decision.request',
@@ -120,6 +120,7 @@ function lookupView(record: RequestRecord): Record<string, unknown> {
     answers: record.answers,
     usage: record.usage,
     charged: { tokens: record.charge.tokens, credits: microToCredits(record.charge.credits_micro) },
+    attempts: gateway.registry.attemptsOf(record),
   };
 }
 
@@ -154,7 +155,7 @@ export function decisionController(gateway: Gateway) {
             { param: null },
           );
         }
-        return new Response(JSON.stringify(lookupView(record)), { status: 200, headers });
+        return new Response(JSON.stringify(lookupView(gateway, record)), { status: 200, headers });
       } catch (error) {
         if (error instanceof GatewayError)
           return errorResponse(error, { 'x-request-id': headers['x-request-id'] });

@@ -183,6 +183,18 @@ export class LoopDelayMonitor {
 type FinishedLabels = { service: string; status: string; code: string };
 type RefusedLabels = { service: string; code: string };
 
+/** What /metrics shows of one deployment (the router's DeploymentState has this shape). */
+export interface DeploymentView {
+  readonly model: string;
+  readonly providerName: string;
+  readonly upstreamModel: string;
+  readonly failures: number;
+  readonly attemptsByOutcome: Readonly<Record<'ok' | 'error' | 'cancelled', number>>;
+  health(nowMs: number): 'healthy' | 'ejected' | 'probing';
+}
+
+const HEALTH_STATES = ['healthy', 'ejected', 'probing'] as const;
+
 export class Metrics {
   readonly registry = new Registry();
   private readonly finished = new Tally<FinishedLabels>();
@@ -242,6 +254,55 @@ export class Metrics {
       },
     });
     this.registry.registerMetric(loopDelay as never);
+  }
+
+  /** Per-deployment health and attempts (CONTRACT §7), read from the router at each scrape. */
+  watchDeployments(deployments: () => Iterable<DeploymentView>): void {
+    const registers = [this.registry];
+    const labelNames = ['model', 'provider', 'upstream_model'] as const;
+    const labelsOf = (d: DeploymentView) => ({
+      model: d.model,
+      provider: d.providerName,
+      upstream_model: d.upstreamModel,
+    });
+    new Gauge({
+      name: 'tollgate_deployment_state',
+      help: "A deployment's health: 1 on its current state (healthy, ejected, probing)",
+      labelNames: [...labelNames, 'state'],
+      registers,
+      collect() {
+        this.reset();
+        const nowMs = Date.now();
+        for (const d of deployments()) {
+          const current = d.health(nowMs);
+          for (const state of HEALTH_STATES)
+            this.set({ ...labelsOf(d), state }, state === current ? 1 : 0);
+        }
+      },
+    });
+    new Gauge({
+      name: 'tollgate_deployment_consecutive_failures',
+      help: 'Failures in a row of a deployment (ejected at routing.failures_to_eject)',
+      labelNames,
+      registers,
+      collect() {
+        this.reset();
+        for (const d of deployments()) this.set(labelsOf(d), d.failures);
+      },
+    });
+    new Counter({
+      name: 'tollgate_deployment_attempts_total',
+      help: 'Attempts sent to a deployment, by outcome',
+      labelNames: [...labelNames, 'outcome'],
+      registers,
+      collect() {
+        this.reset();
+        for (const d of deployments()) {
+          for (const [outcome, count] of Object.entries(d.attemptsByOutcome))
+            this.inc({ ...labelsOf(d), outcome }, count);
+        }
+      },
+    });
   }
 
   requestFinished(

@@ -1,4 +1,7 @@
 // Live actors by request id: the place cancel, status and graceful shutdown find a running request.
+
+import type { Attempt } from '../state/events.ts';
+import type { RequestRecord } from '../state/records.ts';
 import type { RequestActor } from './actor.ts';
 
 export class ActorRegistry {
@@ -44,7 +47,17 @@ export class ActorRegistry {
     return this.actors.get(id);
   }
 
+  /**
+   * The deployments a request tried (CONTRACT §7): its record's once finished, its actor's while it
+   * runs.
+   */
+  attemptsOf(record: RequestRecord): readonly Attempt[] {
+    return record.attempts ?? this.get(record.id)?.attempts ?? NO_ATTEMPTS;
+  }
+
   all(): RequestActor[] {
     return [...this.actors.values()];
   }
 }
+
+const NO_ATTEMPTS: readonly Attempt[] = Object.freeze([]);
