@@ -94,6 +94,16 @@ describe('status', () => {
       reserved_credits: (prompt_tokens * 5 + 100 * 14) / 1e6,
       charged_credits: chargedMicro / 1e6,
       error_code: null,
+      // The one deployment of model_03 (CONTRACT §7).
+      attempts: [
+        {
+          provider: 'simulator',
+          upstream_model: 'model_03',
+          outcome: 'ok',
+          error_code: null,
+          latency_ms: expect.any(Number),
+        },
+      ],
     });
     expect(await balances(t, keyId)).toEqual({
       credits: (10_000_000 - chargedMicro) / 1e6,

@@ -419,6 +419,15 @@ describe('lookup: GET /decision/v1/requests/<dec_id>/', () => {
         answers: VALID_ANSWERS,
         usage: decision.usage,
         charged: decision.charged,
+        attempts: [
+          {
+            provider: 'fake',
+            upstream_model: 'up',
+            outcome: 'ok',
+            error_code: null,
+            latency_ms: expect.any(Number),
+          },
+        ],
       });
       expect(own.body.finished).toBeGreaterThanOrEqual(decision.created);
 
@@ -1141,6 +1150,15 @@ describe('499 request_cancelled', () => {
         answers: null,
         usage: null,
         charged: { tokens: 0, credits: 0 },
+        attempts: [
+          {
+            provider: 'fake',
+            upstream_model: 'up',
+            outcome: 'cancelled',
+            error_code: null,
+            latency_ms: expect.any(Number),
+          },
+        ],
       });
       expect(await balances(t, keyId)).toEqual(before);
     },
