@@ -1,0 +1,237 @@
+// Deployments and failover through HTTP (CONTRACT §7): the next deployment answers when the first
+// fails before the first byte, one charge, every attempt in the status record; no failover after
+// the first byte or on a 400; ejection, the probe after the cooldown; weights.
+import { expect, test } from 'bun:test';
+import { bearer, chatBody, closedAfterEach, type TestServer } from '../support/gateway.ts';
+import {
+  type LifecycleUpstream,
+  startLifecycleUpstream,
+  type UpstreamAct,
+  USAGE,
+} from '../support/lifecycle-harness.ts';
+import { SseReader } from '../support/sse.ts';
+
+const cleanup = closedAfterEach();
+/** model_03: 5 and 14 µcr per token. */
+const ANSWER_MICRO = USAGE.prompt_tokens * 5 + USAGE.completion_tokens * 14;
+/** Weights that make `a` the first pick in all but one call in a million. */
+const A_FIRST = 1_000_000;
+
+function upstream(act: UpstreamAct['kind'] | ((index: number) => UpstreamAct)): LifecycleUpstream {
+  const decide = typeof act === 'function' ? act : () => ({ kind: act }) as UpstreamAct;
+  return cleanup.track(startLifecycleUpstream((call) => decide(call.index)));
+}
+
+async function twoDeployments(
+  a: LifecycleUpstream,
+  b: LifecycleUpstream,
+  extra: Record<string, unknown> = {},
+  weights: [number, number] = [A_FIRST, 1],
+): Promise<TestServer> {
+  return cleanup.server({
+    providers: {
+      a: { type: 'openai', base_url: a.url, timeout_ms: 2_000 },
+      b: { type: 'openai', base_url: b.url, timeout_ms: 2_000 },
+    },
+    models: {
+      model_03: {
+        deployments: [
+          { provider: 'a', upstream_model: 'up-a', weight: weights[0] },
+          { provider: 'b', upstream_model: 'up-b', weight: weights[1] },
+        ],
+      },
+    },
+    ...extra,
+  });
+}
+
+function post(t: TestServer, key: string, body: unknown = chatBody()): Promise<Response> {
+  return fetch(`${t.baseUrl}/api/v1/chat/completions`, {
+    method: 'POST',
+    headers: bearer(key),
+    body: JSON.stringify(body),
+  });
+}
+
+async function record(t: TestServer, key: string, id: string): Promise<any> {
+  const response = await fetch(`${t.baseUrl}/api/v1/requests/${id}`, { headers: bearer(key) });
+  expect(response.status).toBe(200);
+  return response.json();
+}
+
+async function balances(t: TestServer, keyId: string): Promise<any> {
+  const response = await fetch(`${t.baseUrl}/admin/v1/keys/${keyId}`, {
+    headers: { authorization: 'Bearer test-admin-token-0123456789' },
+  });
+  return ((await response.json()) as any).balances;
+}
+
+const attempt = (provider: string, outcome: string, errorCode: string | null = null) => ({
+  provider,
+  upstream_model: provider === 'a' ? 'up-a' : 'up-b',
+  outcome,
+  error_code: errorCode,
+  latency_ms: expect.any(Number),
+});
+
+for (const [name, act] of [
+  ['5xx', { kind: 'fail', status: 503 }],
+  ['429', { kind: 'fail', status: 429 }],
+] as const) {
+  test(`first deployment answers ${name}: the second answers, charged once`, async () => {
+    const a = upstream(() => act);
+    const b = upstream('answer');
+    const t = await twoDeployments(a, b);
+    const { id: keyId, key } = await t.createKey({ credits: 10 });
+    const response = await post(t, key);
+    expect(response.status).toBe(200);
+    const body = (await response.json()) as any;
+    expect(body.choices[0].message.content).toBe('Hello there');
+    expect(a.calls.length).toBe(1);
+    expect(b.calls.length).toBe(1);
+    expect(b.calls[0]!.body.model).toBe('up-b');
+    const status = await record(t, key, body.id);
+    expect(status.attempts).toEqual([attempt('a', 'error', 'upstream_error'), attempt('b', 'ok')]);
+    expect(Math.round(status.charged_credits * 1e6)).toBe(ANSWER_MICRO);
+    const after = await balances(t, keyId);
+    expect(Math.round(after.charged * 1e6)).toBe(ANSWER_MICRO);
+    expect(after.held).toBe(0);
+  });
+}
+
+test('an unreachable first deployment fails over, stream too', async () => {
+  const b = upstream('answer');
+  const dead = startLifecycleUpstream();
+  const deadUrl = dead.url;
+  dead.stop();
+  const t = await cleanup.server({
+    providers: {
+      a: { type: 'openai', base_url: deadUrl },
+      b: { type: 'openai', base_url: b.url },
+    },
+    models: {
+      model_03: {
+        deployments: [
+          { provider: 'a', upstream_model: 'up-a', weight: A_FIRST },
+          { provider: 'b', upstream_model: 'up-b' },
+        ],
+      },
+    },
+  });
+  const { key } = await t.createKey({ credits: 10 });
+  const response = await post(t, key, chatBody({ stream: true }));
+  expect(response.status).toBe(200);
+  const reader = new SseReader(response);
+  const events = await reader.rest();
+  const first = JSON.parse(events[0]!) as { id: string };
+  expect(events.at(-1)).toBe('[DONE]');
+  const status = await record(t, key, first.id);
+  expect(status.attempts).toEqual([
+    attempt('a', 'error', 'upstream_unreachable'),
+    attempt('b', 'ok'),
+  ]);
+});
+
+test('a 400 never fails over: one call, the error as the first deployment gave it', async () => {
+  const a = upstream(() => ({ kind: 'fail', status: 400 }));
+  const b = upstream('answer');
+  const t = await twoDeployments(a, b);
+  const { key } = await t.createKey({ credits: 10 });
+  const response = await post(t, key);
+  expect(response.status).toBe(502);
+  expect(((await response.json()) as any).error.code).toBe('upstream_error');
+  expect(a.calls.length).toBe(1);
+  expect(b.calls.length).toBe(0);
+});
+
+test('a failure after the first streamed byte: an error event, no second call', async () => {
+  // The first deployment sends a chunk, then nothing: its silence timer ends it after the client
+  // had bytes (a timeout would fail over before them).
+  const a = upstream('hold');
+  const b = upstream('answer');
+  const t = await cleanup.server({
+    providers: {
+      a: { type: 'openai', base_url: a.url, timeout_ms: 150 },
+      b: { type: 'openai', base_url: b.url },
+    },
+    models: {
+      model_03: {
+        deployments: [
+          { provider: 'a', upstream_model: 'up-a', weight: A_FIRST },
+          { provider: 'b', upstream_model: 'up-b' },
+        ],
+      },
+    },
+  });
+  const { key } = await t.createKey({ credits: 10 });
+  const response = await post(t, key, chatBody({ stream: true }));
+  expect(response.status).toBe(200);
+  const events = await new SseReader(response).rest();
+  const last = JSON.parse(events.at(-1)!) as any;
+  expect(last.error.code).toBe('upstream_timeout');
+  expect(b.calls.length).toBe(0);
+  const first = JSON.parse(events[0]!) as { id: string };
+  const status = await record(t, key, first.id);
+  expect(status.attempts).toEqual([attempt('a', 'error', 'upstream_timeout')]);
+});
+
+test('ejection after failures in a row, one probe after the cooldown, recovery', async () => {
+  let aFails = true;
+  const a = upstream(() => (aFails ? { kind: 'fail', status: 500 } : { kind: 'answer' }));
+  const b = upstream('answer');
+  const cooldownMs = 400;
+  const t = await twoDeployments(a, b, {
+    routing: { max_attempts: 3, failures_to_eject: 2, cooldown_ms: cooldownMs },
+  });
+  const { key } = await t.createKey({ credits: 10 });
+  for (let i = 0; i < 2; i++) expect((await post(t, key)).status).toBe(200);
+  expect(a.calls.length).toBe(2);
+  const metrics = async () => (await fetch(`${t.baseUrl}/metrics`)).text();
+  const series = (state: string) =>
+    `tollgate_deployment_state{model="model_03",provider="a",upstream_model="up-a",` +
+    `state="${state}"} 1`;
+  expect(await metrics()).toContain(series('ejected'));
+  // Ejected: skipped although it weighs a million times more.
+  const skipped = (await (await post(t, key)).json()) as any;
+  expect(a.calls.length).toBe(2);
+  expect((await record(t, key, skipped.id)).attempts).toEqual([attempt('b', 'ok')]);
+  // After the cooldown, one call probes it; it answers and is healthy again.
+  aFails = false;
+  await Bun.sleep(cooldownMs);
+  const probe = (await (await post(t, key)).json()) as any;
+  expect(a.calls.length).toBe(3);
+  expect((await record(t, key, probe.id)).attempts).toEqual([attempt('a', 'ok')]);
+  expect(await metrics()).toContain(series('healthy'));
+  expect(await metrics()).toContain(
+    'tollgate_deployment_attempts_total{model="model_03",provider="a",upstream_model="up-a",' +
+      'outcome="error"} 2',
+  );
+});
+
+test('weights are respected within tolerance over many calls', async () => {
+  const t = await cleanup.server({
+    providers: {
+      a: { type: 'simulator', ttft_ms: 0, tokens_per_second: 100_000 },
+      b: { type: 'simulator', ttft_ms: 0, tokens_per_second: 100_000 },
+    },
+    models: {
+      model_03: {
+        deployments: [
+          { provider: 'a', weight: 3 },
+          { provider: 'b', weight: 1 },
+        ],
+      },
+    },
+  });
+  const { key } = await t.createKey({ credits: 100 });
+  const calls = 400;
+  let onA = 0;
+  for (let i = 0; i < calls; i++) {
+    const body = (await (await post(t, key, chatBody({ max_completion_tokens: 4 }))).json()) as any;
+    const status = await record(t, key, body.id);
+    expect(status.attempts).toHaveLength(1);
+    if (status.attempts[0].provider === 'a') onA++;
+  }
+  // 3:1 → 75 %; 400 calls put one standard deviation at ~2.2 %: 8 % is over 3.5 of them.
+  expect(Math.abs(onA / calls - 0.75)).toBeLessThan(0.08);
+});
