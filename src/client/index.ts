@@ -101,6 +101,16 @@ export interface DecisionLookup {
   answers: Record<string, DecisionAnswer> | null;
   usage: Usage | null;
   charged: { tokens: number; credits: number };
+  /** The deployments tried, in order (CONTRACT §7). */
+  attempts: DeploymentAttempt[];
+}
+/** One try of one deployment of the model. */
+export interface DeploymentAttempt {
+  provider: string;
+  upstream_model: string;
+  outcome: 'ok' | 'error' | 'cancelled';
+  error_code: string | null;
+  latency_ms: number;
 }
 export interface ChatMessage {
   role: 'system' | 'user' | 'assistant' | 'tool';
@@ -149,6 +159,8 @@ export interface ChatRequestStatus {
   reserved_credits: number;
   charged_credits: number;
   error_code: string | null;
+  /** The deployments tried, in order (CONTRACT §7). */
+  attempts: DeploymentAttempt[];
 }
 
 /**

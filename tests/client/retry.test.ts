@@ -230,6 +230,15 @@ describe('TollgateClient against a real gateway', () => {
         answers: VALID_ANSWERS,
         usage: decision.usage,
         charged: decision.charged,
+        attempts: [
+          {
+            provider: 'fake',
+            upstream_model: 'up',
+            outcome: 'ok',
+            error_code: null,
+            latency_ms: expect.any(Number),
+          },
+        ],
       });
       for (const failed of attempts.slice(0, 2)) {
         expect(failed.requestId).toMatch(REQUEST_ID_RE);
