@@ -8,6 +8,7 @@ import {
   invalid,
   isRecord,
   TOOL_CALLS_MAX,
+  toolArgumentsObject,
   type Usage,
   usageFigure,
 } from '../http/answer.ts';
@@ -111,7 +112,7 @@ function appendMessage(
         type: 'tool_use',
         id: call.id,
         name: call.function.name,
-        input: toolInput(call.function.arguments, index),
+        input: toolArgumentsObject(call.function.arguments, index),
       });
     });
   } else {
@@ -121,25 +122,6 @@ function appendMessage(
   const last = messages.at(-1);
   if (last !== undefined && last.role === role) last.content.push(...blocks);
   else messages.push({ role, content: blocks });
-}
-
-/** A tool call's arguments as the object `tool_use.input` must be. */
-function toolInput(text: string, index: number): Record<string, unknown> {
-  if (text.trim() === '') return {};
-  let value: unknown;
-  try {
-    value = JSON.parse(text);
-  } catch {
-    value = null;
-  }
-  if (!isRecord(value)) {
-    throw new GatewayError(
-      'invalid_request_error',
-      'Tool-call arguments sent back to this model must be a JSON object.',
-      { param: `tool_calls[${index}].function.arguments` },
-    );
-  }
-  return value;
 }
 
 function finishReasonOf(reason: unknown): FinishReason {
@@ -155,11 +137,8 @@ function promptTokensOf(usage: Record<string, unknown>, providerName: string): n
   if (input === null) return null;
   const created = usageFigure(usage.cache_creation_input_tokens, providerName) ?? 0;
   const read = usageFigure(usage.cache_read_input_tokens, providerName) ?? 0;
-  return checkedSum(input + created + read, providerName);
-}
-
-function checkedSum(total: number, providerName: string): number {
-  return usageFigure(total, providerName) as number;
+  // The sum is checked like a reported figure: three below 2^31 may add up past it.
+  return usageFigure(input + created + read, providerName) as number;
 }
 
 /** The deltas of a whole Message object. */

@@ -3,7 +3,14 @@
 // mapped to tool calls by the `call_` ids the gateway gives them.
 import { GatewayError } from '../../util/errors.ts';
 import { newToolCallId } from '../../util/ids.ts';
-import { ContentMeter, invalid, isRecord, TOOL_CALLS_MAX, usageFigure } from '../http/answer.ts';
+import {
+  ContentMeter,
+  invalid,
+  isRecord,
+  TOOL_CALLS_MAX,
+  toolArgumentsObject,
+  usageFigure,
+} from '../http/answer.ts';
 import type { Dialect, StreamTranslator } from '../http/http-provider.ts';
 import type { Delta, FinishReason, ProviderMessage, ProviderRequest } from '../provider.ts';
 
@@ -121,7 +128,10 @@ function appendContent(
     message.tool_calls?.forEach((call, index) => {
       names.set(call.id, call.function.name);
       parts.push({
-        functionCall: { name: call.function.name, args: toolArgs(call.function.arguments, index) },
+        functionCall: {
+          name: call.function.name,
+          args: toolArgumentsObject(call.function.arguments, index),
+        },
       });
     });
   } else {
@@ -143,24 +153,6 @@ function toolResponse(content: string): Record<string, unknown> {
     // not JSON: passed on as text
   }
   return { output: content };
-}
-
-function toolArgs(text: string, index: number): Record<string, unknown> {
-  if (text.trim() === '') return {};
-  let value: unknown;
-  try {
-    value = JSON.parse(text);
-  } catch {
-    value = null;
-  }
-  if (!isRecord(value)) {
-    throw new GatewayError(
-      'invalid_request_error',
-      'Tool-call arguments sent back to this model must be a JSON object.',
-      { param: `tool_calls[${index}].function.arguments` },
-    );
-  }
-  return value;
 }
 
 /**

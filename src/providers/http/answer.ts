@@ -180,3 +180,25 @@ export function isHeaderValue(text: string): boolean {
   }
   return true;
 }
+
+/**
+ * A tool call's arguments, sent back by a client, as the JSON object Anthropic's `tool_use.input`
+ * and Gemini's `functionCall.args` must be (OpenAI takes the text as it is).
+ */
+export function toolArgumentsObject(text: string, index: number): Record<string, unknown> {
+  if (text.trim() === '') return {};
+  let value: unknown;
+  try {
+    value = JSON.parse(text);
+  } catch {
+    value = null;
+  }
+  if (!isRecord(value)) {
+    throw new GatewayError(
+      'invalid_request_error',
+      'Tool-call arguments sent back to this model must be a JSON object.',
+      { param: `tool_calls[${index}].function.arguments` },
+    );
+  }
+  return value;
+}
