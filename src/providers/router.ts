@@ -107,7 +107,7 @@ export class Router {
       let settled = false;
       try {
         for await (const delta of deployment.provider.stream(
-          { ...request, model: deployment.upstreamModel },
+          forDeployment(request, deployment),
           signal,
         )) {
           handedOn = true;
@@ -147,7 +147,7 @@ export class Router {
       tried.push(deployment);
       const attempt = this.begin(deployment, attempts);
       const startedMs = performance.now();
-      const call = { ...request, model: deployment.upstreamModel };
+      const call = forDeployment(request, deployment);
       try {
         const deltas = await collectAnswer(deployment.provider, call, signal);
         this.settle(deployment, attempt, startedMs, null, signal);
@@ -257,6 +257,16 @@ export class Router {
     }
     deployment.attemptsByOutcome[attempt.outcome]++;
   }
+}
+
+/**
+ * The request with the deployment's own model id; the service's request as it is when that is its
+ * model already (one deployment, the common case: no copy per call).
+ */
+function forDeployment(request: ProviderRequest, deployment: DeploymentState): ProviderRequest {
+  return request.model === deployment.upstreamModel
+    ? request
+    : { ...request, model: deployment.upstreamModel };
 }
 
 function failsOver(error: unknown): boolean {
