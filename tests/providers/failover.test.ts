@@ -2,6 +2,8 @@
 // fails before the first byte, one charge, every attempt in the status record; no failover after
 // the first byte or on a 400; ejection, the probe after the cooldown; weights.
 import { expect, test } from 'bun:test';
+import { defaultSettings } from '../../src/config/defaults.ts';
+import { deepMerge, validateConfig } from '../../src/config/load.ts';
 import { bearer, chatBody, closedAfterEach, type TestServer } from '../support/gateway.ts';
 import {
   type LifecycleUpstream,
@@ -234,4 +236,37 @@ test('weights are respected within tolerance over many calls', async () => {
   }
   // 3:1 → 75 %; 400 calls put one standard deviation at ~2.2 %: 8 % is over 3.5 of them.
   expect(Math.abs(onA / calls - 0.75)).toBeLessThan(0.08);
+});
+
+test('routing.max_attempts bounds the upstream calls of one request', async () => {
+  const failing = [0, 1, 2].map(() => upstream(() => ({ kind: 'fail', status: 503 })));
+  const t = await cleanup.server({
+    providers: Object.fromEntries(
+      failing.map((fake, i) => [`d${i}`, { type: 'openai', base_url: fake.url }]),
+    ),
+    models: {
+      model_03: {
+        deployments: failing.map((_, i) => ({ provider: `d${i}`, upstream_model: 'up' })),
+      },
+    },
+    routing: { max_attempts: 2, failures_to_eject: 3, cooldown_ms: 30_000 },
+  });
+  const { key } = await t.createKey({ credits: 10 });
+  const response = await post(t, key);
+  expect(response.status).toBe(502);
+  const body = (await response.json()) as any;
+  expect(body.error.code).toBe('upstream_error');
+  expect(failing.reduce((calls, fake) => calls + fake.calls.length, 0)).toBe(2);
+  const id = response.headers.get('x-request-id');
+  expect(id).not.toBeNull();
+  expect((await record(t, key, id!)).attempts).toEqual([
+    expect.objectContaining({ outcome: 'error', error_code: 'upstream_error' }),
+    expect.objectContaining({ outcome: 'error', error_code: 'upstream_error' }),
+  ]);
+});
+
+test('routing.max_attempts above the bound of 16 is refused at start, naming the field', () => {
+  expect(() =>
+    validateConfig(deepMerge(defaultSettings() as any, { routing: { max_attempts: 17 } } as any)),
+  ).toThrow('routing.max_attempts');
 });
