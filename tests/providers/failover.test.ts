@@ -101,6 +101,46 @@ for (const [name, act] of [
   });
 }
 
+function postWithKey(t: TestServer, key: string, idempotencyKey: string): Promise<Response> {
+  return fetch(`${t.baseUrl}/api/v1/chat/completions`, {
+    method: 'POST',
+    headers: { ...bearer(key), 'idempotency-key': idempotencyKey },
+    body: JSON.stringify(chatBody()),
+  });
+}
+
+test('an Idempotency-Key covers every attempt: a repeat is 409 and calls nothing', async () => {
+  const release = Promise.withResolvers<void>();
+  const a = upstream(() => ({ kind: 'fail', status: 503 }));
+  const b = upstream(() => ({ kind: 'answerAfter', until: release.promise }));
+  const t = await twoDeployments(a, b);
+  const { id: keyId, key } = await t.createKey({ credits: 10 });
+  const original = postWithKey(t, key, 'failover-once-1');
+  await b.call(0);
+  // The first deployment failed, the second holds the call: the key is bound to that one request.
+  const during = await postWithKey(t, key, 'failover-once-1');
+  expect(during.status).toBe(409);
+  const duringBody = (await during.json()) as any;
+  expect(duringBody.error.code).toBe('request_in_progress');
+  release.resolve();
+  const answered = await original;
+  expect(answered.status).toBe(200);
+  const { id } = (await answered.json()) as { id: string };
+  expect(duringBody.request_id).toBe(id);
+  const after = await postWithKey(t, key, 'failover-once-1');
+  expect(after.status).toBe(409);
+  const afterBody = (await after.json()) as any;
+  expect(afterBody.error.code).toBe('request_already_completed');
+  expect(afterBody.request_id).toBe(id);
+  expect(a.calls.length).toBe(1);
+  expect(b.calls.length).toBe(1);
+  const status = await record(t, key, id);
+  expect(status.attempts).toEqual([attempt('a', 'error', 'upstream_error'), attempt('b', 'ok')]);
+  const balance = await balances(t, keyId);
+  expect(Math.round(balance.charged * 1e6)).toBe(ANSWER_MICRO);
+  expect(balance.held).toBe(0);
+});
+
 test('an unreachable first deployment fails over, stream too', async () => {
   const b = upstream('answer');
   const dead = startLifecycleUpstream();
