@@ -66,6 +66,18 @@ const MODEL = 4;
 const ERROR_CODE = 5; // -1: none
 const SMALL = 6;
 
+// The first deployment tried (for most requests the only one), one Int32Array slot each: provider,
+// upstream model and error code as positions in `strings` (-1: none), the outcome's index (-1: no
+// attempt). Its latency is the `attemptLatency` column. A request that tried several deployments
+// keeps its whole list in `attemptLists`: only a failover makes an object that outlives the
+// request.
+const ATTEMPT_PROVIDER = 0;
+const ATTEMPT_MODEL = 1;
+const ATTEMPT_OUTCOME = 2;
+const ATTEMPT_ERROR = 3;
+const ATTEMPT = 4;
+const OUTCOMES: readonly Attempt['outcome'][] = ['ok', 'error', 'cancelled'];
+
 /**
  * Ids are ASCII of at most this many bytes (ours are 28–33); any other id is kept aside as a
  * string.
@@ -77,7 +89,9 @@ const ID_ELSEWHERE = 255;
 const INITIAL_SLOTS = 1024;
 
 /** The columns of a snapshot, in the order of its blobs. */
-const COLUMNS = ['numbers', 'small', 'idBytes', 'idLengths'] as const;
+const COLUMNS = ['numbers', 'small', 'idBytes', 'idLengths', 'attempt', 'attemptLatency'] as const;
+/** Snapshots made before the attempt columns have only the first four (their attempts are JSON). */
+const COLUMNS_BEFORE_ATTEMPTS = 4;
 
 /** The JSON part of a snapshot of the table (the columns travel as bytes beside it). */
 export interface ColumnsMeta {
@@ -85,7 +99,10 @@ export interface ColumnsMeta {
   strings: string[];
   otherIds: Record<number, string>;
   answers: Record<number, Record<string, unknown>>;
-  /** Attempts by position (absent in snapshots made before failover). */
+  /**
+   * Attempts by position: the lists of requests that tried several deployments (every request's
+   * in snapshots made before the attempt columns; absent in those made before failover).
+   */
   attempts?: Record<number, Attempt[]>;
   /**
    * The key ids holding records, in FairSlots' bucket order (absent in snapshots made before it).
@@ -101,21 +118,23 @@ export class RecordTable {
   private small: Int32Array;
   private idBytes: Uint8Array;
   private idLengths: Uint8Array;
+  private attempt: Int32Array;
+  private attemptLatency: Float64Array;
   /** Ids that are not short ASCII (never ours, but the event schema allows them), by slot. */
   private readonly otherIds = new Map<number, string>();
   /** Answers of completed decisions, by slot (chat records have none). */
   private readonly answers = new Map<number, Record<string, unknown>>();
-  /**
-   * The deployments each request tried, by slot. Kept as the event's own array (no copy); a
-   * compact column is the follow-up if its collector cost shows in the tail (issue 15).
-   */
-  private readonly attempts = new Map<number, Attempt[]>();
+  /** The deployments tried by requests that tried more than one, by slot (the event's array). */
+  private readonly attemptLists = new Map<number, Attempt[]>();
   /**
    * Open addressing with linear probing: slot + 1 of the record whose id hashes here, 0 when empty.
    */
   private index: Int32Array;
   private indexMask: number;
-  /** Key ids, models and error codes, each stored once; records refer to them by position. */
+  /**
+   * Key ids, models, error codes, providers and upstream models, each stored once; records refer to
+   * them by position.
+   */
   private readonly strings: string[] = [];
   private readonly stringAt = new Map<string, number>();
   /** Which slots hold records, in age order, per key (by the key id's position in `strings`). */
@@ -137,6 +156,8 @@ export class RecordTable {
     this.small = new Int32Array(this.allocated * SMALL);
     this.idBytes = new Uint8Array(this.allocated * ID_BYTES);
     this.idLengths = new Uint8Array(this.allocated);
+    this.attempt = new Int32Array(this.allocated * ATTEMPT);
+    this.attemptLatency = new Float64Array(this.allocated);
     this.index = new Int32Array(indexSizeFor(this.allocated));
     this.indexMask = this.index.length - 1;
   }
@@ -180,7 +201,7 @@ export class RecordTable {
     this.writeId(slot, record.id);
     this.indexSlot(slot, record.id);
     if (record.answers !== null) this.answers.set(slot, record.answers);
-    if (record.attempts !== null) this.attempts.set(slot, record.attempts);
+    this.writeAttempts(slot, record.attempts);
     const n = slot * NUMBERS;
     const numbers = this.numbers;
     numbers[n + CREATED_MS] = record.createdAtMs;
@@ -216,7 +237,31 @@ export class RecordTable {
     this.unindex(slot);
     this.otherIds.delete(slot);
     this.answers.delete(slot);
-    this.attempts.delete(slot);
+    this.attemptLists.delete(slot);
+  }
+
+  /** One attempt goes to the columns, several to `attemptLists`; none (null or []) is null. */
+  private writeAttempts(slot: number, tried: Attempt[] | null): void {
+    const a = slot * ATTEMPT;
+    const columns = this.attempt;
+    if (tried === null || tried.length !== 1) {
+      columns[a + ATTEMPT_OUTCOME] = -1;
+      if (tried !== null && tried.length > 1) this.attemptLists.set(slot, tried);
+      return;
+    }
+    const only = tried[0]!;
+    columns[a + ATTEMPT_PROVIDER] = this.intern(only.provider);
+    columns[a + ATTEMPT_MODEL] = this.intern(only.upstream_model);
+    columns[a + ATTEMPT_OUTCOME] = OUTCOMES.indexOf(only.outcome);
+    columns[a + ATTEMPT_ERROR] = only.error_code === null ? -1 : this.intern(only.error_code);
+    this.attemptLatency[slot] = only.latency_ms;
+  }
+
+  /** The attempts of `slot` (see writeAttempts) as fresh objects, or the kept list. */
+  private readAttempts(slot: number): Attempt[] | null {
+    const list = this.attemptLists.get(slot);
+    if (list !== undefined) return list;
+    return attemptOf(this.attempt, slot * ATTEMPT, this.attemptLatency[slot]!, this.textAt);
   }
 
   /**
@@ -232,6 +277,8 @@ export class RecordTable {
     const small = new Int32Array(count * SMALL);
     const idBytes = new Uint8Array(count * ID_BYTES);
     const idLengths = new Uint8Array(count);
+    const attempt = new Int32Array(count * ATTEMPT);
+    const attemptLatency = new Float64Array(count);
     const otherIds: Record<number, string> = {};
     const answers: Record<number, Record<string, unknown>> = {};
     const attempts: Record<number, Attempt[]> = {};
@@ -247,13 +294,15 @@ export class RecordTable {
       small.set(this.small.subarray(first * SMALL, (last + 1) * SMALL), at * SMALL);
       idBytes.set(this.idBytes.subarray(first * ID_BYTES, (last + 1) * ID_BYTES), at * ID_BYTES);
       idLengths.set(this.idLengths.subarray(first, last + 1), at);
-      if (this.otherIds.size > 0 || this.answers.size > 0 || this.attempts.size > 0) {
+      attempt.set(this.attempt.subarray(first * ATTEMPT, (last + 1) * ATTEMPT), at * ATTEMPT);
+      attemptLatency.set(this.attemptLatency.subarray(first, last + 1), at);
+      if (this.otherIds.size > 0 || this.answers.size > 0 || this.attemptLists.size > 0) {
         for (let slot = first; slot <= last; slot++) {
           const other = this.otherIds.get(slot);
           if (other !== undefined) otherIds[at + slot - first] = other;
           const answer = this.answers.get(slot);
           if (answer !== undefined) answers[at + slot - first] = answer;
-          const tried = this.attempts.get(slot);
+          const tried = this.attemptLists.get(slot);
           if (tried !== undefined) attempts[at + slot - first] = tried;
         }
       }
@@ -265,7 +314,9 @@ export class RecordTable {
     const owners = this.slots.ownerOrder().map((owner) => this.strings[owner]!);
     return {
       meta: { count, strings: [...this.strings], otherIds, answers, attempts, owners },
-      blobs: COLUMNS.map((name) => bytes({ numbers, small, idBytes, idLengths }[name])),
+      blobs: COLUMNS.map((name) =>
+        bytes({ numbers, small, idBytes, idLengths, attempt, attemptLatency }[name]),
+      ),
     };
   }
 
@@ -291,7 +342,12 @@ export class RecordTable {
       name: (typeof COLUMNS)[number],
       Type: { new (b: ArrayBuffer): T; BYTES_PER_ELEMENT: number },
       width: number,
-    ): T => {
+    ): T | null => {
+      if (
+        COLUMNS.indexOf(name) >= COLUMNS_BEFORE_ATTEMPTS &&
+        blobs.length === COLUMNS_BEFORE_ATTEMPTS
+      )
+        return null;
       const bytes = blobs[COLUMNS.indexOf(name)];
       assert(bytes !== undefined, `snapshot records: ${name} missing`);
       assert(
@@ -303,10 +359,12 @@ export class RecordTable {
         bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length) as ArrayBuffer,
       );
     };
-    const numbers = column('numbers', Float64Array, NUMBERS);
-    const small = column('small', Int32Array, SMALL);
-    const idBytes = column('idBytes', Uint8Array, ID_BYTES);
-    const idLengths = column('idLengths', Uint8Array, 1);
+    const numbers = column('numbers', Float64Array, NUMBERS)!;
+    const small = column('small', Int32Array, SMALL)!;
+    const idBytes = column('idBytes', Uint8Array, ID_BYTES)!;
+    const idLengths = column('idLengths', Uint8Array, 1)!;
+    const attempt = column('attempt', Int32Array, ATTEMPT);
+    const attemptLatency = column('attemptLatency', Float64Array, 1);
     const otherIds = (snapshot.otherIds ?? {}) as Record<string, unknown>;
     const answers = (snapshot.answers ?? {}) as Record<string, unknown>;
     const attempts = (snapshot.attempts ?? {}) as Record<string, unknown>;
@@ -338,7 +396,9 @@ export class RecordTable {
         answer === null || (typeof answer === 'object' && !Array.isArray(answer)),
         'snapshot records: bad answers',
       );
-      const tried = attempts[row] ?? null;
+      const tried =
+        attempts[row] ??
+        (attempt === null ? null : attemptOf(attempt, row * ATTEMPT, attemptLatency![row]!, text));
       assert(tried === null || Array.isArray(tried), 'snapshot records: bad attempts');
       this.add(
         recordOf(
@@ -366,6 +426,8 @@ export class RecordTable {
     this.small = grown(this.small, allocated * SMALL);
     this.idBytes = grown(this.idBytes, allocated * ID_BYTES);
     this.idLengths = grown(this.idLengths, allocated);
+    this.attempt = grown(this.attempt, allocated * ATTEMPT);
+    this.attemptLatency = grown(this.attemptLatency, allocated);
     this.allocated = allocated;
     // A larger hash table: every record is placed again.
     this.index = new Int32Array(indexSizeFor(allocated));
@@ -386,14 +448,15 @@ export class RecordTable {
       id,
       this.textAt,
       this.answers.get(slot) ?? null,
-      this.attempts.get(slot) ?? null,
+      this.readAttempts(slot),
     );
   }
 
   private readonly textAt = (position: number): string => this.strings[position]!;
 
   /**
-   * The position of `text` in `strings`, adding it once. Bounded by keys, models and error codes.
+   * The position of `text` in `strings`, adding it once. Bounded by keys, models, error codes and
+   * the configured deployments.
    */
   private intern(text: string): number {
     const known = this.stringAt.get(text);
@@ -530,6 +593,29 @@ function recordOf(
     // never does.
     idempotencyKey: null,
   };
+}
+
+/** The one attempt at offset `a` of the attempt column, or null when the row has none there. */
+function attemptOf(
+  columns: Int32Array,
+  a: number,
+  latencyMs: number,
+  text: (position: number) => string,
+): Attempt[] | null {
+  const index = columns[a + ATTEMPT_OUTCOME]!;
+  if (index === -1) return null;
+  const outcome = OUTCOMES[index];
+  assert(outcome !== undefined, 'records: bad attempt outcome');
+  const errorCode = columns[a + ATTEMPT_ERROR]!;
+  return [
+    {
+      provider: text(columns[a + ATTEMPT_PROVIDER]!),
+      upstream_model: text(columns[a + ATTEMPT_MODEL]!),
+      outcome,
+      error_code: errorCode < 0 ? null : text(errorCode),
+      latency_ms: latencyMs,
+    },
+  ];
 }
 
 /** A power of two at least twice the slots, so probe runs stay short. */

@@ -234,6 +234,62 @@ describe('RecordTable', () => {
     },
   );
 
+  test('attempts read back as written: none, one (in the columns), several; a snapshot too', () => {
+    const ok = { provider: 'a', upstream_model: 'up-a', outcome: 'ok' as const };
+    const one = [{ ...ok, error_code: null, latency_ms: 2 ** 40 }];
+    const several = [
+      { ...ok, outcome: 'error' as const, error_code: 'upstream_error', latency_ms: 3 },
+      { ...ok, provider: 'b', upstream_model: 'up-b', error_code: null, latency_ms: 4 },
+    ];
+    const cancelled = [{ ...ok, outcome: 'cancelled' as const, error_code: null, latency_ms: 0 }];
+    const table = new RecordTable(8, TTL_MS);
+    const added = [
+      record('none'),
+      record('one', { attempts: one }),
+      record('several', { attempts: several }),
+      record('cancelled', { attempts: cancelled }),
+    ];
+    for (const r of added) table.add(r);
+    // An empty list is no attempt, read as null (the status view shows [] for both).
+    table.add(record('empty', { attempts: [] }));
+    for (const r of added) expect(table.get(r.id, NOW_MS)).toEqual(r);
+    expect(table.get('empty', NOW_MS)?.attempts).toBeNull();
+    const { meta, blobs } = table.serializeColumns();
+    // Only the list of the request that failed over is JSON; the single attempts are columns.
+    expect(Object.values(meta.attempts ?? {})).toEqual([several]);
+    const copy = new RecordTable(8, TTL_MS);
+    copy.restoreColumns(JSON.parse(JSON.stringify(meta)), blobs);
+    expect([...copy.values(NOW_MS)]).toEqual([...table.values(NOW_MS)]);
+    // A slot reused after eviction forgets the attempts of the record it held.
+    const small = new RecordTable(1, TTL_MS);
+    small.add(record('x', { attempts: several }));
+    small.add(record('y', { attempts: one }));
+    small.add(record('z'));
+    expect(small.get('z', NOW_MS)?.attempts).toBeNull();
+    expect(small.serializeColumns().meta.attempts).toEqual({});
+  });
+
+  test('a snapshot made before the attempt columns (every list in JSON) still restores', () => {
+    const tried = [
+      {
+        provider: 'a',
+        upstream_model: 'up',
+        outcome: 'ok' as const,
+        error_code: null,
+        latency_ms: 7,
+      },
+    ];
+    const table = new RecordTable(4, TTL_MS);
+    table.add(record('old', { attempts: tried }));
+    table.add(record('older'));
+    const { meta, blobs } = table.serializeColumns();
+    const before = { ...meta, attempts: { 0: tried } };
+    const copy = new RecordTable(4, TTL_MS);
+    copy.restoreColumns(JSON.parse(JSON.stringify(before)), blobs.slice(0, 4));
+    expect(copy.get('old', NOW_MS)?.attempts).toEqual(tried);
+    expect(copy.get('older', NOW_MS)?.attempts).toBeNull();
+  });
+
   test('an id is added once; an unfinished record is refused', () => {
     const table = new RecordTable(3, TTL_MS);
     table.add(record('a'));
