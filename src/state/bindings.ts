@@ -7,10 +7,11 @@
 // retry always finds the original and is never charged twice.
 import { FairSlots } from './fair-slots.ts';
 
+/** Never changed in place (a snapshot serializes the ones it captured after the capture). */
 export interface IdempotencyBinding {
-  requestId: string;
-  fingerprint: string;
-  expiresAtMs: number;
+  readonly requestId: string;
+  readonly fingerprint: string;
+  readonly expiresAtMs: number;
 }
 
 /** The map key of a binding: API key id and Idempotency-Key, which neither contains NUL. */
@@ -105,6 +106,21 @@ export class BindingTable {
   /** Every binding, expired ones too, oldest first: a snapshot keeps the table as it is. */
   *allEntries(): Generator<[string, IdempotencyBinding]> {
     for (const slot of this.slots.inOrder()) yield [this.scopes[slot]!, this.bindings[slot]!];
+  }
+
+  /**
+   * Every binding, expired ones too, oldest first, as two lists of references (scope i goes with
+   * binding i): what a snapshot captures at its seq and serializes in steps afterwards, which is
+   * safe because neither scopes nor bindings change in place.
+   */
+  capture(): { scopes: string[]; bindings: IdempotencyBinding[] } {
+    const scopes: string[] = [];
+    const bindings: IdempotencyBinding[] = [];
+    for (const slot of this.slots.inOrder()) {
+      scopes.push(this.scopes[slot]!);
+      bindings.push(this.bindings[slot]!);
+    }
+    return { scopes, bindings };
   }
 
   /** Restores an entry of `allEntries` (scope as written there), in their order. */

@@ -163,9 +163,10 @@ export class StateStore {
     // `seq`.
     this.logUnlogged();
     const seq = this.wal.lastSeq;
-    const content = serializeState(this.state);
+    // Captured now, at `seq`; serialized in steps while the log goes on.
+    const serializing = serializeState(this.state);
     try {
-      await this.wal.snapshot(content, seq);
+      await this.wal.snapshot(await serializing, seq);
     } catch (error) {
       // Tried again after as many records as the policy leaves between snapshots, not at every
       // commit: each attempt serializes the whole state on the event loop and rolls a segment.

@@ -79,8 +79,8 @@ export class WriteAheadLog {
   }
 
   /**
-   * Writes `content` (serialized synchronously by the caller at `seq`, so later changes cannot leak
-   * in) as the new snapshot, then removes the segments it covers. Crash-safe: the snapshot is
+   * Writes `content` (captured by the caller at `seq`, so later changes cannot leak in) as the new
+   * snapshot, then removes the segments it covers. Crash-safe: the snapshot is
    * atomic and segments go only after it is durable.
    */
   snapshot(content: SnapshotContent, seq: number): Promise<void> {

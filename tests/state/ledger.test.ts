@@ -46,20 +46,27 @@ function step(state: GatewayState, event: Event): void {
 }
 
 /** The snapshot of `state` as plain values: its JSON parsed, and the record columns' bytes. */
-function snapshotForm(state: GatewayState): { state: unknown; blobs: Uint8Array[] } {
-  const { json, blobs } = serializeState(state);
-  return { state: JSON.parse(json), blobs: blobs.map((blob) => blob.slice()) };
+async function snapshotForm(state: GatewayState): Promise<{ state: unknown; blobs: Uint8Array[] }> {
+  const { json, blobs } = await serializeState(state);
+  return { state: JSON.parse(Buffer.concat(json).toString()), blobs: blobs.map((b) => b.slice()) };
 }
 
 /** Restores `from`'s snapshot into `into`, as a restart would. */
-function restoreFrom(into: GatewayState, from: GatewayState): void {
-  const { json, blobs } = serializeState(from);
-  restoreState(into, JSON.parse(json), NOW, blobs);
+async function restoreFrom(into: GatewayState, from: GatewayState): Promise<void> {
+  const { state, blobs } = await snapshotForm(from);
+  restoreState(into, state, NOW, blobs);
 }
 
 /** A deep copy of everything apply can touch, to show a refused event changed nothing. */
 function snapshotOf(state: GatewayState): unknown {
-  return snapshotForm(state);
+  return structuredClone({
+    keys: [...state.keys.values()],
+    inFlight: [...state.inFlight.values()],
+    finished: [...state.finished.values(Number.NEGATIVE_INFINITY)],
+    finishedOwners: state.finished.serializeColumns().meta.owners,
+    bindings: [...state.idempotency.allEntries()],
+    bindingOwners: state.idempotency.ownerOrder(),
+  });
 }
 
 function expectRefused(state: GatewayState, event: Event, message: string): void {
@@ -438,7 +445,7 @@ describe('snapshot form', () => {
   test(
     'serialize then restore gives the same ledger, in-flight holds and bindings, and finishing ' +
       'still balances',
-    () => {
+    async () => {
       const state = new GatewayState(LIMITS);
       step(state, keyCreated('k1', 100_000));
       step(state, keyCreated('k2', 5_000, { token_wallet: 10 }));
@@ -451,8 +458,8 @@ describe('snapshot form', () => {
       step(state, requestStarted('r2', 'k1', 10_000));
       step(state, requestFinished('r2', 3_000));
       const restored = new GatewayState(LIMITS);
-      restoreFrom(restored, state);
-      expect(snapshotForm(restored)).toEqual(snapshotForm(state));
+      await restoreFrom(restored, state);
+      expect(await snapshotForm(restored)).toEqual(await snapshotForm(state));
       expect(restored.keysBySecret.get(restored.account('k1').secretSha256)).toBe(
         restored.account('k1'),
       );
@@ -470,7 +477,7 @@ describe('snapshot form', () => {
   test(
     'finished records survive as columns (answers, nulls, errors); a snapshot of another ' +
       'version refuses to restore',
-    () => {
+    async () => {
       const state = new GatewayState(LIMITS);
       step(state, keyCreated('k1', 100_000, { token_wallet: 50 }));
       step(state, requestStarted('r1', 'k1', 10_000));
@@ -502,9 +509,9 @@ describe('snapshot form', () => {
       const records = [...state.finished.values(NOW)];
       expect(records.map((r) => r.id)).toEqual(['r1', 'r2', 'd1']);
       const v2 = new GatewayState(LIMITS);
-      restoreFrom(v2, state);
+      await restoreFrom(v2, state);
       expect([...v2.finished.values(NOW)]).toEqual(records);
-      const { keys, inFlight, idempotency } = JSON.parse(serializeState(state).json) as Record<
+      const { keys, inFlight, idempotency } = (await snapshotForm(state)).state as Record<
         string,
         unknown
       >;

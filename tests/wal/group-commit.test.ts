@@ -235,9 +235,9 @@ describe('failure', () => {
       expect(wal.failure).not.toBeNull();
       expect(() => wal.append({ n: 4 })).toThrow(WalUnavailableError);
       // A snapshot is a write too.
-      await expect(wal.snapshot({ json: '{}', blobs: [] }, 1)).rejects.toBeInstanceOf(
-        WalUnavailableError,
-      );
+      await expect(
+        wal.snapshot({ json: [Buffer.from('{}')], blobs: [] }, 1),
+      ).rejects.toBeInstanceOf(WalUnavailableError);
       await wal.close();
       unlinkSync(link);
       expect((await replayOnly(dir)).records).toEqual(records(1, 1));
