@@ -56,6 +56,7 @@ export function openGateway(config: Config, logger: Logger, adminToken: string):
       idempotencyKeysMax: config.limits.idempotency_keys_max,
       requestRecordsPerKey: config.limits.request_records_per_key,
       idempotencyKeysPerKey: config.limits.idempotency_keys_per_key,
+      usageRetentionDays: config.usage_retention_days,
     },
     logger,
     expectedCommits: () => registry.size,

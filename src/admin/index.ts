@@ -1,5 +1,5 @@
-// The admin controller (/admin/v1): create, list, read, top up and revoke keys, behind the admin
-// token.
+// The admin controller (/admin/v1): create, list, read, top up and revoke keys, and read the usage
+// history, behind the admin token.
 import { timingSafeEqual } from 'node:crypto';
 import { TypeCompiler } from '@sinclair/typebox/compiler';
 import type { ValueErrorIterator } from '@sinclair/typebox/errors';
@@ -24,6 +24,7 @@ import {
   type CreditKeyBody,
   CreditKeySchema,
 } from './model.ts';
+import { parseUsageQuery, readUsage } from './usage.ts';
 
 const CreateKeyCheck = TypeCompiler.Compile(CreateKeySchema);
 const CreditKeyCheck = TypeCompiler.Compile(CreditKeySchema);
@@ -135,6 +136,13 @@ export function adminController(gateway: Gateway) {
       },
       { parse: 'none' },
     )
+    .get('/usage', async ({ request }) => {
+      const url = request.url;
+      const search = new URLSearchParams(url.includes('?') ? url.slice(url.indexOf('?') + 1) : '');
+      const { state } = gateway.store;
+      const query = parseUsageQuery(search, state, Object.keys(gateway.config.models));
+      return Response.json({ object: 'list', data: await readUsage(state, query) });
+    })
     .post(
       '/keys/:id/revoke',
       async ({ params }) =>

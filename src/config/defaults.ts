@@ -93,6 +93,7 @@ export function defaultSettings(): ConfigSettings {
     routing: { max_attempts: 3, failures_to_eject: 3, cooldown_ms: 30_000 },
     billing: { on_error: 'keep' },
     idempotency_ttl_s: 86_400,
+    usage_retention_days: 400,
     wal: {
       fsync: 'always',
       fsync_interval_ms: 10,

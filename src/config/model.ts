@@ -117,6 +117,8 @@ export const RatesSchema = Type.Object(
 
 /** Deployments of one model the router picks among (CONTRACT §7). */
 export const DEPLOYMENTS_MAX = 16;
+/** Ten years of days: the history's memory is days × keys × models, each bounded. */
+export const USAGE_RETENTION_DAYS_MAX = 3_650;
 
 export const DeploymentSchema = Type.Object(
   {
@@ -254,6 +256,11 @@ export const ConfigSchema = Type.Object(
       { additionalProperties: false },
     ),
     idempotency_ttl_s: PositiveInt('how long a bound Idempotency-Key lives'),
+    usage_retention_days: Type.Integer({
+      minimum: 1,
+      maximum: USAGE_RETENTION_DAYS_MAX,
+      description: 'UTC days of usage history kept (GET /admin/v1/usage)',
+    }),
     wal: Type.Object(
       {
         fsync: Type.Union([Type.Literal('always'), Type.Literal('interval'), Type.Literal('off')]),

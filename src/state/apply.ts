@@ -4,8 +4,9 @@ import { AssertionError, assert } from '../util/assert.ts';
 import { BindingTable, type IdempotencyBinding } from './bindings.ts';
 import type { Event, RequestFinished, RequestRecorded, RequestStarted, Service } from './events.ts';
 import { RecordTable, type RequestRecord } from './records.ts';
+import { DAY_MS, UsageTable } from './usage.ts';
 
-export const DAY_MS = 86_400_000;
+export { DAY_MS };
 
 /**
  * Whether a request that ended without an answer (an error, a cancel) frees its Idempotency-Key,
@@ -46,6 +47,7 @@ export interface StateLimits {
   idempotencyKeysMax: number;
   requestRecordsPerKey: number;
   idempotencyKeysPerKey: number;
+  usageRetentionDays: number;
 }
 
 export class GatewayState {
@@ -57,6 +59,8 @@ export class GatewayState {
   readonly finished: RecordTable;
   /** Idempotency-Key bindings; bounded per key and in all. */
   readonly idempotency: BindingTable;
+  /** Per day, key and model: what finished and what it was charged (CONTRACT §6). */
+  readonly usage: UsageTable;
 
   constructor(readonly limits: StateLimits) {
     this.finished = new RecordTable(
@@ -65,6 +69,7 @@ export class GatewayState {
       limits.requestRecordsPerKey,
     );
     this.idempotency = new BindingTable(limits.idempotencyKeysMax, limits.idempotencyKeysPerKey);
+    this.usage = new UsageTable(limits.usageRetentionDays);
   }
 
   request(id: string): RequestRecord | undefined {
@@ -209,6 +214,7 @@ export class GatewayState {
     record.httpStatus = event.http_status;
     record.answers = event.answers;
     record.attempts = event.attempts ?? null;
+    this.usage.add(record.keyId, record.model, event);
     this.inFlight.delete(record.id);
     this.finished.add(record);
     // The one rule for an Idempotency-Key whose request ended without an answer.

@@ -4,6 +4,7 @@ import { type SnapshotContent, WalCorruptionError } from '../wal/log.ts';
 import type { GatewayState, KeyAccount } from './apply.ts';
 import type { IdempotencyBinding } from './bindings.ts';
 import type { RequestRecord } from './records.ts';
+import type { UsageMeta } from './usage.ts';
 
 /**
  * Version 2 keeps finished records as the record table's columns (RecordTable.serializeColumns):
@@ -20,6 +21,12 @@ interface SnapshotV2 {
   idempotencyOwners?: string[];
   /** Oldest first, so restoring in order rebuilds the same eviction order. */
   finished: unknown;
+  /**
+   * The usage history's names and days (absent before it was kept: it then starts empty); its
+   * columns are the blobs after the first `finishedBlobs`, which are the records'.
+   */
+  usage?: UsageMeta;
+  finishedBlobs?: number;
 }
 
 /**
@@ -86,6 +93,7 @@ export async function serializeState(state: GatewayState): Promise<SnapshotConte
     inFlight: [...state.inFlight.values()],
   });
   const { meta, blobs } = state.finished.serializeColumns();
+  const usage = state.usage.serialize();
   // All of it, expired entries too, with the keys' order: restored, it is the table the log made.
   const { scopes, bindings } = state.idempotency.capture();
   const owners = state.idempotency.ownerOrder();
@@ -97,14 +105,15 @@ export async function serializeState(state: GatewayState): Promise<SnapshotConte
     );
     await json.pause();
   }
-  json.write(`],"idempotencyOwners":${JSON.stringify(owners)},"finished":{`);
+  json.write(`],"idempotencyOwners":${JSON.stringify(owners)},`);
+  json.write(`"usage":${JSON.stringify(usage.meta)},"finishedBlobs":${blobs.length},"finished":{`);
   const { answers, attempts, ...small } = meta;
   json.write(`${JSON.stringify(small).slice(1, -1)},`);
   await json.object('answers', answers);
   json.write(',');
   await json.object('attempts', attempts ?? {});
   json.write('}}');
-  return { json: json.finish(), blobs };
+  return { json: json.finish(), blobs: [...blobs, ...usage.blobs] };
 }
 
 /** Restores `raw` (the parsed JSON) and `blobs` (the record columns' bytes beside it). */
@@ -123,7 +132,9 @@ export function restoreState(
     state.keysBySecret.set(account.secretSha256, account);
   }
   for (const record of snapshot.inFlight) state.inFlight.set(record.id, record);
-  state.finished.restoreColumns(snapshot.finished, blobs);
+  const finishedBlobs = snapshot.finishedBlobs ?? blobs.length;
+  state.finished.restoreColumns(snapshot.finished, blobs.slice(0, finishedBlobs));
+  if (snapshot.usage !== undefined) state.usage.restore(snapshot.usage, blobs.slice(finishedBlobs));
   // Oldest first (as written), so the per-key order of eviction survives the restart.
   for (const [scope, binding] of snapshot.idempotency) state.idempotency.restore(scope, binding);
   if ('idempotencyOwners' in snapshot && Array.isArray(snapshot.idempotencyOwners))

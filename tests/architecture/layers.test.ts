@@ -35,7 +35,8 @@ const LAYERS: ReadonlyArray<{ name: string; test: (path: string) => boolean }> =
   {
     name: 'services',
     test: (path) =>
-      /^(chat|decision)\//.test(path) && !path.endsWith('/index.ts') && path !== 'chat/sse.ts',
+      (/^(chat|decision)\//.test(path) && !path.endsWith('/index.ts') && path !== 'chat/sse.ts') ||
+      path === 'admin/usage.ts',
   },
   { name: 'gateway', test: (path) => path === 'gateway.ts' },
   {

@@ -25,7 +25,8 @@ function history(seed: number): Event[] {
   let nowMs = T0_MS;
   const running: Array<{ id: string; service: 'chat' | 'decision' }> = [];
   for (let i = 0; i < 160; i++) {
-    nowMs += random.integer(0, 4);
+    // Now and then a jump of hours, so the usage history spans days and drops the old ones.
+    nowMs += random.next() < 0.03 ? random.integer(6, 30) * 3_600_000 : random.integer(0, 4);
     if (running.length > 0 && random.next() < 0.5) {
       const { id, service } = running.splice(random.integer(0, running.length - 1), 1)[0]!;
       const failed = service === 'decision' && random.next() < 0.4;
@@ -67,6 +68,7 @@ function view(state: GatewayState) {
       (record) => `${record.id}|${record.keyId}|${record.status}`,
     ),
     recordOwners: state.finished.serializeColumns().meta.owners,
+    usage: [...state.usage.rows(Number.NEGATIVE_INFINITY, Number.POSITIVE_INFINITY)],
   };
 }
 
@@ -89,6 +91,7 @@ test('live, replayed later, and snapshot + replay of the rest end with equal tab
       idempotencyKeysMax: random.integer(2, 12),
       idempotencyKeysPerKey: random.integer(1, 12),
       requestRecordTtlMs: TTL_MS,
+      usageRetentionDays: seed % 2 === 0 ? 400 : random.integer(1, 3),
     };
     const events = history(seed);
     const live = new GatewayState(limits);
@@ -98,6 +101,15 @@ test('live, replayed later, and snapshot + replay of the rest end with equal tab
     const replayed = new GatewayState(limits);
     applyAll(replayed, events, T0_MS + 10 * 60_000);
     expect(view(replayed)).toEqual(view(live));
+    if (limits.usageRetentionDays === 400) {
+      // Nothing dropped: the history's charges are each key's ledger `charged`, exactly.
+      for (const account of live.keys.values()) {
+        let charged = 0;
+        for (const row of live.usage.rows(0, Number.POSITIVE_INFINITY, account.id))
+          charged += row.chargedMicro;
+        expect(charged).toBe(account.chargedMicro);
+      }
+    }
     // A snapshot taken live at a random point, restored later, the rest of the log replayed on it.
     const cut = random.integer(1, events.length - 1);
     const before = new GatewayState(limits);
@@ -126,6 +138,7 @@ test(
       idempotencyKeysMax: 5,
       idempotencyKeysPerKey: 100,
       requestRecordTtlMs: 3_600_000,
+      usageRetentionDays: 400,
     });
     const live = state.idempotency;
     for (const [key, idem] of [

@@ -15,6 +15,7 @@ export const LIMITS: StateLimits = {
   idempotencyKeysMax: 1000,
   requestRecordsPerKey: 1000,
   idempotencyKeysPerKey: 1000,
+  usageRetentionDays: 400,
 };
 
 export function storeOptions(dataDir: string, overrides: Partial<StoreOptions> = {}): StoreOptions {

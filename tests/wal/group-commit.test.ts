@@ -287,6 +287,7 @@ describe('failure', () => {
         idempotencyKeysMax: 100,
         requestRecordsPerKey: 100,
         idempotencyKeysPerKey: 100,
+        usageRetentionDays: 400,
       },
       logger: SILENT,
     });
