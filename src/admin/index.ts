@@ -1,5 +1,5 @@
-// The admin controller (/admin/v1): create, list, read, top up and revoke keys, and read the usage
-// history, behind the admin token.
+// The admin controller (/admin/v1): create, list, read, top up and revoke keys, read the usage
+// history, list and cancel live requests, behind the admin token.
 import { timingSafeEqual } from 'node:crypto';
 import { TypeCompiler } from '@sinclair/typebox/compiler';
 import type { ValueErrorIterator } from '@sinclair/typebox/errors';
@@ -15,9 +15,11 @@ import {
   keyView,
   revokeKey,
 } from '../keys/store.ts';
+import { cancelRequest } from '../requests/cancel.ts';
 import { GatewayError } from '../util/errors.ts';
 import { parseJsonBody } from '../util/json.ts';
 import { fieldPath, firstProblem } from '../util/validation.ts';
+import { liveRequests } from './live.ts';
 import {
   type CreateKeyBody,
   CreateKeySchema,
@@ -28,6 +30,13 @@ import { parseUsageQuery, readUsage } from './usage.ts';
 
 const CreateKeyCheck = TypeCompiler.Compile(CreateKeySchema);
 const CreditKeyCheck = TypeCompiler.Compile(CreditKeySchema);
+
+/** The query string's parameters (never `new URL`: an odd Host makes one it refuses). */
+function queryOf(request: Request): URLSearchParams {
+  const url = request.url;
+  const at = url.indexOf('?');
+  return new URLSearchParams(at === -1 ? '' : url.slice(at + 1));
+}
 
 function checkAdmin(gateway: Gateway, authorization: string | null): void {
   const token = bearerToken(authorization);
@@ -137,12 +146,37 @@ export function adminController(gateway: Gateway) {
       { parse: 'none' },
     )
     .get('/usage', async ({ request }) => {
-      const url = request.url;
-      const search = new URLSearchParams(url.includes('?') ? url.slice(url.indexOf('?') + 1) : '');
       const { state } = gateway.store;
-      const query = parseUsageQuery(search, state, Object.keys(gateway.config.models));
+      const query = parseUsageQuery(queryOf(request), state, Object.keys(gateway.config.models));
       return Response.json({ object: 'list', data: await readUsage(state, query) });
     })
+    .get('/requests', ({ request }) => {
+      const wanted = queryOf(request).get('state') ?? 'in_progress';
+      if (wanted !== 'in_progress') {
+        throw new GatewayError('invalid_request_error', 'state must be in_progress', {
+          param: 'state',
+        });
+      }
+      const { state } = gateway.store;
+      return Response.json({
+        object: 'list',
+        data: liveRequests(state, gateway.registry, Date.now()),
+      });
+    })
+    .post(
+      '/requests/:id/cancel',
+      async ({ params }) => {
+        const record = gateway.store.state.request(params.id);
+        if (!record)
+          throw new GatewayError('request_not_found', `No request ${params.id}.`, { param: null });
+        const answer = await cancelRequest(gateway.store, gateway.registry, gateway.config, record);
+        return new Response(JSON.stringify(answer), {
+          status: 202,
+          headers: { 'content-type': 'application/json' },
+        });
+      },
+      { parse: 'none' },
+    )
     .post(
       '/keys/:id/revoke',
       async ({ params }) =>

@@ -8,6 +8,7 @@ import { liftIdle, type NativeRoutes, nativePost, settleIdle } from '../http/rou
 import { parseIdempotencyKey } from '../idempotency/store.ts';
 import { authenticate, microToCredits } from '../keys/store.ts';
 import { statusUrl } from '../requests/admit.ts';
+import { cancelRequest } from '../requests/cancel.ts';
 import type { RequestRecord } from '../state/records.ts';
 import { GatewayError } from '../util/errors.ts';
 import { newChatRequestId } from '../util/ids.ts';
@@ -165,14 +166,6 @@ function ownRecord(gateway: Gateway, keyId: string, id: string): RequestRecord {
 }
 
 /**
- * How long a cancel waits for the provider to stop and the hold to be released before it answers.
- * The run loop wakes on the abort even when its stream's client stopped reading, so this is one
- * commit; the bound only keeps a provider that ignores its signal from holding the answer past the
- * contract's 1 s.
- */
-const CANCEL_SETTLE_MS_MAX = 1_000;
-
-/**
  * The completions endpoint for Bun's own router (server.ts): the busiest route skips Elysia's
  * router and request context. It is the same function as the Elysia route below, which `app.handle`
  * (the tests) uses.
@@ -214,47 +207,8 @@ export function chatController(gateway: Gateway) {
         const account = authenticate(gateway.store, request.headers.get('authorization'), 'chat');
         gateway.store.checkAvailable();
         const record = ownRecord(gateway, account.id, params.id);
-        const url = statusUrl(config, 'chat', record.id);
-        const actor = gateway.registry.get(record.id);
-        if (record.status !== 'in_progress' || !actor || !actor.abort('cancelled')) {
-          // Finished, or finishing: report the end once it is durable.
-          if (actor) await actor.settled;
-          gateway.store.checkAvailable();
-          const current = gateway.store.state.request(record.id)?.status ?? record.status;
-          if (current !== 'in_progress' || !actor) {
-            throw new GatewayError(
-              'request_already_completed',
-              `The request ${record.id} has already finished (${current}).`,
-              {
-                param: null,
-                topLevel: { request_id: record.id, request_status: current, status_url: url },
-                headers: { 'x-service-request-status': url, 'x-request-id': record.id },
-              },
-            );
-          }
-        }
-        // Answer once the provider has stopped and the hold is released, so a status read that
-        // follows sees it.
-        let timer: ReturnType<typeof setTimeout> | undefined;
-        await Promise.race([
-          actor!.settled,
-          new Promise<void>((resolve) => (timer = setTimeout(resolve, CANCEL_SETTLE_MS_MAX))),
-        ]);
-        clearTimeout(timer);
-        gateway.store.checkAvailable();
-        const status = gateway.store.state.request(record.id)?.status ?? 'cancelled';
-        return new Response(
-          JSON.stringify({
-            request_id: record.id,
-            cancel_requested: true,
-            request_status: status,
-            status_url: url,
-          }),
-          {
-            status: 202,
-            headers: JSON_HEADERS,
-          },
-        );
+        const answer = await cancelRequest(gateway.store, gateway.registry, config, record);
+        return new Response(JSON.stringify(answer), { status: 202, headers: JSON_HEADERS });
       },
       { parse: 'none' },
     );

@@ -36,7 +36,8 @@ const LAYERS: ReadonlyArray<{ name: string; test: (path: string) => boolean }> =
     name: 'services',
     test: (path) =>
       (/^(chat|decision)\//.test(path) && !path.endsWith('/index.ts') && path !== 'chat/sse.ts') ||
-      path === 'admin/usage.ts',
+      path === 'admin/usage.ts' ||
+      path === 'admin/live.ts',
   },
   { name: 'gateway', test: (path) => path === 'gateway.ts' },
   {
