@@ -1,29 +1,11 @@
-// Token counting with a real BPE tokenizer (o200k_base via gpt-tokenizer), never characters / 4.
-import { countTokens as countBpe, setMergeCacheSize } from 'gpt-tokenizer/encoding/o200k_base';
+// Token counting with a real BPE tokenizer (o200k_base, bpe.ts), never characters / 4.
 import { LRUCache } from 'lru-cache';
 import type { ProviderMessage, ToolDefinition } from '../providers/provider.ts';
+import { countBpeTokens } from './bpe.ts';
 
 // OpenAI's accounting for chat: each message costs a few framing tokens, and the reply is primed.
 const TOKENS_PER_MESSAGE = 3;
 const TOKENS_REPLY_PRIMING = 3;
-
-/**
- * Text that spells a special token (`<|endoftext|>`, `<|im_start|>`) is counted as the ordinary
- * text it is: by default the tokenizer refuses it with an exception, which made such a prompt a
- * 500.
- */
-const AS_TEXT = { disallowedSpecial: new Set<string>() };
-
-/**
- * The tokenizer memoizes the merges of the pieces it has seen, in a Map it keeps in insertion order
- * by deleting and re-adding. At its default of 100,000 entries novel text (random base64,
- * identifiers) makes every insert pay for the entries deleted before it: 4 MB of base64 took
- * 5.4–9.5 s, against 1.0 s at 2,000 entries, while prose (whose words repeat) counts as fast as
- * with the default (measured on this project's 2-core runner; see the report of issue 12). Counts
- * do not depend on it.
- */
-const MERGE_CACHE_ENTRIES = 2_000;
-setMergeCacheSize(MERGE_CACHE_ENTRIES);
 
 /**
  * Counts of prompt texts seen recently. Prompts repeat: the same system prompt opens most requests
@@ -63,7 +45,7 @@ const SEGMENT_CHARS = 16 * 1024;
  */
 export function countTextTokens(text: string, limit = Number.POSITIVE_INFINITY): number {
   if (text.length === 0) return 0;
-  if (text.length <= RUN_CHARS_MAX) return countBpe(text, AS_TEXT);
+  if (text.length <= RUN_CHARS_MAX) return countBpeTokens(text);
   if (text.length <= SEGMENT_CHARS) return countSegment(text, 0, text.length);
   return runSteps(countTextSteps(text, limit));
 }
@@ -196,12 +178,12 @@ function countSegment(text: string, start: number, end: number): number {
     if (i - runStart > RUN_CHARS_MAX) {
       // The text before the run, whole; then the run, slice by slice (never between a surrogate
       // pair).
-      if (runStart > wholeFrom) count += countBpe(text.slice(wholeFrom, runStart), AS_TEXT);
+      if (runStart > wholeFrom) count += countBpeTokens(text.slice(wholeFrom, runStart));
       let sliceStart = runStart;
       while (sliceStart < i) {
         let sliceEnd = Math.min(sliceStart + RUN_CHARS_MAX, i);
         if (sliceEnd < i && isHighSurrogate(text.charCodeAt(sliceEnd - 1))) sliceEnd++;
-        count += countBpe(text.slice(sliceStart, sliceEnd), AS_TEXT);
+        count += countBpeTokens(text.slice(sliceStart, sliceEnd));
         sliceStart = sliceEnd;
       }
       wholeFrom = i;
@@ -209,9 +191,8 @@ function countSegment(text: string, start: number, end: number): number {
     runStart = i + 1;
   }
   if (wholeFrom < end)
-    count += countBpe(
+    count += countBpeTokens(
       wholeFrom === 0 && end === text.length ? text : text.slice(wholeFrom, end),
-      AS_TEXT,
     );
   return count;
 }
