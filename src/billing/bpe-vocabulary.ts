@@ -1,6 +1,7 @@
 // Writes o200k_base.bin, the tokenizer's vocabulary in the compact form bpe.ts loads, from the
-// tiktoken file gpt-tokenizer ships. Run when that file changes: `bun src/billing/bpe-vocabulary.ts`.
-// Never imported by the server: only this script and the test that holds the two files together.
+// tiktoken file gpt-tokenizer ships. Run when that file changes:
+// `bun src/billing/bpe-vocabulary.ts`. Never imported by the server: only this script and the test
+// that holds the two files together use it.
 //
 // The vocabulary is OpenAI's o200k_base from tiktoken (github.com/openai/tiktoken), which
 // gpt-tokenizer redistributes unchanged; both are MIT licensed: o200k_base.NOTICE, beside the
