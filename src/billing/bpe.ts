@@ -5,12 +5,12 @@ import { assert } from '../util/assert.ts';
 import vocabularyPath from './o200k_base.bin' with { type: 'file' };
 
 /*
- * How a text is counted, as tiktoken (and gpt-tokenizer, its port) encode it: the split pattern cuts
- * the text into pieces; a piece whose UTF-8 bytes are a token counts 1; any other piece is merged
- * byte pair by byte pair, always the pair of lowest rank first (the leftmost among equals), until
- * no adjacent pair is a token, and counts its parts. Only counts are needed, so no token id is ever
- * kept: the merge works on a scratch copy of the piece's bytes, and rank lookups hash those bytes
- * in place, with no string or array made per piece.
+ * How a text is counted, as tiktoken (and gpt-tokenizer, its port) encode it: the split pattern
+ * cuts the text into pieces; a piece whose UTF-8 bytes are a token counts 1; any other piece is
+ * merged byte pair by byte pair, always the pair of lowest rank first (the leftmost among equals),
+ * until no adjacent pair is a token, and counts its parts. Only counts are needed, so no token id
+ * is ever kept: the merge works on a scratch copy of the piece's bytes, and rank lookups hash those
+ * bytes in place, with no string or array made per piece.
  *
  * Special-token spellings (`<|endoftext|>`) are ordinary text here, as gpt-tokenizer counts them
  * with `disallowedSpecial: new Set()`: a prompt quoting one costs what its characters cost.
@@ -246,9 +246,9 @@ let heapPrevious = new Int32Array(0);
 let heapJoinRank = new Int32Array(0);
 /**
  * The joins that may be merged, as rank * KEY_SCALE + start: the least key is the least rank, the
- * leftmost among equals, which is the join tiktoken's scan picks. Joins that changed since they were
- * pushed are skipped when they come out (a join's rank changes only as its bytes grow, so a stale
- * key never matches its part's current rank). At most one key a byte plus two a merge.
+ * leftmost among equals, which is the join tiktoken's scan picks. Joins that changed since they
+ * were pushed are skipped when they come out (a join's rank changes only as its bytes grow, so a
+ * stale key never matches its part's current rank). At most one key a byte plus two a merge.
  */
 let heapKeys = new Float64Array(0);
 const KEY_SCALE = 2 ** 26;

@@ -1,6 +1,6 @@
-// The o200k_base counter: its vocabulary file is the tiktoken data, its table finds every token, and
-// its counts equal gpt-tokenizer's (the reference it replaced) over thousands of varied texts, and
-// tiktoken's own where gpt-tokenizer departs from it (a byte-order mark).
+// The o200k_base counter: its vocabulary file is the tiktoken data, its table finds every token,
+// and its counts equal gpt-tokenizer's (the reference it replaced) over thousands of varied texts,
+// and tiktoken's own where gpt-tokenizer departs from it (a byte-order mark).
 import { describe, expect, test } from 'bun:test';
 import { readFileSync } from 'node:fs';
 import { join } from 'node:path';
@@ -244,10 +244,11 @@ describe('countBpeTokens', () => {
     expect(wrong.slice(0, 3).map(shown)).toEqual([]);
   });
 
-  test("equals gpt-tokenizer's count of long pieces (merged through the heap, not the scan)", () => {
+  test("equals gpt-tokenizer's count of long pieces (merged through the heap, not by scan)", () => {
     // Lengths around the scan's limit (48 bytes) and far past it; one piece each, or nearly, as
     // the run alone and after a character that joins its piece (equal pairs then lie otherwise
-    // against the piece's ends, which tells a merge that takes the leftmost from one that does not).
+    // against the piece's ends, which tells a merge that takes the leftmost from one that does
+    // not).
     const units: ReadonlyArray<readonly [unit: string, lead: string]> = [
       ['a', 'Q'],
       ['Z', 'Q'],
@@ -298,10 +299,10 @@ describe('countBpeTokens', () => {
 
   test('counts a byte-order mark and a next-line character as tiktoken does', () => {
     // tiktoken 0.14.0's encode() of each text, with o200k_base's ranks and pattern. gpt-tokenizer
-    // counts U+FEFF otherwise: its pattern's `\s` (JavaScript's) takes U+FEFF for whitespace, and it
-    // decodes a byte pair to a string before looking it up, where TextDecoder drops a leading
-    // U+FEFF; it counts "\uFEFF" as 2 tokens and "\uFEFFusing System;" as 5. U+0085, whitespace to
-    // tiktoken and not to JavaScript, happens to be counted alike.
+    // counts U+FEFF otherwise: its pattern's `\s` (JavaScript's) takes U+FEFF for whitespace, and
+    // it decodes a byte pair to a string before looking it up, where TextDecoder drops a leading
+    // U+FEFF; it counts "\uFEFF" as 2 tokens and "\uFEFFusing System;" as 5. U+0085, whitespace
+    // to tiktoken and not to JavaScript, happens to be counted alike.
     const tiktoken: ReadonlyArray<readonly [string, number[]]> = [
       ['\ufeff', [5574]],
       ['\ufeffusing System;', [9251, 1219, 26]],
