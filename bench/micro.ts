@@ -9,11 +9,13 @@
 //   default config); the Idempotency-Key fingerprint (requestFingerprint); token counts of 1 KB and
 //   100 KB of text (countTextTokens) and a prompt seen before (the count cache); WAL append per
 //   fsync
-//   policy, one at a time and 32 at once (group commit).
+//   policy, one at a time and 32 at once (group commit); the o200k_base counter (bpe.ts) beside
+//   gpt-tokenizer, which it replaced, on chat-sized and long texts.
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { bench, do_not_optimize, group, run } from 'mitata';
+import { countBpeTokens } from '../src/billing/bpe.ts';
 import { countPromptTokens, countTextTokens } from '../src/billing/tokens.ts';
 import { validateChatRequest } from '../src/chat/model.ts';
 import { ChunkEncoder } from '../src/chat/sse.ts';
@@ -145,7 +147,30 @@ const WAL_RECORD = benchRecord(0, 1_767_225_600_000);
 
 const PER_ITERATION: Record<string, number> = {};
 
-function register(): void {
+/**
+ * Texts for the counter against gpt-tokenizer: what a chat request carries (a greeting, a
+ * question, a message of a few sentences, a tool list) and long texts (code with unicode, prose).
+ */
+function counterTexts(): Array<[name: string, text: string]> {
+  const code =
+    'function total(items) {\n  // 合計を返す 🙂\n' +
+    '  return items.reduce((sum, x) => sum + x.price, 0);\n}\n';
+  return [
+    ['"hello"', 'hello'],
+    ['question, 60 chars', 'What is the weather like in city number 7 tomorrow morning?'],
+    ['message, 600 chars', prose(600)],
+    ['tools JSON, 4 tools', JSON.stringify(TOOLS_BODY.tools)],
+    ['code + unicode, 4 KB', code.repeat(Math.ceil(4096 / code.length)).slice(0, 4096)],
+    ['prose, 100 KB', prose(100 * 1024)],
+  ];
+}
+
+async function register(): Promise<void> {
+  // Loaded here, not at the top: its 400,000 objects would weigh on every other benchmark's GC.
+  const reference = await import('gpt-tokenizer/encoding/o200k_base');
+  // As tokens.ts configured it before bpe.ts replaced it.
+  reference.setMergeCacheSize(2_000);
+  const asText = { disallowedSpecial: new Set<string>() };
   const config = defaultConfig();
   const chunkEncoder = new ChunkEncoder('chatcmpl-0123456789abcdefghij', 1_767_225_600, 'model_03');
   const parser = new SseParser();
@@ -194,6 +219,17 @@ function register(): void {
     );
   });
 
+  // The same texts through the o200k_base counter and through gpt-tokenizer (the count alone, no
+  // slicing or cache of tokens.ts): the counter is on the request path, it must not be slower.
+  for (const [name, text] of counterTexts()) {
+    group(`o200k count: ${name}`, () => {
+      bench(`bpe.ts countBpeTokens, ${name}`, () => do_not_optimize(countBpeTokens(text)));
+      bench(`gpt-tokenizer countTokens, ${name}`, () =>
+        do_not_optimize(reference.countTokens(text, asText)),
+      );
+    });
+  }
+
   group('wal append + group commit', () => {
     for (const policy of ['always', 'interval', 'off'] as const) {
       const wal = openWal(policy);
@@ -220,7 +256,7 @@ async function closeWals(): Promise<void> {
 
 /** Runs every micro benchmark quietly and returns the figures (ns per iteration). */
 export async function runMicro(filter?: RegExp): Promise<MicroResult[]> {
-  register();
+  await register();
   try {
     const { benchmarks } = await run({ format: 'quiet', ...(filter ? { filter } : {}) });
     const results: MicroResult[] = [];
@@ -247,7 +283,7 @@ if (import.meta.main) {
   if (process.env.BENCH_JSON === '1') {
     console.log(JSON.stringify(await runMicro(filter)));
   } else {
-    register();
+    await register();
     try {
       await run(filter ? { filter } : {});
     } finally {

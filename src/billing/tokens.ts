@@ -1,29 +1,11 @@
-// Token counting with a real BPE tokenizer (o200k_base via gpt-tokenizer), never characters / 4.
-import { countTokens as countBpe, setMergeCacheSize } from 'gpt-tokenizer/encoding/o200k_base';
+// Token counting with a real BPE tokenizer (o200k_base, bpe.ts), never characters / 4.
 import { LRUCache } from 'lru-cache';
 import type { ProviderMessage, ToolDefinition } from '../providers/provider.ts';
+import { countBpeTokens } from './bpe.ts';
 
 // OpenAI's accounting for chat: each message costs a few framing tokens, and the reply is primed.
 const TOKENS_PER_MESSAGE = 3;
 const TOKENS_REPLY_PRIMING = 3;
-
-/**
- * Text that spells a special token (`<|endoftext|>`, `<|im_start|>`) is counted as the ordinary
- * text it is: by default the tokenizer refuses it with an exception, which made such a prompt a
- * 500.
- */
-const AS_TEXT = { disallowedSpecial: new Set<string>() };
-
-/**
- * The tokenizer memoizes the merges of the pieces it has seen, in a Map it keeps in insertion order
- * by deleting and re-adding. At its default of 100,000 entries novel text (random base64,
- * identifiers) makes every insert pay for the entries deleted before it: 4 MB of base64 took
- * 5.4–9.5 s, against 1.0 s at 2,000 entries, while prose (whose words repeat) counts as fast as
- * with the default (measured on this project's 2-core runner; see the report of issue 12). Counts
- * do not depend on it.
- */
-const MERGE_CACHE_ENTRIES = 2_000;
-setMergeCacheSize(MERGE_CACHE_ENTRIES);
 
 /**
  * Counts of prompt texts seen recently. Prompts repeat: the same system prompt opens most requests
@@ -43,16 +25,10 @@ const COUNTS = new LRUCache<string, number>({
 });
 
 /**
- * The tokenizer's merge step costs the square of a piece's length: 50,000 letters without a space
- * took 2–15 s, so one request body could stop the gateway for minutes. A run of more than this many
- * characters without whitespace is counted in slices of this size, which keeps the cost linear; a
- * slice boundary may split a token, so such a run can count a token more per slice than the model
- * would (measured on random base64: 0.04 %).
- */
-const RUN_CHARS_MAX = 256;
-/**
  * Long texts are counted in segments this long (cut at a single space, where counting is exact),
- * so a count that has passed its limit stops there.
+ * so a count that has passed its limit stops there. A segment also bounds the longest piece the
+ * tokenizer merges (a run without whitespace is one piece; bpe.ts merges it in n log n: 16 K
+ * characters of random CJK, the worst measured, ~8 ms).
  */
 const SEGMENT_CHARS = 16 * 1024;
 
@@ -63,13 +39,12 @@ const SEGMENT_CHARS = 16 * 1024;
  */
 export function countTextTokens(text: string, limit = Number.POSITIVE_INFINITY): number {
   if (text.length === 0) return 0;
-  if (text.length <= RUN_CHARS_MAX) return countBpe(text, AS_TEXT);
-  if (text.length <= SEGMENT_CHARS) return countSegment(text, 0, text.length);
+  if (text.length <= SEGMENT_CHARS) return countBpeTokens(text);
   return runSteps(countTextSteps(text, limit));
 }
 
 /**
- * countTextTokens that lets the event loop run between segments (16 K characters, ~15 ms at worst):
+ * countTextTokens that lets the event loop run between segments (16 K characters, ~8 ms at worst):
  * for text counted on the loop that may be long (the simulator's 64 KiB of tool arguments).
  */
 export async function countTextTokensYielding(
@@ -100,7 +75,7 @@ function* countTextSteps(text: string, limit: number): Generator<void, number> {
   let count = 0;
   for (let start = 0; start < text.length; ) {
     const end = segmentEnd(text, start);
-    count += countSegment(text, start, end);
+    count += countBpeTokens(text.slice(start, end));
     start = end;
     if (count > limit) return count;
     yield;
@@ -184,36 +159,6 @@ function segmentEnd(text: string, start: number): number {
   // No such space in the second half (whitespace runs, or one long run): cut anywhere but a
   // surrogate pair.
   return isHighSurrogate(text.charCodeAt(limit - 1)) ? limit + 1 : limit;
-}
-
-/** Tokens of text[start, end), with runs of non-whitespace longer than RUN_CHARS_MAX in slices. */
-function countSegment(text: string, start: number, end: number): number {
-  let count = 0;
-  let wholeFrom = start;
-  let runStart = start;
-  for (let i = start; i <= end; i++) {
-    if (i < end && !isWhitespace(text.charCodeAt(i))) continue;
-    if (i - runStart > RUN_CHARS_MAX) {
-      // The text before the run, whole; then the run, slice by slice (never between a surrogate
-      // pair).
-      if (runStart > wholeFrom) count += countBpe(text.slice(wholeFrom, runStart), AS_TEXT);
-      let sliceStart = runStart;
-      while (sliceStart < i) {
-        let sliceEnd = Math.min(sliceStart + RUN_CHARS_MAX, i);
-        if (sliceEnd < i && isHighSurrogate(text.charCodeAt(sliceEnd - 1))) sliceEnd++;
-        count += countBpe(text.slice(sliceStart, sliceEnd), AS_TEXT);
-        sliceStart = sliceEnd;
-      }
-      wholeFrom = i;
-    }
-    runStart = i + 1;
-  }
-  if (wholeFrom < end)
-    count += countBpe(
-      wholeFrom === 0 && end === text.length ? text : text.slice(wholeFrom, end),
-      AS_TEXT,
-    );
-  return count;
 }
 
 function isWhitespace(c: number): boolean {
@@ -305,8 +250,9 @@ export function* countPromptTokensSteps(
 
 /**
  * Characters of text the tokenizer may read on the event loop for one request. The worst text
- * measured (random CJK, ~2.5 µs a character; base64, emoji and punctuation ~1 µs) takes ~10 ms at
- * this size, prose far less; a request with more text not yet in the cache is counted off the loop.
+ * measured (random CJK or Thai, one piece merged byte by byte: ~0.5 µs a character; runs of spaces
+ * ~0.35 µs; base64 ~0.05 µs) takes ~2 ms at this size, prose far less; a request with more text not
+ * yet in the cache is counted off the loop.
  */
 export const INLINE_TEXT_CHARS_MAX = 4_096;
 
