@@ -16,11 +16,15 @@ const TOKENS_REPLY_PRIMING = 3;
  * prompts out.
  */
 const PROMPT_TEXT_CACHED_CHARS_MAX = 1024 * 1024;
+/**
+ * What an entry costs beyond its text, in the size bound: at most 16 MiB / 800 = ~21,000 entries.
+ * An entry bound by `max` would be allocated up front (lru-cache's slots), resident from the start.
+ */
+const ENTRY_OVERHEAD_CHARS = 800;
 const COUNTS = new LRUCache<string, number>({
-  max: 20_000,
   maxSize: 16 * 1024 * 1024,
-  maxEntrySize: PROMPT_TEXT_CACHED_CHARS_MAX + 1,
-  sizeCalculation: (_count, text) => text.length + 1,
+  maxEntrySize: PROMPT_TEXT_CACHED_CHARS_MAX + ENTRY_OVERHEAD_CHARS,
+  sizeCalculation: (_count, text) => text.length + ENTRY_OVERHEAD_CHARS,
   ttl: 3_600_000,
 });
 

@@ -14,7 +14,14 @@ export class RateLimiter {
   private readonly buckets: LRUCache<string, Bucket>;
 
   constructor(keysMax: number) {
-    this.buckets = new LRUCache({ max: keysMax, ttl: MINUTE_MS, updateAgeOnGet: true });
+    // Bounded by size, one per bucket, not by `max`: lru-cache allocates `max` slots up front (4 MB
+    // at the default 100,000 keys, resident from the start), by size it grows with the keys in use.
+    this.buckets = new LRUCache({
+      maxSize: keysMax,
+      sizeCalculation: () => 1,
+      ttl: MINUTE_MS,
+      updateAgeOnGet: true,
+    });
   }
 
   /**
