@@ -11,6 +11,13 @@ export const OPENAPI_PATH = '/openapi.json';
 
 const ERROR_REF = '#/components/schemas/Error';
 
+const HEADER_REFS = {
+  requestId: '#/components/headers/X-Request-ID',
+  shouldRetry: '#/components/headers/X-Should-Retry',
+  retryAfter: '#/components/headers/Retry-After',
+  serviceRequestStatus: '#/components/headers/X-Service-Request-Status',
+} as const;
+
 /**
  * The envelope of every error (CONTRACT §2), as `errorBody` (http/errors.ts) renders it: one
  * component that each error answer narrows to its status's type and codes.
@@ -85,7 +92,10 @@ export interface RouteDoc {
   body?: TSchema;
   /** An example body (tests check it against `body` and send it). */
   example?: unknown;
-  /** Takes the Idempotency-Key header (CONTRACT §4). */
+  /**
+   * Takes the Idempotency-Key header (CONTRACT §4). Only for a path without parameters: the
+   * generator writes a path's own parameters over these.
+   */
   idempotencyKey?: boolean;
   /** The answers other than errors, by status. */
   answers: Readonly<Record<number, AnswerDoc>>;
@@ -97,7 +107,7 @@ export interface RouteDoc {
 }
 
 type Json = Record<string, unknown>;
-/** An OpenAPI response object: the generated types cannot name a TypeBox schema, hence `unknown`. */
+/** An OpenAPI response object; `unknown` inside, as its types cannot name a TypeBox schema. */
 type ResponseJson = { description: string } & Json;
 
 /**
@@ -145,13 +155,6 @@ export function describeRoute(doc: RouteDoc) {
   };
 }
 
-const HEADER_REFS = {
-  requestId: '#/components/headers/X-Request-ID',
-  shouldRetry: '#/components/headers/X-Should-Retry',
-  retryAfter: '#/components/headers/Retry-After',
-  serviceRequestStatus: '#/components/headers/X-Service-Request-Status',
-} as const;
-
 /**
  * One answer per status among `codes`: the envelope, its `type` fixed by the status and its `code`
  * one of the route's codes of that status.
@@ -174,7 +177,7 @@ function errorAnswers(codes: readonly ErrorCode[]): Record<string, ResponseJson>
     if (list.includes('request_in_progress') || list.includes('request_already_completed'))
       headers['X-Service-Request-Status'] = { $ref: HEADER_REFS.serviceRequestStatus };
     answers[status] = {
-      description: `${type}: ${list.join(', ')}`,
+      description: `type ${type}; code ${list.join(', ')}`,
       headers,
       content: {
         'application/json': {
