@@ -8,7 +8,7 @@ import { CreateKeySchema, CreditKeySchema } from '../../src/admin/model.ts';
 import { ChatRequestDocumentSchema } from '../../src/chat/model.ts';
 import { DecisionRequestSchema } from '../../src/decision/model.ts';
 import { ErrorEnvelopeSchema } from '../../src/http/openapi.ts';
-import { ERROR_CODES, TYPE_BY_STATUS } from '../../src/util/errors.ts';
+import { ERROR_CODES, type ErrorStatus, TYPE_BY_STATUS } from '../../src/util/errors.ts';
 import { ADMIN_TOKEN, bearer, closedAfterEach, type TestGateway } from '../support/gateway.ts';
 
 const t = closedAfterEach();
@@ -102,7 +102,7 @@ const ADMIN_ROUTES = [
 const OPEN_ROUTES = ['GET /healthz', 'GET /readyz', 'GET /metrics', 'GET /openapi.json'];
 
 describe('GET /openapi.json', () => {
-  test('is served without auth as JSON: OpenAPI 3.1, title tollgate, the package version', async () => {
+  test('is served without auth as JSON: OpenAPI 3.1, title tollgate, its version', async () => {
     const document = await fetchDocument(t.gateway());
     expect(document.openapi).toMatch(/^3\.1\.\d+$/);
     expect(document.info.title).toBe('tollgate');
@@ -162,7 +162,7 @@ describe('GET /openapi.json', () => {
     expect(notServed).toEqual([]);
   });
 
-  test('security: an API key for /api and /decision, the admin token for /admin, none else', async () => {
+  test('security: an API key for /api and /decision, the admin token for /admin', async () => {
     const document = await fetchDocument(t.gateway());
     expect(document.components.securitySchemes).toEqual({
       apiKey: expect.objectContaining({ type: 'http', scheme: 'bearer' }),
@@ -182,13 +182,13 @@ describe('GET /openapi.json', () => {
 });
 
 describe('error answers', () => {
-  test("every route's error codes are the error table's, each under its status and type", async () => {
+  test("every route's codes are the error table's, under their status and type", async () => {
     const document = await fetchDocument(t.gateway());
     let checked = 0;
     for (const [method, path, operation] of operations(document)) {
       for (const [status, [type, codes]] of Object.entries(errorsOf(operation))) {
         expect(`${method} ${path} ${status} ${type}`).toBe(
-          `${method} ${path} ${status} ${TYPE_BY_STATUS[Number(status) as keyof typeof TYPE_BY_STATUS]}`,
+          `${method} ${path} ${status} ${TYPE_BY_STATUS[Number(status) as ErrorStatus]}`,
         );
         for (const code of codes as string[]) {
           expect(Object.keys(ERROR_CODES)).toContain(code);
@@ -339,7 +339,7 @@ describe('error answers', () => {
         String(response.status)
       ] ?? [null, []];
       expect(`${url} ${response.status} ${type}`).toBe(
-        `${url} ${response.status} ${TYPE_BY_STATUS[response.status as keyof typeof TYPE_BY_STATUS]}`,
+        `${url} ${response.status} ${TYPE_BY_STATUS[response.status as ErrorStatus]}`,
       );
       expect(codes).toContain(body.error.code);
       seen.push(`${response.status} ${body.error.code}`);
