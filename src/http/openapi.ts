@@ -92,10 +92,7 @@ export interface RouteDoc {
   body?: TSchema;
   /** An example body (tests check it against `body` and send it). */
   example?: unknown;
-  /**
-   * Takes the Idempotency-Key header (CONTRACT §4). Only for a path without parameters: the
-   * generator writes a path's own parameters over these.
-   */
+  /** Takes the Idempotency-Key header (CONTRACT §4). */
   idempotencyKey?: boolean;
   /** The answers other than errors, by status. */
   answers: Readonly<Record<number, AnswerDoc>>;
@@ -107,15 +104,28 @@ export interface RouteDoc {
 }
 
 type Json = Record<string, unknown>;
-/** An OpenAPI response object; `unknown` inside, as its types cannot name a TypeBox schema. */
-type ResponseJson = { description: string } & Json;
 
 /**
- * The OpenAPI operation of a route, for its `detail` (which Elysia keeps for documents and never
- * acts on).
+ * Where a route's `detail` keeps its description until the document is built: the generator copies
+ * `detail` into the route's operation, where `describedOperation` expands it (JSON drops a symbol).
+ * Kept as given, so that a gateway never asked for its document builds none of it.
  */
-export function describeRoute(doc: RouteDoc) {
-  const responses: Record<string, ResponseJson> = {};
+const ROUTE_DOC = Symbol('tollgate.routeDoc');
+
+/** A route's `detail` (Elysia keeps it for documents and never acts on it). */
+export function describeRoute(doc: RouteDoc): { summary: string; [ROUTE_DOC]: RouteDoc } {
+  return { summary: doc.summary, [ROUTE_DOC]: doc };
+}
+
+/**
+ * The generator's operation (its operationId and path parameters) with the route's description;
+ * an operation whose route has none is left as it is (tests/http/openapi.test.ts catches it).
+ */
+function describedOperation(operation: Json & { [ROUTE_DOC]?: RouteDoc }): Json {
+  const doc = operation[ROUTE_DOC];
+  if (doc === undefined) return operation;
+  const { [ROUTE_DOC]: _, parameters, ...generated } = operation;
+  const responses: Record<string, Json> = {};
   for (const [status, answer] of Object.entries(doc.answers)) {
     responses[status] = {
       description: answer.description,
@@ -130,14 +140,17 @@ export function describeRoute(doc: RouteDoc) {
     };
   }
   Object.assign(responses, errorAnswers([...doc.errors, 'internal_error']));
+  const headerParameters = doc.idempotencyKey
+    ? [{ $ref: '#/components/parameters/IdempotencyKey' }]
+    : [];
+  const allParameters = [...((parameters as Json[] | undefined) ?? []), ...headerParameters];
   return {
+    ...generated,
     summary: doc.summary,
     ...(doc.description ? { description: doc.description } : {}),
     tags: [doc.tag],
     security: SECURITY[doc.auth],
-    ...(doc.idempotencyKey
-      ? { parameters: [{ $ref: '#/components/parameters/IdempotencyKey' }] }
-      : {}),
+    ...(allParameters.length > 0 ? { parameters: allParameters } : {}),
     ...(doc.body
       ? {
           requestBody: {
@@ -159,13 +172,13 @@ export function describeRoute(doc: RouteDoc) {
  * One answer per status among `codes`: the envelope, its `type` fixed by the status and its `code`
  * one of the route's codes of that status.
  */
-function errorAnswers(codes: readonly ErrorCode[]): Record<string, ResponseJson> {
+function errorAnswers(codes: readonly ErrorCode[]): Record<string, Json> {
   const byStatus = new Map<ErrorStatus, ErrorCode[]>();
   for (const code of new Set(codes)) {
     const status = ERROR_CODES[code];
     byStatus.set(status, [...(byStatus.get(status) ?? []), code]);
   }
-  const answers: Record<string, ResponseJson> = {};
+  const answers: Record<string, Json> = {};
   for (const [status, list] of [...byStatus].sort(([a], [b]) => a - b)) {
     const type = TYPE_BY_STATUS[status];
     const headers: Record<string, Json> = {
@@ -265,7 +278,18 @@ const TAGS = [
 async function buildDocument(plugin: AnyElysia): Promise<Json> {
   const { toOpenAPISchema } = await import('@elysiajs/openapi/openapi');
   // staticFile off: the generator would otherwise skip every path with a dot, this one included.
-  const { paths } = toOpenAPISchema(plugin, { staticFile: false });
+  const generated = toOpenAPISchema(plugin, { staticFile: false }).paths as Record<string, Json>;
+  const paths = Object.fromEntries(
+    Object.entries(generated).map(([path, item]) => [
+      path,
+      Object.fromEntries(
+        Object.entries(item).map(([method, operation]) => [
+          method,
+          describedOperation(operation as Json),
+        ]),
+      ),
+    ]),
+  );
   return {
     openapi: '3.1.1',
     info: {
