@@ -5,6 +5,7 @@ import { chatController } from './chat/index.ts';
 import { decisionController } from './decision/index.ts';
 import type { Gateway } from './gateway.ts';
 import { errorResponse } from './http/errors.ts';
+import { openapiController } from './http/openapi.ts';
 import { urlPath } from './http/routes.ts';
 import { healthController } from './ops/health.ts';
 import { AssertionError } from './util/assert.ts';
@@ -62,6 +63,7 @@ export function createApp(gateway: Gateway) {
       .use(chatController(gateway))
       .use(decisionController(gateway))
       .use(adminController(gateway))
+      .use(openapiController())
   );
 }
 

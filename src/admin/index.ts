@@ -6,6 +6,7 @@ import type { ValueErrorIterator } from '@sinclair/typebox/errors';
 import { Elysia } from 'elysia';
 import type { Gateway } from '../gateway.ts';
 import { readBodyText } from '../http/body.ts';
+import { describeRoute, type RouteDoc } from '../http/openapi.ts';
 import {
   bearerToken,
   createKey,
@@ -80,6 +81,71 @@ async function readJson<T>(
   return json;
 }
 
+/** What every admin call may answer before its own work: the token, then a failed log. */
+const ADMIN_ERRORS = ['invalid_api_key', 'service_unavailable'] as const;
+/** Reading a JSON body: too large, too slow or malformed, or the client gone before it arrived. */
+const BODY_ERRORS = ['request_too_large', 'invalid_request_error', 'request_cancelled'] as const;
+/** A key named in the path: unknown, or its id not valid percent-encoding. */
+const KEY_ID_ERRORS = ['not_found'] as const;
+
+/** The key as the admin API shows it (CONTRACT §6, keyView); never its secret's hash. */
+const KEY_VIEW = '`{id, name, services, revoked, created, limits, balances}`, credits as numbers.';
+
+function adminDoc(doc: Omit<RouteDoc, 'tag' | 'auth'>) {
+  return describeRoute({ ...doc, tag: 'admin', auth: 'admin_token' });
+}
+
+const CREATE_DOC = adminDoc({
+  summary: 'Create a key (or import an existing secret as `key`); the secret is shown once',
+  body: CreateKeySchema,
+  example: { name: 'team-a', services: ['chat'], credits: 100 },
+  answers: {
+    201: {
+      description: `The key with its secret \`key\` (\`tg-…\`): ${KEY_VIEW}`,
+      content: { 'application/json': {} },
+    },
+  },
+  errors: [...ADMIN_ERRORS, ...BODY_ERRORS],
+});
+
+const LIST_DOC = adminDoc({
+  summary: 'List the keys',
+  answers: {
+    200: {
+      description: `\`{"object": "list", "data": [key]}\`, each key ${KEY_VIEW}`,
+      content: { 'application/json': {} },
+    },
+  },
+  errors: ADMIN_ERRORS,
+});
+
+const READ_DOC = adminDoc({
+  summary: 'Read a key, its limits and balances',
+  answers: { 200: { description: KEY_VIEW, content: { 'application/json': {} } } },
+  errors: [...ADMIN_ERRORS, ...KEY_ID_ERRORS],
+});
+
+const CREDIT_DOC = adminDoc({
+  summary: 'Top up a key: `{"credits": n}` or `{"tokens": n}` (token wallet)',
+  body: CreditKeySchema,
+  example: { credits: 50 },
+  answers: {
+    200: {
+      description: `The key after the top-up: ${KEY_VIEW}`,
+      content: { 'application/json': {} },
+    },
+  },
+  errors: [...ADMIN_ERRORS, ...KEY_ID_ERRORS, ...BODY_ERRORS],
+});
+
+const REVOKE_DOC = adminDoc({
+  summary: 'Revoke a key: its calls are refused from now on (401, reason revoked)',
+  answers: {
+    200: { description: `The revoked key: ${KEY_VIEW}`, content: { 'application/json': {} } },
+  },
+  errors: [...ADMIN_ERRORS, ...KEY_ID_ERRORS],
+});
+
 // One Elysia chain (long because each route is a stanza of it; split, the chain would lose the
 // types Elysia infers along it).
 export function adminController(gateway: Gateway) {
@@ -114,16 +180,21 @@ export function adminController(gateway: Gateway) {
           headers: { 'content-type': 'application/json' },
         });
       },
-      { parse: 'none' },
+      { parse: 'none', detail: CREATE_DOC },
     )
-    .get('/keys', () =>
-      Response.json({
-        object: 'list',
-        data: [...gateway.store.state.keys.values()].map((a) => keyView(a, defaultRpm)),
-      }),
+    .get(
+      '/keys',
+      () =>
+        Response.json({
+          object: 'list',
+          data: [...gateway.store.state.keys.values()].map((a) => keyView(a, defaultRpm)),
+        }),
+      { detail: LIST_DOC },
     )
-    .get('/keys/:id', ({ params }) =>
-      Response.json(keyView(findKey(gateway.store, params.id), defaultRpm)),
+    .get(
+      '/keys/:id',
+      ({ params }) => Response.json(keyView(findKey(gateway.store, params.id), defaultRpm)),
+      { detail: READ_DOC },
     )
     .post(
       '/keys/:id/credits',
@@ -143,7 +214,7 @@ export function adminController(gateway: Gateway) {
         );
         return Response.json(keyView(account, defaultRpm));
       },
-      { parse: 'none' },
+      { parse: 'none', detail: CREDIT_DOC },
     )
     .get('/usage', async ({ request }) => {
       const { state } = gateway.store;
@@ -181,8 +252,6 @@ export function adminController(gateway: Gateway) {
       '/keys/:id/revoke',
       async ({ params }) =>
         Response.json(keyView(await revokeKey(gateway.store, params.id), defaultRpm)),
-      {
-        parse: 'none',
-      },
+      { parse: 'none', detail: REVOKE_DOC },
     );
 }

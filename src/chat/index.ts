@@ -4,6 +4,7 @@ import { Elysia } from 'elysia';
 import type { Gateway } from '../gateway.ts';
 import { errorResponse } from '../http/errors.ts';
 import { readRequest, refusalResponse } from '../http/intake.ts';
+import { describeRoute } from '../http/openapi.ts';
 import { liftIdle, type NativeRoutes, nativePost, settleIdle } from '../http/routes.ts';
 import { parseIdempotencyKey } from '../idempotency/store.ts';
 import { authenticate, microToCredits } from '../keys/store.ts';
@@ -14,7 +15,7 @@ import { GatewayError } from '../util/errors.ts';
 import { newChatRequestId } from '../util/ids.ts';
 import { parseJsonBody } from '../util/json.ts';
 import { measureChat } from './measure.ts';
-import { type ChatRequest, validateChatRequest } from './model.ts';
+import { type ChatRequest, ChatRequestDocumentSchema, validateChatRequest } from './model.ts';
 import { admitChat, type ChatAdmission, runChat } from './service.ts';
 import { ChunkEncoder, SseSink } from './sse.ts';
 import { completionBody } from './stream.ts';
@@ -174,33 +175,131 @@ export function chatNativeRoutes(gateway: Gateway): NativeRoutes {
   return nativePost(COMPLETIONS_PATH, (request, server) => completions(gateway, request, server));
 }
 
+/** What every call with a chat key may answer before its own checks (CONTRACT §2). */
+const KEY_ERRORS = ['invalid_api_key', 'service_unavailable'] as const;
+
+/**
+ * The completion's answers, in the contract's check order, then what the run itself may end with
+ * (a provider's own 400 included).
+ */
+const COMPLETION_ERRORS = [
+  'request_too_large',
+  'invalid_api_key',
+  'invalid_request_error',
+  'model_not_found',
+  'unsupported_parameter',
+  'invalid_idempotency_key',
+  'idempotency_key_reused',
+  'request_in_progress',
+  'request_already_completed',
+  'rate_limit_exceeded',
+  'context_length_exceeded',
+  'insufficient_quota',
+  'request_cancelled',
+  'upstream_unreachable',
+  'upstream_invalid_response',
+  'upstream_error',
+  'upstream_timeout',
+  'service_unavailable',
+] as const;
+
+const COMPLETIONS_DOC = describeRoute({
+  summary: 'Create a chat completion (JSON, or SSE with `stream: true`)',
+  description:
+    'OpenAI Chat Completions. Fields not listed are accepted and ignored. A stream sends ' +
+    '`chat.completion.chunk` events, a last chunk with `usage`, then `data: [DONE]`; an error ' +
+    'after the stream started is one `data: {"error": {...}}` event (e.g. `stream_timeout`) ' +
+    'and no `[DONE]`.',
+  tag: 'chat',
+  auth: 'api_key',
+  body: ChatRequestDocumentSchema,
+  example: { model: 'model_03', messages: [{ role: 'user', content: 'Say hello.' }] },
+  idempotencyKey: true,
+  answers: {
+    200: {
+      description: 'The completion (`chat.completion`), or its stream.',
+      content: { 'application/json': {}, 'text/event-stream': {} },
+      requestId: true,
+    },
+  },
+  errors: COMPLETION_ERRORS,
+});
+
+const MODELS_DOC = describeRoute({
+  summary: 'List the catalogue models',
+  description: '`{"object": "list", "data": [{id, object: "model", created, owned_by}]}`.',
+  tag: 'chat',
+  auth: 'api_key',
+  answers: { 200: { description: 'The models.', content: { 'application/json': {} } } },
+  errors: KEY_ERRORS,
+});
+
+const STATUS_DOC = describeRoute({
+  summary: "Read the status, usage and charge of one of the key's requests",
+  description:
+    '`request.status`: request_status (in_progress, completed, cancelled, error), usage, ' +
+    'reserved and charged credits, error_code, attempts; never the completion text. Another ' +
+    "key's request is 404, as an unknown one.",
+  tag: 'chat',
+  auth: 'api_key',
+  answers: { 200: { description: "The request's status.", content: { 'application/json': {} } } },
+  errors: [...KEY_ERRORS, 'request_not_found', 'not_found'],
+});
+
+const CANCEL_DOC = describeRoute({
+  summary: "Cancel one of the key's running requests; its hold is released",
+  description:
+    'The provider call is aborted; the waiting call ends with 499 request_cancelled (or that ' +
+    'error event in its stream). A finished request is 409 request_already_completed.',
+  tag: 'chat',
+  auth: 'api_key',
+  answers: {
+    202: {
+      description: '`{request_id, cancel_requested: true, request_status, status_url}`.',
+      content: { 'application/json': {} },
+    },
+  },
+  errors: [...KEY_ERRORS, 'request_not_found', 'not_found', 'request_already_completed'],
+});
+
 // One Elysia chain (long because each route is a stanza of it; split, the chain would lose the
 // types Elysia infers along it).
 export function chatController(gateway: Gateway) {
   const { config } = gateway;
   return new Elysia({ name: 'chat', prefix: PREFIX })
-    .post(COMPLETIONS_ROUTE, ({ request }) => completions(gateway, request), { parse: 'none' })
-    .get('/models', ({ request }) => {
-      authenticate(gateway.store, request.headers.get('authorization'), 'chat');
-      gateway.store.checkAvailable();
-      const data = Object.entries(config.models).map(([id, model]) => ({
-        id,
-        object: 'model',
-        created: model.created,
-        owned_by: model.provider,
-      }));
-      return Response.json({ object: 'list', data });
+    .post(COMPLETIONS_ROUTE, ({ request }) => completions(gateway, request), {
+      parse: 'none',
+      detail: COMPLETIONS_DOC,
     })
-    .get('/requests/:id', async ({ request, params }) => {
-      const account = authenticate(gateway.store, request.headers.get('authorization'), 'chat');
-      gateway.store.checkAvailable();
-      ownRecord(gateway, account.id, params.id);
-      // Memory may be ahead of the disk by one commit; report only what a crash cannot take back
-      // (and nothing, should that commit fail).
-      await gateway.registry.get(params.id)?.durable;
-      gateway.store.checkAvailable();
-      return Response.json(statusView(gateway, ownRecord(gateway, account.id, params.id)));
-    })
+    .get(
+      '/models',
+      ({ request }) => {
+        authenticate(gateway.store, request.headers.get('authorization'), 'chat');
+        gateway.store.checkAvailable();
+        const data = Object.entries(config.models).map(([id, model]) => ({
+          id,
+          object: 'model',
+          created: model.created,
+          owned_by: model.provider,
+        }));
+        return Response.json({ object: 'list', data });
+      },
+      { detail: MODELS_DOC },
+    )
+    .get(
+      '/requests/:id',
+      async ({ request, params }) => {
+        const account = authenticate(gateway.store, request.headers.get('authorization'), 'chat');
+        gateway.store.checkAvailable();
+        ownRecord(gateway, account.id, params.id);
+        // Memory may be ahead of the disk by one commit; report only what a crash cannot take back
+        // (and nothing, should that commit fail).
+        await gateway.registry.get(params.id)?.durable;
+        gateway.store.checkAvailable();
+        return Response.json(statusView(gateway, ownRecord(gateway, account.id, params.id)));
+      },
+      { detail: STATUS_DOC },
+    )
     .post(
       '/requests/:id/cancel',
       async ({ request, params }) => {
@@ -210,6 +309,6 @@ export function chatController(gateway: Gateway) {
         const answer = await cancelRequest(gateway.store, gateway.registry, config, record);
         return new Response(JSON.stringify(answer), { status: 202, headers: JSON_HEADERS });
       },
-      { parse: 'none' },
+      { parse: 'none', detail: CANCEL_DOC },
     );
 }

@@ -65,6 +65,26 @@ export const ChatRequestSchema = Type.Object({
 
 export type ChatRequestBody = Static<typeof ChatRequestSchema>;
 
+/**
+ * All that validateChatRequest checks by schema, as one schema for the OpenAPI document: the
+ * request's own, and the ones each message (by its role) and each tool is checked against apart,
+ * so that an error names the message's or the tool's field. Never used to validate.
+ */
+export const ChatRequestDocumentSchema = Type.Intersect([
+  ChatRequestSchema,
+  Type.Object({
+    messages: Type.Array(
+      Type.Union([
+        SystemMessageSchema,
+        UserMessageSchema,
+        AssistantMessageSchema,
+        ToolMessageSchema,
+      ]),
+    ),
+    tools: Type.Optional(Nullable(Type.Array(ToolSchema))),
+  }),
+]);
+
 const RequestCheck = TypeCompiler.Compile(ChatRequestSchema);
 // A Map, not an object: a role is request data, and "__proto__" or "toString" must not find
 // Object.prototype.

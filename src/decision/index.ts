@@ -5,6 +5,7 @@ import { OFFLOAD_BODY_CHARS } from '../billing/offload.ts';
 import type { Gateway } from '../gateway.ts';
 import { errorResponse } from '../http/errors.ts';
 import { readRequest, refusalResponse } from '../http/intake.ts';
+import { describeRoute } from '../http/openapi.ts';
 import { type NativeRoutes, nativePost } from '../http/routes.ts';
 import { parseIdempotencyKey } from '../idempotency/store.ts';
 import { authenticate, microToCredits } from '../keys/store.ts';
@@ -14,16 +15,20 @@ import { GatewayError } from '../util/errors.ts';
 import { newDecisionRequestId } from '../util/ids.ts';
 import { parseJsonBody } from '../util/json.ts';
 import { type DecisionMeasure, measureDecision, measureLargeDecision } from './measure.ts';
-import { type DecisionRequest, validateDecisionRequest } from './model.ts';
+import { type DecisionRequest, DecisionRequestSchema, validateDecisionRequest } from './model.ts';
 import { admitDecision, runDecision } from './service.ts';
 
 const PREFIX = '/decision/v1';
-const DECIDE_ROUTE = '/decide';
+/**
+ * The decision paths end with a slash as spec 001 spells them, so that the OpenAPI document (made
+ * from the routes) names them so; Elysia serves each with and without it.
+ */
+const DECIDE_ROUTE = '/decide/';
 /**
  * The path in Idempotency-Key fingerprints (with its slash: bindings already stored were made with
  * it).
  */
-const DECIDE_PATH = '/decision/v1/decide/';
+const DECIDE_PATH = PREFIX + DECIDE_ROUTE;
 const JSON_HEADERS = { 'content-type': 'application/json' };
 
 async function decide(gateway: Gateway, request: Request): Promise<Response> {
@@ -129,37 +134,126 @@ function lookupView(gateway: Gateway, record: RequestRecord): Record<string, unk
  * as the Elysia route.
  */
 export function decisionNativeRoutes(gateway: Gateway): NativeRoutes {
-  return nativePost(PREFIX + DECIDE_ROUTE, (request) => decide(gateway, request));
+  // nativePost adds the slash variant itself.
+  return nativePost(DECIDE_PATH.slice(0, -1), (request) => decide(gateway, request));
 }
+
+/** The decide endpoint's answers, in the contract's check order, then what the run may end with. */
+const DECIDE_ERRORS = [
+  'request_too_large',
+  'invalid_api_key',
+  'invalid_request_error',
+  'model_not_found',
+  'invalid_idempotency_key',
+  'idempotency_key_reused',
+  'request_in_progress',
+  'request_already_completed',
+  'rate_limit_exceeded',
+  'input_too_large',
+  'api_key_spend_limit_exceeded',
+  'insufficient_quota',
+  'request_cancelled',
+  // A provider that finds the prompt too long for its model (a model smaller than the 32,000
+  // tokens input_too_large bounds) says so as a 400.
+  'context_length_exceeded',
+  'upstream_unreachable',
+  'upstream_invalid_response',
+  'upstream_error',
+  'upstream_timeout',
+  'service_unavailable',
+] as const;
+
+const DECIDE_DOC = describeRoute({
+  summary: 'Answer questions about a state (choice and score questions)',
+  description:
+    'Charged only on 200, at the actual tokens, from the token wallet or credits; every failure ' +
+    'releases the hold. A choice answer is `{type: "choice", label}`, a score answer `{type: ' +
+    '"score", score, level}`. Every answer, error or not, carries `X-Request-ID: dec_…`.',
+  tag: 'decision',
+  auth: 'api_key',
+  body: DecisionRequestSchema,
+  example: {
+    model: 'decision-fast',
+    state: { ticket: 'The checkout page returns 500 for every customer.' },
+    questions: {
+      urgency: {
+        type: 'choice',
+        prompt: 'How urgent is this ticket?',
+        criteria: { urgent: 'needs action today', routine: 'can wait' },
+      },
+      quality: {
+        type: 'score',
+        prompt: 'How complete is the report?',
+        criteria: ['missing', 'partial', 'complete'],
+      },
+    },
+  },
+  idempotencyKey: true,
+  answers: {
+    200: {
+      description:
+        '`{id: "dec_…", object: "decision", created, model, answers, usage, charged: {tokens, ' +
+        'credits}}`.',
+      content: { 'application/json': {} },
+      requestId: true,
+    },
+  },
+  errors: DECIDE_ERRORS,
+});
+
+const LOOKUP_DOC = describeRoute({
+  summary: "Read one of the key's decision requests by its dec_ id",
+  description:
+    '`{id, object: "decision.request", status, http_status, created, finished, model, ' +
+    "error_code, answers, usage, charged, attempts}`. Another key's request is 404, as an " +
+    'unknown one.',
+  tag: 'decision',
+  auth: 'api_key',
+  answers: {
+    200: { description: 'The decision request.', content: { 'application/json': {} } },
+  },
+  errors: ['invalid_api_key', 'service_unavailable', 'request_not_found', 'not_found'],
+});
 
 export function decisionController(gateway: Gateway) {
   return new Elysia({ name: 'decision', prefix: PREFIX })
-    .post(DECIDE_ROUTE, ({ request }) => decide(gateway, request), { parse: 'none' })
-    .get('/requests/:id', async ({ request, params }) => {
-      const headers = { ...JSON_HEADERS, 'x-request-id': newDecisionRequestId() };
-      try {
-        const account = authenticate(
-          gateway.store,
-          request.headers.get('authorization'),
-          'decision',
-        );
-        gateway.store.checkAvailable();
-        // Memory may be ahead of the disk by one commit; report only what a crash cannot take back.
-        await gateway.registry.get(params.id)?.durable;
-        gateway.store.checkAvailable();
-        const record = gateway.store.state.request(params.id);
-        if (!record || record.keyId !== account.id || record.service !== 'decision') {
-          throw new GatewayError(
-            'request_not_found',
-            `No decision request ${params.id} for this API key.`,
-            { param: null },
+    .post(DECIDE_ROUTE, ({ request }) => decide(gateway, request), {
+      parse: 'none',
+      detail: DECIDE_DOC,
+    })
+    .get(
+      '/requests/:id/',
+      async ({ request, params }) => {
+        const headers = { ...JSON_HEADERS, 'x-request-id': newDecisionRequestId() };
+        try {
+          const account = authenticate(
+            gateway.store,
+            request.headers.get('authorization'),
+            'decision',
           );
+          gateway.store.checkAvailable();
+          // Memory may be ahead of the disk by one commit; report only what a crash cannot take
+          // back.
+          await gateway.registry.get(params.id)?.durable;
+          gateway.store.checkAvailable();
+          const record = gateway.store.state.request(params.id);
+          if (!record || record.keyId !== account.id || record.service !== 'decision') {
+            throw new GatewayError(
+              'request_not_found',
+              `No decision request ${params.id} for this API key.`,
+              { param: null },
+            );
+          }
+          return new Response(JSON.stringify(lookupView(gateway, record)), {
+            status: 200,
+            headers,
+          });
+        } catch (error) {
+          if (error instanceof GatewayError)
+            return errorResponse(error, { 'x-request-id': headers['x-request-id'] });
+          throw error;
         }
-        return new Response(JSON.stringify(lookupView(gateway, record)), { status: 200, headers });
-      } catch (error) {
-        if (error instanceof GatewayError)
-          return errorResponse(error, { 'x-request-id': headers['x-request-id'] });
-        throw error;
-      }
-    });
+      },
+      { detail: LOOKUP_DOC },
+    );
 }

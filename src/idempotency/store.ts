@@ -3,7 +3,7 @@
 import type { GatewayState } from '../state/apply.ts';
 import { GatewayError } from '../util/errors.ts';
 
-const IDEMPOTENCY_KEY_RE = /^[A-Za-z0-9._:-]{8,255}$/;
+export const IDEMPOTENCY_KEY_RE = /^[A-Za-z0-9._:-]{8,255}$/;
 
 /** The header's value, or null when absent; 400 invalid_idempotency_key when malformed. */
 export function parseIdempotencyKey(value: string | null): string | null {

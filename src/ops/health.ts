@@ -1,6 +1,7 @@
 // Probes and metrics: /healthz (the process answers), /readyz (it can take work), /metrics
 // (Prometheus).
 import { Elysia } from 'elysia';
+import { describeRoute } from '../http/openapi.ts';
 import type { Metrics } from './metrics.ts';
 
 /**
@@ -14,28 +15,79 @@ export interface ProbeSource {
   readonly draining: boolean;
 }
 
+const HEALTHZ_DOC = describeRoute({
+  summary: 'Liveness: the process answers and its log can be written',
+  tag: 'operations',
+  auth: 'none',
+  answers: {
+    200: { description: '`{"status": "ok"}`.', content: { 'application/json': {} } },
+    503: {
+      description: '`{"status": "failing", "reason"}`: the log failed; the process will exit.',
+      content: { 'application/json': {} },
+    },
+  },
+  errors: [],
+});
+
+const READYZ_DOC = describeRoute({
+  summary: 'Readiness: the gateway takes new work',
+  tag: 'operations',
+  auth: 'none',
+  answers: {
+    200: {
+      description: '`{"status": "ready", "in_flight"}`.',
+      content: { 'application/json': {} },
+    },
+    503: {
+      description: '`{"status": "unavailable", "reason"}`: draining, or the log failed.',
+      content: { 'application/json': {} },
+    },
+  },
+  errors: [],
+});
+
+const METRICS_DOC = describeRoute({
+  summary: 'Prometheus metrics (requests, refusals, deployments, event-loop delay)',
+  tag: 'operations',
+  auth: 'none',
+  answers: { 200: { description: 'The text exposition format.', content: { 'text/plain': {} } } },
+  errors: [],
+});
+
 export function healthController(gateway: ProbeSource) {
   return (
     new Elysia({ name: 'health' })
       // A failed log is not a state this process can leave (§8, crash-only): both probes fail at
       // once, so a supervisor or an orchestrator restarts it even before it exits by itself.
-      .get('/healthz', () => {
-        const reason = gateway.store.unavailableReason;
-        return reason
-          ? Response.json({ status: 'failing', reason }, { status: 503 })
-          : Response.json({ status: 'ok' });
-      })
-      .get('/metrics', async () => {
-        const text = await gateway.metrics.registry.metrics();
-        return new Response(text, {
-          headers: { 'content-type': gateway.metrics.registry.contentType },
-        });
-      })
-      .get('/readyz', () => {
-        const reason = gateway.store.unavailableReason ?? (gateway.draining ? 'draining' : null);
-        return reason
-          ? Response.json({ status: 'unavailable', reason }, { status: 503 })
-          : Response.json({ status: 'ready', in_flight: gateway.registry.size });
-      })
+      .get(
+        '/healthz',
+        () => {
+          const reason = gateway.store.unavailableReason;
+          return reason
+            ? Response.json({ status: 'failing', reason }, { status: 503 })
+            : Response.json({ status: 'ok' });
+        },
+        { detail: HEALTHZ_DOC },
+      )
+      .get(
+        '/metrics',
+        async () => {
+          const text = await gateway.metrics.registry.metrics();
+          return new Response(text, {
+            headers: { 'content-type': gateway.metrics.registry.contentType },
+          });
+        },
+        { detail: METRICS_DOC },
+      )
+      .get(
+        '/readyz',
+        () => {
+          const reason = gateway.store.unavailableReason ?? (gateway.draining ? 'draining' : null);
+          return reason
+            ? Response.json({ status: 'unavailable', reason }, { status: 503 })
+            : Response.json({ status: 'ready', in_flight: gateway.registry.size });
+        },
+        { detail: READYZ_DOC },
+      )
   );
 }

@@ -1,7 +1,7 @@
 // Operating errors: one code table fixes each code's status and type (CONTRACT §2); the HTTP
 // layer renders them (http/errors.ts). At the bottom of the layers: every layer may throw one.
 
-const TYPE_BY_STATUS = {
+export const TYPE_BY_STATUS = {
   400: 'invalid_request_error',
   401: 'authentication_error',
   402: 'billing_error',
