@@ -27,7 +27,7 @@ import {
   type CreditKeyBody,
   CreditKeySchema,
 } from './model.ts';
-import { parseUsageQuery, readUsage } from './usage.ts';
+import { parseUsageQuery, readUsage, USAGE_DAYS_MAX, USAGE_ROWS_MAX } from './usage.ts';
 
 const CreateKeyCheck = TypeCompiler.Compile(CreateKeySchema);
 const CreditKeyCheck = TypeCompiler.Compile(CreditKeySchema);
@@ -146,6 +146,65 @@ const REVOKE_DOC = adminDoc({
   errors: [...ADMIN_ERRORS, ...KEY_ID_ERRORS],
 });
 
+const DATE = { type: 'string', pattern: '^\\d{4}-\\d{2}-\\d{2}$' };
+
+const USAGE_DOC = adminDoc({
+  summary: 'Usage history per UTC day, key and model (sums are the keys’ charged, exactly)',
+  query: {
+    from: { description: 'First UTC day, YYYY-MM-DD', required: true, schema: DATE },
+    to: {
+      description: `Last UTC day, YYYY-MM-DD; at most ${USAGE_DAYS_MAX} days from \`from\``,
+      required: true,
+      schema: DATE,
+    },
+    key_id: { description: 'Only this key', schema: { type: 'string' } },
+    model: { description: 'Only this model', schema: { type: 'string' } },
+    group_by: {
+      description:
+        'Comma-separated dimensions to keep: day, key, model (default all three); the others ' +
+        `are summed over. At most ${USAGE_ROWS_MAX} rows.`,
+      schema: { type: 'string' },
+    },
+  },
+  answers: {
+    200: {
+      description:
+        '`{"object": "list", "data": [{day, key_id, model, requests, completed, cancelled, ' +
+        'errors, prompt_tokens, completion_tokens, charged_credits}]}`, the dimensions not ' +
+        'grouped by left out.',
+      content: { 'application/json': {} },
+    },
+  },
+  errors: [...ADMIN_ERRORS, 'invalid_request_error'],
+});
+
+const LIVE_DOC = adminDoc({
+  summary: 'The requests running now, oldest first',
+  query: {
+    state: { description: 'Only `in_progress` (the default)', schema: { enum: ['in_progress'] } },
+  },
+  answers: {
+    200: {
+      description:
+        '`{"object": "list", "data": [{id, key_id, service, model, stream, created, age_ms, ' +
+        'held_credits, attempt}]}`',
+      content: { 'application/json': {} },
+    },
+  },
+  errors: [...ADMIN_ERRORS, 'invalid_request_error'],
+});
+
+const CANCEL_DOC = adminDoc({
+  summary: 'Cancel any running request, as its key’s own cancel does',
+  answers: {
+    202: {
+      description: '`{request_id, cancel_requested: true, request_status, status_url}`',
+      content: { 'application/json': {} },
+    },
+  },
+  errors: [...ADMIN_ERRORS, 'request_not_found', 'not_found', 'request_already_completed'],
+});
+
 // One Elysia chain (long because each route is a stanza of it; split, the chain would lose the
 // types Elysia infers along it).
 export function adminController(gateway: Gateway) {
@@ -216,24 +275,32 @@ export function adminController(gateway: Gateway) {
       },
       { parse: 'none', detail: CREDIT_DOC },
     )
-    .get('/usage', async ({ request }) => {
-      const { state } = gateway.store;
-      const query = parseUsageQuery(queryOf(request), state, Object.keys(gateway.config.models));
-      return Response.json({ object: 'list', data: await readUsage(state, query) });
-    })
-    .get('/requests', ({ request }) => {
-      const wanted = queryOf(request).get('state') ?? 'in_progress';
-      if (wanted !== 'in_progress') {
-        throw new GatewayError('invalid_request_error', 'state must be in_progress', {
-          param: 'state',
+    .get(
+      '/usage',
+      async ({ request }) => {
+        const { state } = gateway.store;
+        const query = parseUsageQuery(queryOf(request), state, Object.keys(gateway.config.models));
+        return Response.json({ object: 'list', data: await readUsage(state, query) });
+      },
+      { detail: USAGE_DOC },
+    )
+    .get(
+      '/requests',
+      ({ request }) => {
+        const wanted = queryOf(request).get('state') ?? 'in_progress';
+        if (wanted !== 'in_progress') {
+          throw new GatewayError('invalid_request_error', 'state must be in_progress', {
+            param: 'state',
+          });
+        }
+        const { state } = gateway.store;
+        return Response.json({
+          object: 'list',
+          data: liveRequests(state, gateway.registry, Date.now()),
         });
-      }
-      const { state } = gateway.store;
-      return Response.json({
-        object: 'list',
-        data: liveRequests(state, gateway.registry, Date.now()),
-      });
-    })
+      },
+      { detail: LIVE_DOC },
+    )
     .post(
       '/requests/:id/cancel',
       async ({ params }) => {
@@ -246,7 +313,7 @@ export function adminController(gateway: Gateway) {
           headers: { 'content-type': 'application/json' },
         });
       },
-      { parse: 'none' },
+      { parse: 'none', detail: CANCEL_DOC },
     )
     .post(
       '/keys/:id/revoke',

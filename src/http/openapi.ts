@@ -94,6 +94,8 @@ export interface RouteDoc {
   example?: unknown;
   /** Takes the Idempotency-Key header (CONTRACT §4). */
   idempotencyKey?: boolean;
+  /** Query parameters, by name (checked by the controller, like bodies). */
+  query?: Readonly<Record<string, { description: string; required?: boolean; schema: Json }>>;
   /** The answers other than errors, by status. */
   answers: Readonly<Record<number, AnswerDoc>>;
   /**
@@ -143,7 +145,18 @@ function describedOperation(operation: Json & { [ROUTE_DOC]?: RouteDoc }): Json 
   const headerParameters = doc.idempotencyKey
     ? [{ $ref: '#/components/parameters/IdempotencyKey' }]
     : [];
-  const allParameters = [...((parameters as Json[] | undefined) ?? []), ...headerParameters];
+  const queryParameters = Object.entries(doc.query ?? {}).map(([name, parameter]) => ({
+    name,
+    in: 'query',
+    required: parameter.required ?? false,
+    description: parameter.description,
+    schema: parameter.schema,
+  }));
+  const allParameters = [
+    ...((parameters as Json[] | undefined) ?? []),
+    ...headerParameters,
+    ...queryParameters,
+  ];
   return {
     ...generated,
     summary: doc.summary,
