@@ -26,6 +26,7 @@ import {
   type CreditKeyBody,
   CreditKeySchema,
 } from './model.ts';
+import { readOverview } from './overview.ts';
 import { parseUsageQuery, readUsage } from './usage.ts';
 
 const CreateKeyCheck = TypeCompiler.Compile(CreateKeySchema);
@@ -89,6 +90,7 @@ export function adminController(gateway: Gateway) {
       checkAdmin(gateway, request.headers.get('authorization'));
       gateway.store.checkAvailable();
     })
+    .get('/overview', async () => Response.json(await readOverview(gateway, Date.now())))
     .post(
       '/keys',
       async ({ request }) => {

@@ -37,7 +37,8 @@ const LAYERS: ReadonlyArray<{ name: string; test: (path: string) => boolean }> =
     test: (path) =>
       (/^(chat|decision)\//.test(path) && !path.endsWith('/index.ts') && path !== 'chat/sse.ts') ||
       path === 'admin/usage.ts' ||
-      path === 'admin/live.ts',
+      path === 'admin/live.ts' ||
+      path === 'admin/overview.ts',
   },
   { name: 'gateway', test: (path) => path === 'gateway.ts' },
   {
