@@ -1,5 +1,6 @@
 // Builds the Elysia app from the controllers; no listen here, so tests drive it with app.handle().
 import { Elysia } from 'elysia';
+import { dashboardController } from './admin/dashboard/index.ts';
 import { adminController } from './admin/index.ts';
 import { chatController } from './chat/index.ts';
 import { decisionController } from './decision/index.ts';
@@ -62,6 +63,7 @@ export function createApp(gateway: Gateway) {
       .use(chatController(gateway))
       .use(decisionController(gateway))
       .use(adminController(gateway))
+      .use(dashboardController())
   );
 }
 

@@ -47,7 +47,8 @@ const LAYERS: ReadonlyArray<{ name: string; test: (path: string) => boolean }> =
       /^(chat|decision|admin)\/index\.ts$/.test(path) ||
       path === 'ops/health.ts' ||
       path === 'chat/sse.ts' ||
-      path.startsWith('http/'),
+      path.startsWith('http/') ||
+      path.startsWith('admin/dashboard/'),
   },
   {
     name: 'app/entrypoints',
