@@ -21,7 +21,7 @@ test('GET /admin/v1/overview needs the admin token', async () => {
   }
 });
 
-test('the overview: deployments, in flight, memory, uptime; no loop figures unmeasured', async () => {
+test('the overview: deployments, in flight, memory, uptime; no made-up loop figures', async () => {
   const t = cleanup.gateway({
     providers: { other: { type: 'simulator' } },
     models: {
@@ -74,7 +74,7 @@ test('the overview: deployments, in flight, memory, uptime; no loop figures unme
   ]);
 });
 
-test('the overview shows a failing deployment, then its ejection with the time it is retried', async () => {
+test('the overview shows a failing deployment, then its ejection and retry time', async () => {
   const upstream = cleanup.track(startLifecycleUpstream(() => ({ kind: 'fail', status: 500 })));
   const cooldownMs = 600_000;
   const t = cleanup.gateway({
@@ -136,7 +136,7 @@ test('the overview counts a running stream in flight', async () => {
   while ((await overview()).in_flight !== 0) {}
 });
 
-test('the overview reads the event-loop histogram without taking /metrics’ worst delay', async () => {
+test('the overview reads the loop histogram, leaving /metrics its worst delay', async () => {
   const t = cleanup.gateway();
   const monitor = t.gateway.metrics.loopDelay;
   monitor.start();

@@ -1,5 +1,5 @@
-// The dashboard in a real browser (issue 16): headless Chromium, driven by playwright-core, signs in
-// to a real gateway on port 0 whose model_03 is a fake upstream, and does what an operator does:
+// The dashboard in a real browser (issue 16): headless Chromium, driven by playwright-core, signs
+// in to a real gateway on port 0 whose model_03 is a fake upstream, and does what an operator does:
 // create a key, watch its spend, cancel its stream, revoke it. TOLLGATE_SCREENSHOTS=1 also saves
 // one screenshot per state under docs/ (for the README); a normal run writes nothing.
 import { afterAll, afterEach, beforeAll, expect, test } from 'bun:test';
@@ -99,9 +99,12 @@ async function signIn(page: Page, token: string): Promise<void> {
   await page.getByRole('button', { name: 'Sign in' }).click();
 }
 
-test('an operator signs in, creates a key, sees its spend, cancels its stream, revokes it', async () => {
+test('sign in, create a key, see its spend, top up, cancel its stream, revoke it', async () => {
   const upstream = cleanup.track(startLifecycleUpstream());
   const t = await cleanup.server(lifecycleOverrides(upstream));
+  // As main does for a serving process: the page shows the event-loop figures it measures.
+  t.gateway.metrics.loopDelay.start();
+  cleanup.track(t.gateway.metrics.loopDelay);
   const { page, problems } = await openPage();
   await page.goto(`${t.baseUrl}/admin/`);
 
@@ -181,6 +184,18 @@ test('an operator signs in, creates a key, sees its spend, cancels its stream, r
   expect(await page.locator('#chart-key canvas').count()).toBe(1);
   expect(await page.locator('#chart-model .u-legend .u-series').count()).toBe(1 + 3);
   expect(await page.locator('#chart-key .u-legend .u-series').count()).toBe(1 + 2);
+  const figures = page.locator('#figures');
+  // The overview is read beside the usage: waited for, not assumed.
+  await figures.getByText(`0 / ${t.config.limits.max_in_flight}`).waitFor();
+  await figures.getByText(/^≤ [0-9.]+ ms$/).waitFor();
+  // Top up through the dialog: the balance grows by exactly that.
+  await page.getByRole('button', { name: `Top up alice (${keyId})` }).click();
+  await page.getByRole('dialog').getByLabel('Credits to add').fill('5.5');
+  await page.getByRole('dialog').getByRole('button', { name: 'Add credits' }).click();
+  await keyRow
+    .getByRole('cell', { name: credits(15_500_000 - ANSWER_COST_MICRO), exact: true })
+    .waitFor();
+  expect(await page.getByRole('dialog').count()).toBe(0);
   await page.getByRole('button', { name: 'Dismiss' }).click();
   expect(await secretBox.isHidden()).toBe(true);
   expect(await page.getByText(secret).count()).toBe(0);
@@ -240,7 +255,7 @@ test('an operator signs in, creates a key, sees its spend, cancels its stream, r
   expect(problems).toEqual([expect.stringContaining('401')]);
 });
 
-test('a reload keeps the tab signed in; a token the server stops taking signs the page out', async () => {
+test('a reload keeps the tab signed in; a token the server stops taking signs it out', async () => {
   const t = await cleanup.server();
   const { page } = await openPage();
   await page.goto(`${t.baseUrl}/admin`);
@@ -263,7 +278,7 @@ test('a reload keeps the tab signed in; a token the server stops taking signs th
   expect(await page.evaluate(() => sessionStorage.length)).toBe(0);
 });
 
-test('on a narrow screen the page fits its width; wide tables scroll inside their card', async () => {
+test('on a narrow screen the page fits its width; wide tables scroll in their card', async () => {
   const t = await cleanup.server();
   await t.createKey({ name: 'a key with a rather long name for a phone' });
   const { page, problems } = await openPage(390, 844);

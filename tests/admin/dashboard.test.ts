@@ -53,7 +53,7 @@ test('/admin/ and /admin serve the page under a strict CSP, without a token', as
   expect(await bare.text()).toBe(html);
 });
 
-test('the page holds no data: the same bytes with or without a token, after keys exist', async () => {
+test('the page holds no data: the same bytes with or without a token, keys or not', async () => {
   const t = cleanup.gateway();
   const before = await (await t.request('/admin/')).text();
   const { key } = await t.createKey({ name: 'a-name-only-the-api-knows' });

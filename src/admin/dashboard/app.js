@@ -291,14 +291,13 @@ function loadOverview() {
 
 function renderFigures(o) {
   const loop = o.event_loop;
-  const loopText =
-    loop.samples === 0
-      ? 'not measured'
-      : `mean ${loop.mean_delay_ms} ms · p99 ≤ ${loop.p99_delay_ms_at_most ?? '> 5000'} ms`;
+  // Main measures the loop in a serving process; a gateway that does not says so, rather than 0.
+  const measured = loop.samples > 0;
   const figures = [
     ['In flight', `${o.in_flight} / ${o.in_flight_max}${o.draining ? ' (draining)' : ''}`],
-    ['Event-loop delay', loopText],
-    ['Delays over 50 ms', loop.samples === 0 ? '—' : String(loop.over_50ms)],
+    ['Loop delay, mean', measured ? `${loop.mean_delay_ms} ms` : 'not measured'],
+    ['Loop delay, p99', measured ? `≤ ${loop.p99_delay_ms_at_most ?? '> 5000'} ms` : '—'],
+    ['Delays > 50 ms', measured ? String(loop.over_50ms) : '—'],
     ['Uptime', formatDuration(o.uptime_s * 1000)],
     ['Memory (RSS)', formatMiB(o.memory.rss_bytes)],
     ['JS heap used', formatMiB(o.memory.heap_used_bytes)],
