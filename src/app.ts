@@ -1,5 +1,6 @@
 // Builds the Elysia app from the controllers; no listen here, so tests drive it with app.handle().
 import { Elysia } from 'elysia';
+import { dashboardController } from './admin/dashboard/index.ts';
 import { adminController } from './admin/index.ts';
 import { chatController } from './chat/index.ts';
 import { decisionController } from './decision/index.ts';
@@ -64,6 +65,7 @@ export function createApp(gateway: Gateway) {
       .use(decisionController(gateway))
       .use(adminController(gateway))
       .use(openapiController())
+      .use(dashboardController())
   );
 }
 

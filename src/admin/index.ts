@@ -27,6 +27,7 @@ import {
   type CreditKeyBody,
   CreditKeySchema,
 } from './model.ts';
+import { readOverview } from './overview.ts';
 import { parseUsageQuery, readUsage, USAGE_DAYS_MAX, USAGE_ROWS_MAX } from './usage.ts';
 
 const CreateKeyCheck = TypeCompiler.Compile(CreateKeySchema);
@@ -148,6 +149,19 @@ const REVOKE_DOC = adminDoc({
 
 const DATE = { type: 'string', pattern: '^\\d{4}-\\d{2}-\\d{2}$' };
 
+const OVERVIEW_DOC = adminDoc({
+  summary: 'The gateway at a glance, for the dashboard: in flight, event loop, memory, deployments',
+  answers: {
+    200: {
+      description:
+        'In-flight requests, event-loop delay, uptime, RSS and heap, and each ' +
+        'deployment’s state, failures in a row and attempts',
+      content: { 'application/json': {} },
+    },
+  },
+  errors: ADMIN_ERRORS,
+});
+
 const USAGE_DOC = adminDoc({
   summary: 'Usage history per UTC day, key and model (sums are the keys’ charged, exactly)',
   query: {
@@ -213,6 +227,9 @@ export function adminController(gateway: Gateway) {
     .onBeforeHandle(({ request }) => {
       checkAdmin(gateway, request.headers.get('authorization'));
       gateway.store.checkAvailable();
+    })
+    .get('/overview', async () => Response.json(await readOverview(gateway, Date.now())), {
+      detail: OVERVIEW_DOC,
     })
     .post(
       '/keys',

@@ -37,7 +37,8 @@ const LAYERS: ReadonlyArray<{ name: string; test: (path: string) => boolean }> =
     test: (path) =>
       (/^(chat|decision)\//.test(path) && !path.endsWith('/index.ts') && path !== 'chat/sse.ts') ||
       path === 'admin/usage.ts' ||
-      path === 'admin/live.ts',
+      path === 'admin/live.ts' ||
+      path === 'admin/overview.ts',
   },
   { name: 'gateway', test: (path) => path === 'gateway.ts' },
   {
@@ -46,7 +47,8 @@ const LAYERS: ReadonlyArray<{ name: string; test: (path: string) => boolean }> =
       /^(chat|decision|admin)\/index\.ts$/.test(path) ||
       path === 'ops/health.ts' ||
       path === 'chat/sse.ts' ||
-      path.startsWith('http/'),
+      path.startsWith('http/') ||
+      path.startsWith('admin/dashboard/'),
   },
   {
     name: 'app/entrypoints',
