@@ -1,0 +1,1135 @@
+// Where the tail comes from (issue 15): `bun bench/profile.ts tail …` runs one load client against
+// the trivial proxy and against tollgate, with every Bun process's collector and event loop on one
+// timeline, and says what the requests slower than p99 and p99.9 overlapped.
+//
+// Usage: bun bench/profile.ts tail [nonstream|stream|both] [--seconds S] [--warmup S]
+//   [--fsync always|interval|off] [--connections N] [--stall-ms T] [--snapshot-every N]
+//   [--no-ablation]
+//
+// Layout as bench/run.ts: the server under test (proxy, then tollgate) on core 0; the fake
+// upstream and the load client (bench/tail-client.ts, `connections` loops of fetch) on core 1.
+// Every Bun process runs with BUN_JSC_logGC=1 (JavaScriptCore prints a line at the end of each
+// collector pause, `p=<ms>`, and the end of each collection, `cycle <ms> END`) and preloads
+// bench/tail-probe.ts (a 5 ms timer's late ticks, i.e. event-loop stalls). Their stderr lines are
+// stamped on arrival here with performance.timeOrigin + performance.now(), the clock the client
+// stamps requests with; tollgate's snapshots are seen as file events in its log directory. The
+// run with the other fsync policy (always ↔ off) is the ablation for group-commit waits.
+// Writes bench/results/tail-<mode>.json (not committed) and prints the tables.
+import { readdirSync, readFileSync, watch } from 'node:fs';
+import { join } from 'node:path';
+import type { Subprocess } from 'bun';
+import {
+  ADMIN_TOKEN,
+  BUN,
+  CLK_TCK,
+  CORE_GATEWAY,
+  CORE_LOAD,
+  cpuSeconds,
+  drainLines,
+  type FsyncPolicy,
+  fmt,
+  fmtInt,
+  percentile,
+  pinned,
+  ROOT,
+  rssMiB,
+  spawnChild,
+  stopChild,
+  table,
+  tempDir,
+} from './lib.ts';
+import type { TailClientSpec } from './tail-client.ts';
+
+type Mode = 'nonstream' | 'stream';
+type Source = 'gateway' | 'upstream' | 'client';
+
+/** A line of a child's output and when it reached this process (epoch ms). */
+interface TimedLine {
+  atMs: number;
+  text: string;
+}
+
+interface Observed {
+  name: string;
+  child: Subprocess<'pipe', 'pipe', 'pipe'>;
+  pid: number;
+  url: string;
+  stdout: TimedLine[];
+  stderr: TimedLine[];
+}
+
+const PROBE = join(ROOT, 'bench/tail-probe.ts');
+const nowEpochMs = () => performance.timeOrigin + performance.now();
+
+/**
+ * Spawns a Bun process with the collector's log and the probe, keeping every line it writes with
+ * its arrival time; resolves with its `url` once it prints `{"msg": readyMsg, "url": …}`.
+ */
+async function startObserved(
+  name: string,
+  core: string,
+  bunArgs: string[],
+  env: Record<string, string>,
+  readyMsg: string,
+): Promise<Observed> {
+  const child = spawnChild(pinned(core, [BUN, '--preload', PROBE, ...bunArgs]), {
+    env: { ...process.env, BUN_JSC_logGC: '1', ...env },
+  });
+  const stdout: TimedLine[] = [];
+  const stderr: TimedLine[] = [];
+  const ready = Promise.withResolvers<string>();
+  void drainLines(child.stdout, (text) => {
+    stdout.push({ atMs: nowEpochMs(), text });
+    if (!text.startsWith('{')) return;
+    try {
+      const json = JSON.parse(text) as { msg?: string; url?: string };
+      if (json.msg === readyMsg && json.url) ready.resolve(json.url);
+    } catch {
+      // not a JSON line
+    }
+  });
+  void drainLines(child.stderr, (text) => stderr.push({ atMs: nowEpochMs(), text }));
+  void child.exited.then((code) => {
+    const tail = [...stdout, ...stderr].slice(-20).map((line) => line.text);
+    ready.reject(new Error(`${name} exited with ${code} before it was ready:\n${tail.join('\n')}`));
+  });
+  const timer = setTimeout(() => ready.reject(new Error(`${name} not ready in 20 s`)), 20_000);
+  try {
+    const url = await ready.promise;
+    return { name, child, pid: child.pid, url, stdout, stderr };
+  } catch (error) {
+    await stopChild(child);
+    throw error;
+  } finally {
+    clearTimeout(timer);
+  }
+}
+
+interface TollgateRun extends Observed {
+  key: string;
+  walDir: string;
+}
+
+async function startObservedTollgate(
+  upstreamUrl: string,
+  fsync: FsyncPolicy,
+  snapshotEvery: number | null,
+): Promise<TollgateRun> {
+  const dir = tempDir(`tail-${fsync}`);
+  const configPath = join(dir, 'config.json');
+  await Bun.write(
+    configPath,
+    JSON.stringify({
+      providers: { fake: { type: 'openai', base_url: `${upstreamUrl}/v1` } },
+      models: { model_03: { provider: 'fake', upstream_model: 'up' } },
+      wal: { fsync, ...(snapshotEvery ? { snapshot_every_records: snapshotEvery } : {}) },
+      limits: { default_rate_limit_rpm: 100_000_000 },
+    }),
+  );
+  const dataDir = join(dir, 'data');
+  const service = await startObserved(
+    `tollgate (fsync ${fsync})`,
+    CORE_GATEWAY,
+    ['src/main.ts', 'serve'],
+    {
+      PORT: '0',
+      DATA_DIR: dataDir,
+      ADMIN_TOKEN,
+      LOG_LEVEL: 'info',
+      GATEWAY_CONFIG: configPath,
+    },
+    'tollgate listening',
+  );
+  const response = await fetch(`${service.url}/admin/v1/keys`, {
+    method: 'POST',
+    headers: { authorization: `Bearer ${ADMIN_TOKEN}`, 'content-type': 'application/json' },
+    body: JSON.stringify({ name: 'bench', credits: 1_000_000_000 }),
+  });
+  const created = (await response.json()) as { key?: string };
+  if (!response.ok || !created.key)
+    throw new Error(`tollgate: creating a key failed: ${response.status}`);
+  return { ...service, key: created.key, walDir: join(dataDir, 'wal') };
+}
+
+// ------------------------------------------------------------------------------------------
+// The timelines: collector pauses and cycles, loop stalls, snapshots.
+
+/** One collection as JavaScriptCore's logGC tells it. */
+interface Collection {
+  kind: 'eden' | 'full';
+  /** Heap size when it started and when it ended (KiB). */
+  beforeKb: number;
+  afterKb: number;
+  /** Each stop of the mutator, [start, end] in epoch ms (arrival time minus `p=`). */
+  pauses: Array<[number, number]>;
+  /** From the start of the collection to its end, concurrent marking included. */
+  cycle: [number, number];
+}
+
+const START_RE = /START \w+ (\d+)kb => (Eden|Full)Collection/;
+const PAUSE_RE = /p=([\d.]+) ?ms/;
+const AFTER_RE = /=> (\d+)kb, p=/;
+const END_RE = /cycle ([\d.]+) ?ms END\]/;
+const EPILOGUE_RE = /epilogue ([\d.]+) ?ms\]/;
+
+/** The collections in one process's stderr, in order. */
+function parseCollections(lines: readonly TimedLine[]): Collection[] {
+  const done: Collection[] = [];
+  let open: Collection | null = null;
+  for (const { atMs, text } of lines) {
+    if (!text.startsWith('[GC<')) continue;
+    const start = START_RE.exec(text);
+    if (start) {
+      open = {
+        kind: start[2] === 'Eden' ? 'eden' : 'full',
+        beforeKb: Number(start[1]),
+        afterKb: NaN,
+        pauses: [],
+        cycle: [atMs, atMs],
+      };
+    }
+    const epilogue = EPILOGUE_RE.exec(text);
+    if (epilogue) {
+      // The mutator's own work once the collection ended (finalizers, callbacks): a pause too.
+      const last = done.at(-1);
+      if (last) last.pauses.push([atMs - Number(epilogue[1]), atMs]);
+      continue;
+    }
+    if (!open) continue;
+    const pause = PAUSE_RE.exec(text);
+    if (pause) open.pauses.push([atMs - Number(pause[1]), atMs]);
+    const after = AFTER_RE.exec(text);
+    if (after) open.afterKb = Number(after[1]);
+    const end = END_RE.exec(text);
+    if (end) {
+      open.cycle = [atMs - Number(end[1]), atMs];
+      done.push(open);
+      open = null;
+    }
+  }
+  return done;
+}
+
+/** Late ticks of the probe's timer: the loop was busy over [due, fired]. */
+function parseStalls(lines: readonly TimedLine[]): Array<[number, number]> {
+  const stalls: Array<[number, number]> = [];
+  for (const { text } of lines) {
+    if (!text.startsWith('TAILPROBE late ')) continue;
+    const [, , firedAt, late] = text.split(' ');
+    stalls.push([Number(firedAt) - Number(late), Number(firedAt)]);
+  }
+  return stalls;
+}
+
+/** How late the probe's lines reached this process (ms): the error of every arrival stamp. */
+function deliveryDelays(lines: readonly TimedLine[]): number[] {
+  const delays: number[] = [];
+  for (const { atMs, text } of lines)
+    if (text.startsWith('TAILPROBE mark ')) delays.push(atMs - Number(text.slice(15)));
+  return delays;
+}
+
+/** Disjoint, sorted intervals: how much of [start, end] they cover, by binary search. */
+class Intervals {
+  private readonly starts: Float64Array;
+  private readonly ends: Float64Array;
+
+  constructor(intervals: ReadonlyArray<readonly [number, number]>) {
+    const sorted = [...intervals].filter(([a, b]) => b > a).sort((x, y) => x[0] - y[0]);
+    const merged: Array<[number, number]> = [];
+    for (const [a, b] of sorted) {
+      const last = merged.at(-1);
+      if (last && a <= last[1]) last[1] = Math.max(last[1], b);
+      else merged.push([a, b]);
+    }
+    this.starts = Float64Array.from(merged, (i) => i[0]);
+    this.ends = Float64Array.from(merged, (i) => i[1]);
+  }
+
+  get totalMs(): number {
+    let sum = 0;
+    for (let i = 0; i < this.starts.length; i++) sum += this.ends[i]! - this.starts[i]!;
+    return sum;
+  }
+
+  /** Milliseconds of [start, end] inside these intervals. */
+  overlapMs(start: number, end: number): number {
+    let low = 0;
+    let high = this.ends.length;
+    while (low < high) {
+      const mid = (low + high) >> 1;
+      if (this.ends[mid]! <= start) low = mid + 1;
+      else high = mid;
+    }
+    let sum = 0;
+    for (let i = low; i < this.starts.length && this.starts[i]! < end; i++)
+      sum += Math.min(end, this.ends[i]!) - Math.max(start, this.starts[i]!);
+    return sum;
+  }
+}
+
+/**
+ * Snapshot windows from file events in the log directory: from the segment rolled for it (or the
+ * temp file) to the last covered segment removed. The serialization before the roll (the record
+ * columns copied at the call; bindings and answers in 4 ms steps) is not visible from outside:
+ * each window starts SNAPSHOT_LEAD_MS early to cover it.
+ */
+const SNAPSHOT_LEAD_MS = 10;
+const SNAPSHOT_GAP_MS = 2_000;
+
+interface WalWatch {
+  events: Array<{ atMs: number; file: string }>;
+  close(): void;
+}
+
+function watchWal(dir: string): WalWatch {
+  const events: WalWatch['events'] = [];
+  const watcher = watch(dir, (_type, file) => {
+    if (file) events.push({ atMs: nowEpochMs(), file: String(file) });
+  });
+  return { events, close: () => watcher.close() };
+}
+
+function snapshotWindows(events: WalWatch['events']): Array<[number, number]> {
+  const windows: Array<[number, number]> = [];
+  for (const event of events) {
+    if (event.file !== 'snapshot.json.tmp') continue;
+    const last = windows.at(-1);
+    if (last && event.atMs - last[1] < SNAPSHOT_GAP_MS) continue;
+    // The segment rolled for it just before, and the segments removed just after.
+    const near = events.filter(
+      (e) =>
+        e.file.startsWith('segment-') &&
+        e.atMs >= event.atMs - SNAPSHOT_GAP_MS &&
+        e.atMs <= event.atMs + SNAPSHOT_GAP_MS,
+    );
+    const first = Math.min(
+      event.atMs,
+      ...near.filter((e) => e.atMs <= event.atMs).map((e) => e.atMs),
+    );
+    const lastAt = Math.max(
+      event.atMs,
+      ...events
+        .filter((e) => e.atMs >= event.atMs && e.atMs <= event.atMs + SNAPSHOT_GAP_MS)
+        .map((e) => e.atMs),
+    );
+    windows.push([first - SNAPSHOT_LEAD_MS, lastAt]);
+  }
+  return windows;
+}
+
+// ------------------------------------------------------------------------------------------
+// /metrics
+
+async function scrapeMetrics(url: string): Promise<Map<string, number>> {
+  const text = await (await fetch(`${url}/metrics`)).text();
+  const values = new Map<string, number>();
+  for (const line of text.split('\n')) {
+    if (line.startsWith('#') || line.length === 0) continue;
+    const space = line.lastIndexOf(' ');
+    values.set(line.slice(0, space), Number(line.slice(space + 1)));
+  }
+  return values;
+}
+
+/** The event-loop delay histogram's buckets over the run (after − before), non-cumulative. */
+function loopDelayBuckets(
+  before: Map<string, number>,
+  after: Map<string, number>,
+): Array<{ le: string; count: number }> {
+  const prefix = 'tollgate_event_loop_delay_seconds_bucket{le="';
+  const rows: Array<{ le: string; count: number }> = [];
+  let previous = 0;
+  for (const [name, value] of after) {
+    if (!name.startsWith(prefix)) continue;
+    const cumulative = value - (before.get(name) ?? 0);
+    rows.push({ le: name.slice(prefix.length, -2), count: cumulative - previous });
+    previous = cumulative;
+  }
+  return rows;
+}
+
+// ------------------------------------------------------------------------------------------
+// One run: the client against one server.
+
+interface Samples {
+  starts: Float64Array;
+  ends: Float64Array;
+  latencies: Float64Array;
+  errors: number;
+}
+
+async function runClient(
+  spec: Omit<TailClientSpec, 'out'>,
+  dir: string,
+  name: string,
+): Promise<{ samples: Samples; sent: number; cpuS: number; client: Observed }> {
+  const out = join(dir, `${name}.f64`);
+  const specPath = join(dir, `${name}.json`);
+  await Bun.write(specPath, JSON.stringify({ ...spec, out } satisfies TailClientSpec));
+  const done = Promise.withResolvers<{
+    requests: number;
+    sent: number;
+    errors: number;
+    firstError: string;
+    cpuS: number;
+  }>();
+  const stdout: TimedLine[] = [];
+  const stderr: TimedLine[] = [];
+  const child = spawnChild(
+    pinned(CORE_LOAD, [BUN, '--preload', PROBE, 'bench/tail-client.ts', specPath]),
+    { env: { ...process.env, BUN_JSC_logGC: '1', BUN_CONFIG_MAX_HTTP_REQUESTS: '1024' } },
+  );
+  void drainLines(child.stdout, (text) => {
+    stdout.push({ atMs: nowEpochMs(), text });
+    if (text.includes('"tail client done"')) done.resolve(JSON.parse(text));
+  });
+  void drainLines(child.stderr, (text) => stderr.push({ atMs: nowEpochMs(), text }));
+  void child.exited.then((code) =>
+    done.reject(new Error(`client exited with ${code}: ${stdout.slice(-5).map((l) => l.text)}`)),
+  );
+  const summary = await done.promise;
+  await child.exited;
+  if (summary.errors > 0)
+    process.stderr.write(`tail: ${name}: ${summary.errors} errors, first: ${summary.firstError}\n`);
+  const pairs = new Float64Array(await Bun.file(out).arrayBuffer());
+  const count = pairs.length / 2;
+  const starts = new Float64Array(count);
+  const ends = new Float64Array(count);
+  const latencies = new Float64Array(count);
+  for (let i = 0; i < count; i++) {
+    starts[i] = pairs[i * 2]!;
+    ends[i] = pairs[i * 2 + 1]!;
+    latencies[i] = ends[i]! - starts[i]!;
+  }
+  const client: Observed = { name: 'client', child, pid: child.pid, url: '', stdout, stderr };
+  return {
+    samples: { starts, ends, latencies, errors: summary.errors },
+    sent: summary.sent,
+    cpuS: summary.cpuS,
+    client,
+  };
+}
+
+// ------------------------------------------------------------------------------------------
+// /proc: who else used the cores, the server's threads, and when its JS thread waited for its core
+
+/** Busy clock ticks per CPU (everything but idle and iowait) from /proc/stat. */
+function busyTicksPerCpu(): number[] {
+  const busy: number[] = [];
+  for (const line of readFileSync('/proc/stat', 'utf8').split('\n')) {
+    const match = /^cpu(\d+) (.*)$/.exec(line);
+    if (!match) continue;
+    const f = match[2]!.split(' ').map(Number);
+    // user nice system idle iowait irq softirq steal
+    busy[Number(match[1])] = f[0]! + f[1]! + f[2]! + f[5]! + f[6]! + f[7]!;
+  }
+  return busy;
+}
+
+/** CPU seconds per thread name (threads of one name summed) of a process. */
+function threadCpu(pid: number): Map<string, { seconds: number; threads: number }> {
+  const byName = new Map<string, { seconds: number; threads: number }>();
+  let tids: string[] = [];
+  try {
+    tids = readdirSync(`/proc/${pid}/task`);
+  } catch {
+    return byName;
+  }
+  for (const tid of tids) {
+    let stat: string;
+    try {
+      stat = readFileSync(`/proc/${pid}/task/${tid}/stat`, 'utf8');
+    } catch {
+      continue; // the thread ended
+    }
+    // Thread names carry a number per pool member ("HeapHelper 3"): grouped without it.
+    const name = stat
+      .slice(stat.indexOf('(') + 1, stat.lastIndexOf(')'))
+      .replace(/[\s#-]*\d+$/, '');
+    const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+    const seconds = (Number(fields[11]) + Number(fields[12])) / CLK_TCK;
+    const cell = byName.get(name) ?? { seconds: 0, threads: 0 };
+    cell.seconds += seconds;
+    cell.threads++;
+    byName.set(name, cell);
+  }
+  return byName;
+}
+
+/** Nanoseconds the thread has waited on a run queue (runnable, not running): schedstat's 2nd. */
+function runQueueWaitNs(pid: number): number {
+  return Number(readFileSync(`/proc/${pid}/task/${pid}/schedstat`, 'utf8').split(' ')[1]);
+}
+
+/**
+ * Samples the server's main (JS) thread's run-queue wait every ~5 ms: each sample that grew by
+ * ≥ 0.5 ms becomes an interval ending at the sample (where in the last ~5 ms it fell is not
+ * known). Also its RSS every 100 ms.
+ */
+function sampleServer(pid: number) {
+  const waits: Array<[number, number]> = [];
+  let lastNs = runQueueWaitNs(pid);
+  let lastAt = nowEpochMs();
+  let rssPeak = rssMiB(pid);
+  let ticks = 0;
+  const timer = setInterval(() => {
+    try {
+      const ns = runQueueWaitNs(pid);
+      const at = nowEpochMs();
+      const waitedMs = (ns - lastNs) / 1e6;
+      if (waitedMs >= 0.5) waits.push([Math.max(lastAt, at - waitedMs), at]);
+      lastNs = ns;
+      lastAt = at;
+      if (++ticks % 20 === 0) rssPeak = Math.max(rssPeak, rssMiB(pid));
+    } catch {
+      // the process ended
+    }
+  }, 5);
+  return {
+    stop: () => {
+      clearInterval(timer);
+      return { waits, rssPeak };
+    },
+  };
+}
+
+interface RunResult {
+  target: string;
+  fsync: FsyncPolicy | null;
+  samples: Samples;
+  windowMs: [number, number];
+  cpuUsPerRequest: number;
+  rssMiB: { start: number; peak: number; end: number };
+  sources: Record<Source, Observed>;
+  snapshots: Array<[number, number]>;
+  /** When the server's JS thread waited for its core (run queue), from schedstat. */
+  runQueueWaits: Array<[number, number]>;
+  /** The server's CPU by thread over the run (ms per second of the run). */
+  threads: Array<{ name: string; threads: number; msPerSecond: number }>;
+  /** Share of each core's time used by processes other than ours (other benches, the system). */
+  othersBusy: { gatewayCore: number; loadCore: number };
+  metrics: { before: Map<string, number>; after: Map<string, number> } | null;
+  /** The server's log lines (stdout) during the run. */
+  logLines: TimedLine[];
+}
+
+async function measure(
+  target: string,
+  server: Observed,
+  upstream: Observed,
+  spec: Omit<TailClientSpec, 'out'>,
+  dir: string,
+  options: { fsync: FsyncPolicy | null; walDir: string | null; metrics: boolean },
+): Promise<RunResult> {
+  const metricsBefore = options.metrics ? await scrapeMetrics(server.url) : null;
+  const wal = options.walDir ? watchWal(options.walDir) : null;
+  const rssStart = rssMiB(server.pid);
+  const sampler = sampleServer(server.pid);
+  const cpuBefore = cpuSeconds(server.pid);
+  const upstreamCpuBefore = cpuSeconds(upstream.pid);
+  const threadsBefore = threadCpu(server.pid);
+  const busyBefore = busyTicksPerCpu();
+  const startedAt = nowEpochMs();
+  const logFrom = server.stdout.length;
+  const { samples, sent, cpuS, client } = await runClient(
+    spec,
+    dir,
+    target.replaceAll(/\W+/g, '-'),
+  );
+  const elapsedS = (nowEpochMs() - startedAt) / 1000;
+  const busyAfter = busyTicksPerCpu();
+  const threadsAfter = threadCpu(server.pid);
+  const cpuAfter = cpuSeconds(server.pid);
+  const upstreamCpu = cpuSeconds(upstream.pid) - upstreamCpuBefore;
+  const { waits, rssPeak: peak } = sampler.stop();
+  const rssEnd = rssMiB(server.pid);
+  const rssPeak = Math.max(peak, rssEnd);
+  const busyS = (core: string) => (busyAfter[Number(core)]! - busyBefore[Number(core)]!) / CLK_TCK;
+  const threads = [...threadsAfter]
+    .map(([name, after]) => ({
+      name,
+      threads: after.threads,
+      msPerSecond: ((after.seconds - (threadsBefore.get(name)?.seconds ?? 0)) / elapsedS) * 1000,
+    }))
+    .filter((t) => t.msPerSecond > 0)
+    .sort((a, b) => b.msPerSecond - a.msPerSecond);
+  // The process's total counts threads that ended during the run (JavaScriptCore's collector
+  // helpers come and go); /proc/<pid>/task no longer lists them.
+  const listedMs = threads.reduce((sum, t) => sum + t.msPerSecond, 0);
+  const endedMs = ((cpuAfter - cpuBefore) / elapsedS) * 1000 - listedMs;
+  if (endedMs >= 1)
+    threads.push({ name: '(threads that ended)', threads: 0, msPerSecond: endedMs });
+  // Snapshot files may still be written (removed segments) just after the load: a little wait.
+  if (wal) await Bun.sleep(300);
+  wal?.close();
+  const metricsAfter = options.metrics ? await scrapeMetrics(server.url) : null;
+  let first = Infinity;
+  let last = -Infinity;
+  for (let i = 0; i < samples.starts.length; i++) {
+    first = Math.min(first, samples.starts[i]!);
+    last = Math.max(last, samples.ends[i]!);
+  }
+  return {
+    target,
+    fsync: options.fsync,
+    samples,
+    windowMs: [first, last],
+    // Over the whole client run, warm-up included, per request sent.
+    cpuUsPerRequest: ((cpuAfter - cpuBefore) / sent) * 1e6,
+    rssMiB: { start: rssStart, peak: rssPeak, end: rssEnd },
+    sources: { gateway: server, upstream, client },
+    snapshots: wal ? snapshotWindows(wal.events) : [],
+    runQueueWaits: waits,
+    threads,
+    othersBusy: {
+      gatewayCore: Math.max(0, busyS(CORE_GATEWAY) - (cpuAfter - cpuBefore)) / elapsedS,
+      loadCore: Math.max(0, busyS(CORE_LOAD) - upstreamCpu - cpuS) / elapsedS,
+    },
+    metrics: metricsBefore && metricsAfter ? { before: metricsBefore, after: metricsAfter } : null,
+    logLines: server.stdout.slice(logFrom),
+  };
+}
+
+// ------------------------------------------------------------------------------------------
+// Attribution
+
+/** The causes a slow request is put down to, each one the largest overlap wins. */
+const CAUSES = [
+  'gateway full-GC pause',
+  'gateway eden-GC pause',
+  'gateway snapshot',
+  'gateway JS thread waiting for its core',
+  'gateway loop stall (JS busy: no GC pause, no wait)',
+  'client or upstream GC pause or stall',
+] as const;
+type Cause = (typeof CAUSES)[number] | 'only a gateway GC cycle (concurrent marking)' | 'none';
+const ALL_CAUSES: Cause[] = [...CAUSES, 'only a gateway GC cycle (concurrent marking)', 'none'];
+/** A cause must cover at least this much of a request to be its cause. */
+const MIN_CAUSE_MS = 1;
+
+interface SourceTimeline {
+  collections: Collection[];
+  edenPauses: Intervals;
+  fullPauses: Intervals;
+  pauses: Intervals;
+  cycles: Intervals;
+  stalls: Intervals;
+  stallCount: number;
+  stallMaxMs: number;
+  deliveryMs: number[];
+}
+
+function timeline(source: Observed, window: [number, number], stallMs: number): SourceTimeline {
+  const inWindow = (a: number, b: number) => b >= window[0] && a <= window[1];
+  const collections = parseCollections(source.stderr).filter((c) => inWindow(...c.cycle));
+  const pausesOf = (kind: 'eden' | 'full' | null) =>
+    collections.filter((c) => kind === null || c.kind === kind).flatMap((c) => c.pauses);
+  const stalls = parseStalls(source.stderr).filter(([a, b]) => b - a >= stallMs && inWindow(a, b));
+  return {
+    collections,
+    edenPauses: new Intervals(pausesOf('eden')),
+    fullPauses: new Intervals(pausesOf('full')),
+    pauses: new Intervals(pausesOf(null)),
+    cycles: new Intervals(collections.map((c) => c.cycle)),
+    stalls: new Intervals(stalls),
+    stallCount: stalls.length,
+    stallMaxMs: Math.max(0, ...stalls.map(([a, b]) => b - a)),
+    deliveryMs: deliveryDelays(source.stderr),
+  };
+}
+
+interface Attribution {
+  thresholdMs: number;
+  slow: number;
+  /** Requests put down to each cause, and the median ms of them inside it. */
+  primary: Record<Cause, { count: number; medianInsideMs: number }>;
+  /** Share of these requests that overlap each kind of event at all (non-exclusive). */
+  overlaps: Record<string, number>;
+}
+
+function attribute(
+  run: RunResult,
+  lines: Record<Source, SourceTimeline>,
+  snapshots: Intervals,
+  waits: Intervals,
+  thresholdMs: number,
+): Attribution {
+  const { starts, ends, latencies } = run.samples;
+  const gw = lines.gateway;
+  const primary = Object.fromEntries(
+    ALL_CAUSES.map((cause) => [cause, { count: 0, inside: [] as number[] }]),
+  ) as Record<Cause, { count: number; inside: number[] }>;
+  const overlapNames = [
+    'gateway GC pause',
+    'gateway GC cycle',
+    'gateway loop stall',
+    'gateway snapshot',
+    'gateway JS thread waiting for its core',
+    'client GC pause or stall',
+    'upstream GC pause or stall',
+  ];
+  const overlapCounts = new Map(overlapNames.map((name) => [name, 0]));
+  let slow = 0;
+  for (let i = 0; i < latencies.length; i++) {
+    if (latencies[i]! <= thresholdMs) continue;
+    slow++;
+    const s = starts[i]!;
+    const e = ends[i]!;
+    const full = gw.fullPauses.overlapMs(s, e);
+    const eden = gw.edenPauses.overlapMs(s, e);
+    const snapshot = snapshots.overlapMs(s, e);
+    const wait = waits.overlapMs(s, e);
+    const stall = Math.max(0, gw.stalls.overlapMs(s, e) - full - eden - wait);
+    const clientMs = lines.client.pauses.overlapMs(s, e) + lines.client.stalls.overlapMs(s, e);
+    const upstreamMs =
+      lines.upstream.pauses.overlapMs(s, e) + lines.upstream.stalls.overlapMs(s, e);
+    const cycle = gw.cycles.overlapMs(s, e);
+    const candidates: Array<[Cause, number]> = [
+      ['gateway full-GC pause', full],
+      ['gateway eden-GC pause', eden],
+      ['gateway snapshot', snapshot],
+      ['gateway JS thread waiting for its core', wait],
+      ['gateway loop stall (JS busy: no GC pause, no wait)', stall],
+      ['client or upstream GC pause or stall', clientMs + upstreamMs],
+    ];
+    let best: [Cause, number] = ['none', 0];
+    for (const candidate of candidates) if (candidate[1] > best[1]) best = candidate;
+    if (best[1] < MIN_CAUSE_MS)
+      best = cycle > 0 ? ['only a gateway GC cycle (concurrent marking)', cycle] : ['none', 0];
+    primary[best[0]].count++;
+    primary[best[0]].inside.push(best[1]);
+    const seen: Array<[string, number]> = [
+      ['gateway GC pause', full + eden],
+      ['gateway GC cycle', cycle],
+      ['gateway loop stall', gw.stalls.overlapMs(s, e)],
+      ['gateway snapshot', snapshot],
+      ['gateway JS thread waiting for its core', wait],
+      ['client GC pause or stall', clientMs],
+      ['upstream GC pause or stall', upstreamMs],
+    ];
+    for (const [name, ms] of seen)
+      if (ms > 0) overlapCounts.set(name, overlapCounts.get(name)! + 1);
+  }
+  return {
+    thresholdMs,
+    slow,
+    primary: Object.fromEntries(
+      ALL_CAUSES.map((cause) => [
+        cause,
+        {
+          count: primary[cause].count,
+          medianInsideMs: primary[cause].inside.length
+            ? percentile(primary[cause].inside, 50)
+            : NaN,
+        },
+      ]),
+    ) as Attribution['primary'],
+    overlaps: Object.fromEntries(
+      overlapNames.map((name) => [name, slow ? overlapCounts.get(name)! / slow : NaN]),
+    ),
+  };
+}
+
+interface RunSummary {
+  target: string;
+  fsync: FsyncPolicy | null;
+  requests: number;
+  errors: number;
+  seconds: number;
+  rps: number;
+  p50Ms: number;
+  p99Ms: number;
+  p999Ms: number;
+  maxMs: number;
+  cpuUsPerRequest: number;
+  rssMiB: { start: number; peak: number; end: number };
+  gc: Record<
+    Source,
+    {
+      eden: number;
+      full: number;
+      per1000Requests: number;
+      pauseMsPerSecond: number;
+      cycleMsPerSecond: number;
+      maxPauseMs: number;
+      heapKb: { first: number; last: number; peak: number };
+      stalls: number;
+      stallMsPerSecond: number;
+      stallMaxMs: number;
+      deliveryP50Ms: number;
+      deliveryP99Ms: number;
+    }
+  >;
+  snapshots: number;
+  runQueueWaitMsPerSecond: number;
+  threads: RunResult['threads'];
+  othersBusy: RunResult['othersBusy'];
+  loopDelayBuckets: Array<{ le: string; count: number }> | null;
+  p99: Attribution;
+  p999: Attribution;
+  /** Everything slower than p99, for a look by hand: start (ms into the window) and latency. */
+  slowRequests: Array<{ atMs: number; ms: number }>;
+  logLines: Array<{ atMs: number; text: string }>;
+  /** The server's collector lines during the run, as written (ms into the window). */
+  gcLog: Array<{ atMs: number; text: string }>;
+}
+
+function summarize(run: RunResult, stallMs: number): RunSummary {
+  const { latencies } = run.samples;
+  const seconds = (run.windowMs[1] - run.windowMs[0]) / 1000;
+  const lines = {
+    gateway: timeline(run.sources.gateway, run.windowMs, stallMs),
+    upstream: timeline(run.sources.upstream, run.windowMs, stallMs),
+    client: timeline(run.sources.client, run.windowMs, stallMs),
+  };
+  const snapshots = new Intervals(run.snapshots);
+  const waits = new Intervals(run.runQueueWaits);
+  const sorted = Float64Array.from(latencies).sort();
+  const p99 = rank(sorted, 99);
+  const p999 = rank(sorted, 99.9);
+  const gc = {} as RunSummary['gc'];
+  for (const source of ['gateway', 'upstream', 'client'] as const) {
+    const t = lines[source];
+    const heaps = t.collections.flatMap((c) => [c.beforeKb, c.afterKb]).filter(Number.isFinite);
+    gc[source] = {
+      eden: t.collections.filter((c) => c.kind === 'eden').length,
+      full: t.collections.filter((c) => c.kind === 'full').length,
+      per1000Requests: (t.collections.length / latencies.length) * 1000,
+      pauseMsPerSecond: t.pauses.totalMs / seconds,
+      cycleMsPerSecond: t.cycles.totalMs / seconds,
+      maxPauseMs: Math.max(0, ...t.collections.flatMap((c) => c.pauses.map(([a, b]) => b - a))),
+      heapKb: {
+        first: t.collections[0]?.beforeKb ?? NaN,
+        last: t.collections.at(-1)?.afterKb ?? NaN,
+        peak: heaps.length ? Math.max(...heaps) : NaN,
+      },
+      stalls: t.stallCount,
+      stallMsPerSecond: t.stalls.totalMs / seconds,
+      stallMaxMs: t.stallMaxMs,
+      deliveryP50Ms: percentile(t.deliveryMs, 50),
+      deliveryP99Ms: percentile(t.deliveryMs, 99),
+    };
+  }
+  const slowRequests: RunSummary['slowRequests'] = [];
+  for (let i = 0; i < latencies.length; i++)
+    if (latencies[i]! > p99)
+      slowRequests.push({ atMs: run.samples.starts[i]! - run.windowMs[0], ms: latencies[i]! });
+  slowRequests.sort((a, b) => a.atMs - b.atMs);
+  return {
+    target: run.target,
+    fsync: run.fsync,
+    requests: latencies.length,
+    errors: run.samples.errors,
+    seconds,
+    rps: latencies.length / seconds,
+    p50Ms: rank(sorted, 50),
+    p99Ms: p99,
+    p999Ms: p999,
+    maxMs: rank(sorted, 100),
+    cpuUsPerRequest: run.cpuUsPerRequest,
+    rssMiB: run.rssMiB,
+    gc,
+    snapshots: run.snapshots.length,
+    runQueueWaitMsPerSecond: waits.totalMs / seconds,
+    threads: run.threads,
+    othersBusy: run.othersBusy,
+    loopDelayBuckets: run.metrics ? loopDelayBuckets(run.metrics.before, run.metrics.after) : null,
+    p99: attribute(run, lines, snapshots, waits, p99),
+    p999: attribute(run, lines, snapshots, waits, p999),
+    slowRequests,
+    logLines: run.logLines.map((line) => ({
+      atMs: line.atMs - run.windowMs[0],
+      text: line.text,
+    })),
+    gcLog: run.sources.gateway.stderr
+      .filter((l) => l.text.startsWith('[GC<') && l.atMs >= run.windowMs[0])
+      .filter((l) => l.atMs <= run.windowMs[1])
+      .map((l) => ({ atMs: l.atMs - run.windowMs[0], text: l.text })),
+  };
+}
+
+// ------------------------------------------------------------------------------------------
+// Report
+
+/** Nearest-rank percentile of already sorted values (lib.ts's `percentile` takes number[]). */
+function rank(sorted: Float64Array, p: number): number {
+  if (sorted.length === 0) return NaN;
+  return sorted[
+    Math.min(sorted.length - 1, Math.max(0, Math.ceil((p / 100) * sorted.length) - 1))
+  ]!;
+}
+
+const pct = (share: number) => (Number.isFinite(share) ? `${fmt(share * 100, 0)} %` : 'n/a');
+const mib = (kb: number) => fmt(kb / 1024, 1);
+
+function report(mode: Mode, runs: RunSummary[], connections: number, stallMs: number): string {
+  const name = (r: RunSummary) => (r.fsync ? `${r.target} (fsync ${r.fsync})` : r.target);
+  const proxy = runs.find((r) => r.target === 'proxy');
+  const out: string[] = [
+    `## ${mode}, ${connections} connections`,
+    '',
+    table(
+      [
+        'target',
+        'requests',
+        'req/s',
+        'p50 ms',
+        'p99 ms',
+        'p99.9 ms',
+        'max ms',
+        'p99 ÷ proxy',
+        'CPU µs/req',
+        'RSS MiB start / peak / end',
+        'JS thread run-queue wait ms/s',
+        'others on core 0 / 1',
+      ],
+      runs.map((r) => [
+        name(r),
+        fmtInt(r.requests) + (r.errors ? ` (${r.errors} errors)` : ''),
+        fmtInt(r.rps),
+        fmt(r.p50Ms),
+        fmt(r.p99Ms),
+        fmt(r.p999Ms),
+        fmt(r.maxMs),
+        proxy ? fmt(r.p99Ms / proxy.p99Ms) : 'n/a',
+        fmt(r.cpuUsPerRequest, 1),
+        `${fmt(r.rssMiB.start, 0)} / ${fmt(r.rssMiB.peak, 0)} / ${fmt(r.rssMiB.end, 0)}`,
+        fmt(r.runQueueWaitMsPerSecond, 0),
+        `${pct(r.othersBusy.gatewayCore)} / ${pct(r.othersBusy.loadCore)}`,
+      ]),
+    ),
+    '',
+    `Collector and event loop per process over each run (stall: the probe's 5 ms timer late by ` +
+      `≥ ${stallMs} ms; delivery: how late the probe's lines reached the bench, the error of ` +
+      'every timestamp below):',
+    '',
+    table(
+      [
+        'run / process',
+        'GCs eden + full',
+        'GCs per 1k req',
+        'pause ms/s',
+        'max pause ms',
+        'cycle ms/s',
+        'heap MiB first → last (peak)',
+        'stalls',
+        'stall ms/s',
+        'max stall ms',
+        'delivery p50 / p99 ms',
+      ],
+      runs.flatMap((r) =>
+        (['gateway', 'upstream', 'client'] as const).map((source) => {
+          const g = r.gc[source];
+          return [
+            `${name(r)} / ${source}`,
+            `${g.eden} + ${g.full}`,
+            fmt(g.per1000Requests, 1),
+            fmt(g.pauseMsPerSecond, 1),
+            fmt(g.maxPauseMs, 1),
+            fmt(g.cycleMsPerSecond, 0),
+            `${mib(g.heapKb.first)} → ${mib(g.heapKb.last)} (${mib(g.heapKb.peak)})`,
+            String(g.stalls),
+            fmt(g.stallMsPerSecond, 1),
+            fmt(g.stallMaxMs, 1),
+            `${fmt(g.deliveryP50Ms)} / ${fmt(g.deliveryP99Ms)}`,
+          ];
+        }),
+      ),
+    ),
+    '',
+  ];
+  out.push(
+    "The server's CPU by thread (ms per second of the run; all its threads share core " +
+      `${CORE_GATEWAY}):`,
+    '',
+    table(
+      ['run', 'threads'],
+      runs.map((r) => [
+        name(r),
+        r.threads
+          .slice(0, 8)
+          .map((t) => `${t.name}${t.threads > 1 ? ` ×${t.threads}` : ''}: ${fmt(t.msPerSecond, 0)}`)
+          .join(', '),
+      ]),
+    ),
+    '',
+  );
+  for (const level of ['p99', 'p999'] as const) {
+    out.push(
+      `What the requests slower than ${level === 'p99' ? 'p99' : 'p99.9'} overlapped: each put ` +
+        `down to the event that covers most of it (≥ ${MIN_CAUSE_MS} ms; "median ms" is how ` +
+        'much of the request it covers):',
+      '',
+      table(
+        ['cause', ...runs.map((r) => `${name(r)}: > ${fmt(r[level].thresholdMs, 1)} ms`)],
+        ALL_CAUSES.map((cause) => [
+          cause,
+          ...runs.map((r) => {
+            const a = r[level];
+            const cell = a.primary[cause];
+            if (cell.count === 0) return '–';
+            const inside = Number.isFinite(cell.medianInsideMs)
+              ? `, median ${fmt(cell.medianInsideMs, 1)} ms`
+              : '';
+            return `${pct(cell.count / a.slow)} (${cell.count}${inside})`;
+          }),
+        ]),
+      ),
+      '',
+      'Share of them that overlap each event at all (not exclusive):',
+      '',
+      table(
+        ['event', ...runs.map(name)],
+        Object.keys(runs[0]![level].overlaps).map((event) => [
+          event,
+          ...runs.map((r) => pct(r[level].overlaps[event]!)),
+        ]),
+      ),
+      '',
+    );
+  }
+  const tollgates = runs.filter((r) => r.loopDelayBuckets);
+  if (tollgates.length > 0) {
+    const les = tollgates[0]!.loopDelayBuckets!.map((b) => b.le);
+    out.push(
+      "tollgate's own event-loop delay histogram over the run (/metrics " +
+        'tollgate_event_loop_delay_seconds, a 20 ms timer; ticks per bucket):',
+      '',
+      table(
+        ['run', ...les.map((le) => `≤ ${le} s`)],
+        tollgates.map((r) => [name(r), ...r.loopDelayBuckets!.map((b) => fmtInt(b.count))]),
+      ),
+      '',
+    );
+    for (const r of tollgates) {
+      const lines = r.logLines.filter((l) => l.atMs >= -1000);
+      out.push(
+        `${name(r)}: ${r.snapshots} snapshot(s) in the run; its log lines during the run: ` +
+          (lines.length === 0
+            ? 'none'
+            : lines
+                .slice(0, 5)
+                .map((l) => `+${fmt(l.atMs / 1000, 2)} s ${l.text.slice(0, 160)}`)
+                .join('; ')),
+      );
+    }
+    out.push('');
+  }
+  return out.join('\n');
+}
+
+// ------------------------------------------------------------------------------------------
+
+function option(args: string[], name: string, fallback: string): string {
+  const at = args.indexOf(name);
+  return at >= 0 && args[at + 1] !== undefined ? args[at + 1]! : fallback;
+}
+
+async function tailMode(
+  mode: Mode,
+  settings: {
+    seconds: number;
+    warmupS: number;
+    fsync: FsyncPolicy;
+    connections: number;
+    stallMs: number;
+    snapshotEvery: number | null;
+    ablation: boolean;
+  },
+): Promise<RunSummary[]> {
+  const dir = tempDir(`tail-${mode}`);
+  const upstream = await startObserved(
+    'upstream',
+    CORE_LOAD,
+    ['bench/upstream.ts', '0'],
+    {},
+    'upstream listening',
+  );
+  const body = JSON.stringify({
+    model: 'model_03',
+    messages: [{ role: 'user', content: 'hello' }],
+    max_completion_tokens: 64,
+    ...(mode === 'stream' ? { stream: true } : {}),
+  });
+  const base = {
+    body,
+    stream: mode === 'stream',
+    connections: settings.connections,
+    warmupMs: settings.warmupS * 1000,
+    measureMs: settings.seconds * 1000,
+  };
+  const runs: RunSummary[] = [];
+  const proxy = await startObserved(
+    'proxy',
+    CORE_GATEWAY,
+    ['bench/proxy.ts', upstream.url, '0'],
+    {},
+    'proxy listening',
+  );
+  const proxyRun = await measure(
+    'proxy',
+    proxy,
+    upstream,
+    {
+      ...base,
+      url: `${proxy.url}/v1/chat/completions`,
+      headers: { 'content-type': 'application/json' },
+    },
+    dir,
+    { fsync: null, walDir: null, metrics: false },
+  );
+  await stopChild(proxy.child);
+  runs.push(summarize(proxyRun, settings.stallMs));
+  const policies: FsyncPolicy[] = [settings.fsync];
+  if (settings.ablation) policies.push(settings.fsync === 'off' ? 'always' : 'off');
+  for (const fsync of policies) {
+    const tollgate = await startObservedTollgate(upstream.url, fsync, settings.snapshotEvery);
+    const run = await measure(
+      'tollgate',
+      tollgate,
+      upstream,
+      {
+        ...base,
+        url: `${tollgate.url}/api/v1/chat/completions`,
+        headers: {
+          'content-type': 'application/json',
+          authorization: `Bearer ${tollgate.key}`,
+        },
+      },
+      dir,
+      { fsync, walDir: tollgate.walDir, metrics: true },
+    );
+    await stopChild(tollgate.child, 15_000);
+    runs.push(summarize(run, settings.stallMs));
+  }
+  await stopChild(upstream.child);
+  return runs;
+}
+
+/** `bun bench/profile.ts tail …` (the arguments after `tail`); returns the exit code. */
+export async function tailMain(args: string[]): Promise<number> {
+  const which = args.find((a) => a === 'nonstream' || a === 'stream' || a === 'both') ?? 'both';
+  const fsync = option(args, '--fsync', 'always') as FsyncPolicy;
+  if (!['always', 'interval', 'off'].includes(fsync))
+    throw new Error(`--fsync must be always, interval or off, not ${fsync}`);
+  const snapshotEvery = Number(option(args, '--snapshot-every', '0'));
+  const settings = {
+    seconds: Number(option(args, '--seconds', '15')),
+    warmupS: Number(option(args, '--warmup', '2')),
+    fsync,
+    connections: Number(option(args, '--connections', '32')),
+    stallMs: Number(option(args, '--stall-ms', '5')),
+    snapshotEvery: snapshotEvery > 0 ? snapshotEvery : null,
+    ablation: !args.includes('--no-ablation'),
+  };
+  const modes: Mode[] = which === 'both' ? ['nonstream', 'stream'] : [which as Mode];
+  for (const mode of modes) {
+    const runs = await tailMode(mode, settings);
+    console.log(report(mode, runs, settings.connections, settings.stallMs));
+    const path = join(ROOT, 'bench/results', `tail-${mode}.json`);
+    await Bun.write(path, `${JSON.stringify({ mode, settings, runs }, null, 1)}\n`);
+    console.log(`Written: ${path}\n`);
+  }
+  return 0;
+}
