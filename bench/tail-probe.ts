@@ -7,6 +7,7 @@
 // lets the reader measure how late lines reach it. Clock: performance.timeOrigin +
 // performance.now(), as in the load client. writeSync: a line leaves when it is written, not when
 // a stream buffer drains, and it keeps its place among the collector's lines on the same fd.
+import { heapStats } from 'bun:jsc';
 import { writeSync } from 'node:fs';
 
 const TICK_MS = 5;
@@ -29,3 +30,22 @@ const timer = setInterval(() => {
 }, TICK_MS);
 // The probe never keeps a process alive that would otherwise exit.
 timer.unref();
+
+// SIGUSR2 (sent by the bench before and after the load): what the heap holds, as one line
+// `TAILPROBE heap <json>` (sizes in bytes; the 12 commonest object types). heapStats walks the
+// heap, so it is never taken while the load runs.
+process.on('SIGUSR2', () => {
+  const stats = heapStats();
+  const top = Object.entries(stats.objectTypeCounts)
+    .sort((a, b) => b[1] - a[1])
+    .slice(0, 12);
+  const line = JSON.stringify({
+    heapSize: stats.heapSize,
+    heapCapacity: stats.heapCapacity,
+    extraMemorySize: stats.extraMemorySize,
+    objectCount: stats.objectCount,
+    protectedObjectCount: stats.protectedObjectCount,
+    top,
+  });
+  writeSync(2, `TAILPROBE heap ${line}\n`);
+});

@@ -269,10 +269,11 @@ class Intervals {
 }
 
 /**
- * Snapshot windows from file events in the log directory: from the segment rolled for it (or the
- * temp file) to the last covered segment removed. The serialization before the roll (the record
- * columns copied at the call; bindings and answers in 4 ms steps) is not visible from outside:
- * each window starts SNAPSHOT_LEAD_MS early to cover it.
+ * Snapshot windows from file events in the log directory (creations, renames and removals only;
+ * every append changes the current segment): from the segment rolled for it (or the temp file) to
+ * the last covered segment removed. The serialization before the roll (the record columns copied
+ * at the call; bindings and answers in 4 ms steps) is not visible from outside: each window starts
+ * SNAPSHOT_LEAD_MS early to cover it.
  */
 const SNAPSHOT_LEAD_MS = 10;
 const SNAPSHOT_GAP_MS = 2_000;
@@ -284,8 +285,8 @@ interface WalWatch {
 
 function watchWal(dir: string): WalWatch {
   const events: WalWatch['events'] = [];
-  const watcher = watch(dir, (_type, file) => {
-    if (file) events.push({ atMs: nowEpochMs(), file: String(file) });
+  const watcher = watch(dir, (type, file) => {
+    if (type === 'rename' && file) events.push({ atMs: nowEpochMs(), file: String(file) });
   });
   return { events, close: () => watcher.close() };
 }
@@ -295,27 +296,41 @@ function snapshotWindows(events: WalWatch['events']): Array<[number, number]> {
   for (const event of events) {
     if (event.file !== 'snapshot.json.tmp') continue;
     const last = windows.at(-1);
-    if (last && event.atMs - last[1] < SNAPSHOT_GAP_MS) continue;
-    // The segment rolled for it just before, and the segments removed just after.
-    const near = events.filter(
-      (e) =>
-        e.file.startsWith('segment-') &&
-        e.atMs >= event.atMs - SNAPSHOT_GAP_MS &&
-        e.atMs <= event.atMs + SNAPSHOT_GAP_MS,
+    // The temp file's creation opens a window; its rename (a second event) is inside it.
+    if (last && event.atMs <= last[1]) continue;
+    const rolled = events.filter(
+      (e) => e.file.startsWith('segment-') && e.atMs >= event.atMs - 1_000 && e.atMs <= event.atMs,
     );
-    const first = Math.min(
-      event.atMs,
-      ...near.filter((e) => e.atMs <= event.atMs).map((e) => e.atMs),
+    const after = events.filter(
+      (e) => e.atMs >= event.atMs && e.atMs <= event.atMs + SNAPSHOT_GAP_MS,
     );
-    const lastAt = Math.max(
-      event.atMs,
-      ...events
-        .filter((e) => e.atMs >= event.atMs && e.atMs <= event.atMs + SNAPSHOT_GAP_MS)
-        .map((e) => e.atMs),
-    );
-    windows.push([first - SNAPSHOT_LEAD_MS, lastAt]);
+    const first = rolled.at(-1)?.atMs ?? event.atMs;
+    windows.push([first - SNAPSHOT_LEAD_MS, after.at(-1)!.atMs]);
   }
   return windows;
+}
+
+/** What the probe reports of the heap on SIGUSR2. */
+interface HeapReport {
+  heapSize: number;
+  heapCapacity: number;
+  extraMemorySize: number;
+  objectCount: number;
+  protectedObjectCount: number;
+  top: Array<[string, number]>;
+}
+
+/** Asks the probe in `server` for heap statistics (SIGUSR2) and waits for its line. */
+async function heapReport(server: Observed): Promise<HeapReport | null> {
+  const isHeap = (line: TimedLine) => line.text.startsWith('TAILPROBE heap ');
+  const seen = server.stderr.filter(isHeap).length;
+  server.child.kill('SIGUSR2');
+  for (let waited = 0; waited < 5_000; waited += 20) {
+    const lines = server.stderr.filter(isHeap);
+    if (lines.length > seen) return JSON.parse(lines.at(-1)!.text.slice(15)) as HeapReport;
+    await Bun.sleep(20);
+  }
+  return null;
 }
 
 // ------------------------------------------------------------------------------------------
@@ -505,6 +520,8 @@ interface RunResult {
   snapshots: Array<[number, number]>;
   /** When the server's JS thread waited for its core (run queue), from schedstat. */
   runQueueWaits: Array<[number, number]>;
+  /** The probe's heap statistics just before and just after the load. */
+  heap: { before: HeapReport | null; after: HeapReport | null };
   /** The server's CPU by thread over the run (ms per second of the run). */
   threads: Array<{ name: string; threads: number; msPerSecond: number }>;
   /** Share of each core's time used by processes other than ours (other benches, the system). */
@@ -523,6 +540,7 @@ async function measure(
   options: { fsync: FsyncPolicy | null; walDir: string | null; metrics: boolean },
 ): Promise<RunResult> {
   const metricsBefore = options.metrics ? await scrapeMetrics(server.url) : null;
+  const heapBefore = await heapReport(server);
   const wal = options.walDir ? watchWal(options.walDir) : null;
   const rssStart = rssMiB(server.pid);
   const sampler = sampleServer(server.pid);
@@ -564,6 +582,7 @@ async function measure(
   if (wal) await Bun.sleep(300);
   wal?.close();
   const metricsAfter = options.metrics ? await scrapeMetrics(server.url) : null;
+  const heapAfter = await heapReport(server);
   let first = Infinity;
   let last = -Infinity;
   for (let i = 0; i < samples.starts.length; i++) {
@@ -581,6 +600,7 @@ async function measure(
     sources: { gateway: server, upstream, client },
     snapshots: wal ? snapshotWindows(wal.events) : [],
     runQueueWaits: waits,
+    heap: { before: heapBefore, after: heapAfter },
     threads,
     othersBusy: {
       gatewayCore: Math.max(0, busyS(CORE_GATEWAY) - (cpuAfter - cpuBefore)) / elapsedS,
@@ -615,6 +635,8 @@ interface SourceTimeline {
   pauses: Intervals;
   cycles: Intervals;
   stalls: Intervals;
+  /** Pauses and stalls together (a pause is usually a stall too: counted once). */
+  disturbances: Array<[number, number]>;
   stallCount: number;
   stallMaxMs: number;
   deliveryMs: number[];
@@ -633,6 +655,7 @@ function timeline(source: Observed, window: [number, number], stallMs: number): 
     pauses: new Intervals(pausesOf(null)),
     cycles: new Intervals(collections.map((c) => c.cycle)),
     stalls: new Intervals(stalls),
+    disturbances: [...pausesOf(null), ...stalls],
     stallCount: stalls.length,
     stallMaxMs: Math.max(0, ...stalls.map(([a, b]) => b - a)),
     deliveryMs: deliveryDelays(source.stderr),
@@ -657,6 +680,9 @@ function attribute(
 ): Attribution {
   const { starts, ends, latencies } = run.samples;
   const gw = lines.gateway;
+  const client = new Intervals(lines.client.disturbances);
+  const upstream = new Intervals(lines.upstream.disturbances);
+  const loadSide = new Intervals([...lines.client.disturbances, ...lines.upstream.disturbances]);
   const primary = Object.fromEntries(
     ALL_CAUSES.map((cause) => [cause, { count: 0, inside: [] as number[] }]),
   ) as Record<Cause, { count: number; inside: number[] }>;
@@ -681,9 +707,8 @@ function attribute(
     const snapshot = snapshots.overlapMs(s, e);
     const wait = waits.overlapMs(s, e);
     const stall = Math.max(0, gw.stalls.overlapMs(s, e) - full - eden - wait);
-    const clientMs = lines.client.pauses.overlapMs(s, e) + lines.client.stalls.overlapMs(s, e);
-    const upstreamMs =
-      lines.upstream.pauses.overlapMs(s, e) + lines.upstream.stalls.overlapMs(s, e);
+    const clientMs = client.overlapMs(s, e);
+    const upstreamMs = upstream.overlapMs(s, e);
     const cycle = gw.cycles.overlapMs(s, e);
     const candidates: Array<[Cause, number]> = [
       ['gateway full-GC pause', full],
@@ -691,7 +716,7 @@ function attribute(
       ['gateway snapshot', snapshot],
       ['gateway JS thread waiting for its core', wait],
       ['gateway loop stall (JS busy: no GC pause, no wait)', stall],
-      ['client or upstream GC pause or stall', clientMs + upstreamMs],
+      ['client or upstream GC pause or stall', loadSide.overlapMs(s, e)],
     ];
     let best: [Cause, number] = ['none', 0];
     for (const candidate of candidates) if (candidate[1] > best[1]) best = candidate;
@@ -763,6 +788,7 @@ interface RunSummary {
   >;
   snapshots: number;
   runQueueWaitMsPerSecond: number;
+  heap: RunResult['heap'];
   threads: RunResult['threads'];
   othersBusy: RunResult['othersBusy'];
   loopDelayBuckets: Array<{ le: string; count: number }> | null;
@@ -832,6 +858,7 @@ function summarize(run: RunResult, stallMs: number): RunSummary {
     gc,
     snapshots: run.snapshots.length,
     runQueueWaitMsPerSecond: waits.totalMs / seconds,
+    heap: run.heap,
     threads: run.threads,
     othersBusy: run.othersBusy,
     loopDelayBuckets: run.metrics ? loopDelayBuckets(run.metrics.before, run.metrics.after) : null,
@@ -952,6 +979,28 @@ function report(mode: Mode, runs: RunSummary[], connections: number, stallMs: nu
           .map((t) => `${t.name}${t.threads > 1 ? ` ×${t.threads}` : ''}: ${fmt(t.msPerSecond, 0)}`)
           .join(', '),
       ]),
+    ),
+    '',
+    "The server's heap just before and just after the load (bun:jsc heapStats, on SIGUSR2 to " +
+      'the probe; extra: memory outside the heap its objects own, e.g. buffers):',
+    '',
+    table(
+      ['run', 'heap MiB', 'extra MiB', 'objects', 'commonest types after the load'],
+      runs.map((r) => {
+        const { before, after } = r.heap;
+        const both = (f: (h: HeapReport) => string) =>
+          `${before ? f(before) : 'n/a'} → ${after ? f(after) : 'n/a'}`;
+        return [
+          name(r),
+          both((h) => fmt(h.heapSize / 2 ** 20, 1)),
+          both((h) => fmt(h.extraMemorySize / 2 ** 20, 1)),
+          both((h) => fmtInt(h.objectCount)),
+          (after?.top ?? [])
+            .slice(0, 6)
+            .map(([type, count]) => `${type} ${fmtInt(count)}`)
+            .join(', '),
+        ];
+      }),
     ),
     '',
   );
