@@ -29,6 +29,7 @@ import {
   type FsyncPolicy,
   fmt,
   fmtInt,
+  median,
   percentile,
   pinned,
   ROOT,
@@ -164,13 +165,21 @@ interface Collection {
   pauses: Array<[number, number]>;
   /** From the start of the collection to its end, concurrent marking included. */
   cycle: [number, number];
+  /**
+   * What marking visited (KiB: what survived, for an eden collection) and the opaque roots it
+   * found (`o=`: one per live wrapper of a native object with listeners, e.g. an AbortSignal).
+   */
+  visitedKb: number;
+  opaqueRoots: number;
 }
 
 const START_RE = /START \w+ (\d+)kb => (Eden|Full)Collection/;
 const PAUSE_RE = /p=([\d.]+) ?ms/;
 const AFTER_RE = /=> (\d+)kb, p=/;
 const END_RE = /cycle ([\d.]+) ?ms END\]/;
-const EPILOGUE_RE = /epilogue ([\d.]+) ?ms\]/;
+const VISITED_RE = / v=(\d+)kb/g;
+const OPAQUE_RE = / o=(\d+)/g;
+const EPILOGUE_RE = /(?:epilogue|finalize) ([\d.]+) ?ms\]/;
 
 /** The collections in one process's stderr, in order. */
 function parseCollections(lines: readonly TimedLine[]): Collection[] {
@@ -186,11 +195,14 @@ function parseCollections(lines: readonly TimedLine[]): Collection[] {
         afterKb: NaN,
         pauses: [],
         cycle: [atMs, atMs],
+        visitedKb: NaN,
+        opaqueRoots: NaN,
       };
     }
     const epilogue = EPILOGUE_RE.exec(text);
     if (epilogue) {
       // The mutator's own work once the collection ended (finalizers, callbacks): a pause too.
+      // (`epilogue` in Bun 1.4's JavaScriptCore, `finalize` in later ones.)
       const last = done.at(-1);
       if (last) last.pauses.push([atMs - Number(epilogue[1]), atMs]);
       continue;
@@ -203,6 +215,8 @@ function parseCollections(lines: readonly TimedLine[]): Collection[] {
     const end = END_RE.exec(text);
     if (end) {
       open.cycle = [atMs - Number(end[1]), atMs];
+      open.visitedKb = Number([...text.matchAll(VISITED_RE)].at(-1)?.[1] ?? NaN);
+      open.opaqueRoots = Number([...text.matchAll(OPAQUE_RE)].at(-1)?.[1] ?? NaN);
       done.push(open);
       open = null;
     }
@@ -310,14 +324,16 @@ function snapshotWindows(events: WalWatch['events']): Array<[number, number]> {
   return windows;
 }
 
-/** What the probe reports of the heap on SIGUSR2. */
-interface HeapReport {
+/** What the probe reports of the heap on SIGUSR2: as it is, and after a full collection. */
+interface HeapStatsLine {
   heapSize: number;
-  heapCapacity: number;
   extraMemorySize: number;
   objectCount: number;
-  protectedObjectCount: number;
   top: Array<[string, number]>;
+}
+interface HeapReport {
+  asIs: HeapStatsLine;
+  live: HeapStatsLine;
 }
 
 /** Asks the probe in `server` for heap statistics (SIGUSR2) and waits for its line. */
@@ -778,6 +794,9 @@ interface RunSummary {
       pauseMsPerSecond: number;
       cycleMsPerSecond: number;
       maxPauseMs: number;
+      /** What an eden collection found alive (KiB, median): what outlived its request. */
+      edenVisitedKbMedian: number;
+      opaqueRootsMax: number;
       heapKb: { first: number; last: number; peak: number };
       stalls: number;
       stallMsPerSecond: number;
@@ -825,6 +844,10 @@ function summarize(run: RunResult, stallMs: number): RunSummary {
       pauseMsPerSecond: t.pauses.totalMs / seconds,
       cycleMsPerSecond: t.cycles.totalMs / seconds,
       maxPauseMs: Math.max(0, ...t.collections.flatMap((c) => c.pauses.map(([a, b]) => b - a))),
+      edenVisitedKbMedian: median(
+        t.collections.filter((c) => c.kind === 'eden' && c.visitedKb >= 0).map((c) => c.visitedKb),
+      ),
+      opaqueRootsMax: Math.max(0, ...t.collections.map((c) => c.opaqueRoots || 0)),
       heapKb: {
         first: t.collections[0]?.beforeKb ?? NaN,
         last: t.collections.at(-1)?.afterKb ?? NaN,
@@ -938,6 +961,8 @@ function report(mode: Mode, runs: RunSummary[], connections: number, stallMs: nu
         'GCs per 1k req',
         'pause ms/s',
         'max pause ms',
+        'eden survivors KiB (median)',
+        'opaque roots (max)',
         'cycle ms/s',
         'heap MiB first → last (peak)',
         'stalls',
@@ -954,6 +979,8 @@ function report(mode: Mode, runs: RunSummary[], connections: number, stallMs: nu
             fmt(g.per1000Requests, 1),
             fmt(g.pauseMsPerSecond, 1),
             fmt(g.maxPauseMs, 1),
+            fmtInt(g.edenVisitedKbMedian),
+            fmtInt(g.opaqueRootsMax),
             fmt(g.cycleMsPerSecond, 0),
             `${mib(g.heapKb.first)} → ${mib(g.heapKb.last)} (${mib(g.heapKb.peak)})`,
             String(g.stalls),
@@ -981,24 +1008,37 @@ function report(mode: Mode, runs: RunSummary[], connections: number, stallMs: nu
       ]),
     ),
     '',
-    "The server's heap just before and just after the load (bun:jsc heapStats, on SIGUSR2 to " +
-      'the probe; extra: memory outside the heap its objects own, e.g. buffers):',
+    "The server's heap just before and just after the load (bun:jsc heapStats on SIGUSR2 to " +
+      'the probe: as it is, dead objects not yet collected included, and what a full collection ' +
+      'keeps; extra: memory outside the heap its objects own, e.g. buffers):',
     '',
     table(
-      ['run', 'heap MiB', 'extra MiB', 'objects', 'commonest types after the load'],
+      [
+        'run',
+        'heap MiB',
+        'kept MiB',
+        'extra MiB',
+        'objects',
+        'kept',
+        'commonest types after the load',
+      ],
       runs.map((r) => {
         const { before, after } = r.heap;
         const both = (f: (h: HeapReport) => string) =>
           `${before ? f(before) : 'n/a'} → ${after ? f(after) : 'n/a'}`;
-        return [
-          name(r),
-          both((h) => fmt(h.heapSize / 2 ** 20, 1)),
-          both((h) => fmt(h.extraMemorySize / 2 ** 20, 1)),
-          both((h) => fmtInt(h.objectCount)),
-          (after?.top ?? [])
+        const types = (line: HeapStatsLine | undefined) =>
+          (line?.top ?? [])
             .slice(0, 6)
             .map(([type, count]) => `${type} ${fmtInt(count)}`)
-            .join(', '),
+            .join(', ');
+        return [
+          name(r),
+          both((h) => fmt(h.asIs.heapSize / 2 ** 20, 1)),
+          both((h) => fmt(h.live.heapSize / 2 ** 20, 1)),
+          both((h) => fmt(h.live.extraMemorySize / 2 ** 20, 1)),
+          both((h) => fmtInt(h.asIs.objectCount)),
+          both((h) => fmtInt(h.live.objectCount)),
+          `as is: ${types(after?.asIs)}; kept: ${types(after?.live)}`,
         ];
       }),
     ),
