@@ -4,7 +4,7 @@
 //
 // Usage: bun bench/profile.ts tail [nonstream|stream|both] [--seconds S] [--warmup S]
 //   [--fsync always|interval|off] [--connections N] [--stall-ms T] [--snapshot-every N]
-//   [--no-ablation]
+//   [--no-ablation] [--cpu-prof]
 //
 // Layout as bench/run.ts: the server under test (proxy, then tollgate) on core 0; the fake
 // upstream and the load client (bench/tail-client.ts, `connections` loops of fetch) on core 1.
@@ -14,6 +14,9 @@
 // stamped on arrival here with performance.timeOrigin + performance.now(), the clock the client
 // stamps requests with; tollgate's snapshots are seen as file events in its log directory. The
 // run with the other fsync policy (always ↔ off) is the ablation for group-commit waits.
+// --cpu-prof runs tollgate under `bun --cpu-prof` (samples every ~1 ms, stamped in epoch µs) and
+// lists what its JS thread ran inside its stalls; the profiler slows it, so the latency figures of
+// such a run are not the ones to quote.
 // Writes bench/results/tail-<mode>.json (not committed) and prints the tables.
 import { readdirSync, readFileSync, watch } from 'node:fs';
 import { join } from 'node:path';
@@ -115,6 +118,7 @@ async function startObservedTollgate(
   upstreamUrl: string,
   fsync: FsyncPolicy,
   snapshotEvery: number | null,
+  profileDir: string | null,
 ): Promise<TollgateRun> {
   const dir = tempDir(`tail-${fsync}`);
   const configPath = join(dir, 'config.json');
@@ -131,7 +135,7 @@ async function startObservedTollgate(
   const service = await startObserved(
     `tollgate (fsync ${fsync})`,
     CORE_GATEWAY,
-    ['src/main.ts', 'serve'],
+    [...(profileDir ? ['--cpu-prof', `--cpu-prof-dir=${profileDir}`] : []), 'src/main.ts', 'serve'],
     {
       PORT: '0',
       DATA_DIR: dataDir,
@@ -279,6 +283,26 @@ class Intervals {
     for (let i = low; i < this.starts.length && this.starts[i]! < end; i++)
       sum += Math.min(end, this.ends[i]!) - Math.max(start, this.starts[i]!);
     return sum;
+  }
+
+  /** The parts of these intervals that lie inside `other`'s. */
+  intersect(other: Intervals): Intervals {
+    const parts: Array<[number, number]> = [];
+    let j = 0;
+    for (let i = 0; i < this.starts.length; i++) {
+      while (j < other.ends.length && other.ends[j]! <= this.starts[i]!) j++;
+      for (let k = j; k < other.starts.length && other.starts[k]! < this.ends[i]!; k++) {
+        const a = Math.max(this.starts[i]!, other.starts[k]!);
+        const b = Math.min(this.ends[i]!, other.ends[k]!);
+        if (b > a) parts.push([a, b]);
+      }
+    }
+    return new Intervals(parts);
+  }
+
+  /** The intervals as [start, end] pairs, merged and in order. */
+  toArray(): Array<[number, number]> {
+    return Array.from(this.starts, (start, i) => [start, this.ends[i]!]);
   }
 }
 
@@ -545,6 +569,8 @@ interface RunResult {
   metrics: { before: Map<string, number>; after: Map<string, number> } | null;
   /** The server's log lines (stdout) during the run. */
   logLines: TimedLine[];
+  /** tollgate's CPU profile (--cpu-prof), read once it has exited. */
+  cpuProfile?: CpuProfile;
 }
 
 async function measure(
@@ -636,7 +662,8 @@ const CAUSES = [
   'gateway eden-GC pause',
   'gateway snapshot',
   'gateway JS thread waiting for its core',
-  'gateway loop stall (JS busy: no GC pause, no wait)',
+  'gateway loop stall in a GC cycle (no pause, no wait)',
+  'gateway loop stall outside GC cycles (no pause, no wait)',
   'client or upstream GC pause or stall',
 ] as const;
 type Cause = (typeof CAUSES)[number] | 'only a gateway GC cycle (concurrent marking)' | 'none';
@@ -678,6 +705,22 @@ function timeline(source: Observed, window: [number, number], stallMs: number): 
   };
 }
 
+/** The stalls minus the collector's pauses and the run-queue waits: the JS thread was busy. */
+function jsBusyStalls(gateway: SourceTimeline, waits: Intervals): Intervals {
+  const busy: Array<[number, number]> = [];
+  const cut = new Intervals([...gateway.pauses.toArray(), ...waits.toArray()]).toArray();
+  for (const [a, b] of gateway.stalls.toArray()) {
+    let from = a;
+    for (const [c, d] of cut) {
+      if (d <= from || c >= b) continue;
+      if (c > from) busy.push([from, c]);
+      from = Math.max(from, d);
+    }
+    if (from < b) busy.push([from, b]);
+  }
+  return new Intervals(busy);
+}
+
 interface Attribution {
   thresholdMs: number;
   slow: number;
@@ -699,6 +742,8 @@ function attribute(
   const client = new Intervals(lines.client.disturbances);
   const upstream = new Intervals(lines.upstream.disturbances);
   const loadSide = new Intervals([...lines.client.disturbances, ...lines.upstream.disturbances]);
+  const stallsInCycles = gw.stalls.intersect(gw.cycles);
+  const waitsInCycles = waits.intersect(gw.cycles);
   const primary = Object.fromEntries(
     ALL_CAUSES.map((cause) => [cause, { count: 0, inside: [] as number[] }]),
   ) as Record<Cause, { count: number; inside: number[] }>;
@@ -722,7 +767,14 @@ function attribute(
     const eden = gw.edenPauses.overlapMs(s, e);
     const snapshot = snapshots.overlapMs(s, e);
     const wait = waits.overlapMs(s, e);
-    const stall = Math.max(0, gw.stalls.overlapMs(s, e) - full - eden - wait);
+    // A stall in a collection's cycle that is neither a pause nor a wait is the JS thread's own
+    // collector work between pauses (marking when it allocates, sweeping) or the request work
+    // that happened to run then; outside any cycle it is only the latter.
+    const stallAll = gw.stalls.overlapMs(s, e);
+    const stallInCycle = stallsInCycles.overlapMs(s, e);
+    const waitInCycle = waitsInCycles.overlapMs(s, e);
+    const jsInCycle = Math.max(0, stallInCycle - full - eden - waitInCycle);
+    const jsOutside = Math.max(0, stallAll - stallInCycle - (wait - waitInCycle));
     const clientMs = client.overlapMs(s, e);
     const upstreamMs = upstream.overlapMs(s, e);
     const cycle = gw.cycles.overlapMs(s, e);
@@ -731,7 +783,8 @@ function attribute(
       ['gateway eden-GC pause', eden],
       ['gateway snapshot', snapshot],
       ['gateway JS thread waiting for its core', wait],
-      ['gateway loop stall (JS busy: no GC pause, no wait)', stall],
+      ['gateway loop stall in a GC cycle (no pause, no wait)', jsInCycle],
+      ['gateway loop stall outside GC cycles (no pause, no wait)', jsOutside],
       ['client or upstream GC pause or stall', loadSide.overlapMs(s, e)],
     ];
     let best: [Cause, number] = ['none', 0];
@@ -743,7 +796,7 @@ function attribute(
     const seen: Array<[string, number]> = [
       ['gateway GC pause', full + eden],
       ['gateway GC cycle', cycle],
-      ['gateway loop stall', gw.stalls.overlapMs(s, e)],
+      ['gateway loop stall', stallAll],
       ['gateway snapshot', snapshot],
       ['gateway JS thread waiting for its core', wait],
       ['client GC pause or stall', clientMs],
@@ -818,6 +871,15 @@ interface RunSummary {
   logLines: Array<{ atMs: number; text: string }>;
   /** The server's collector lines during the run, as written (ms into the window). */
   gcLog: Array<{ atMs: number; text: string }>;
+  /** With --cpu-prof: what the JS thread ran in the stalls that were no pause and no wait. */
+  stallProfile: StallProfile | null;
+  /** The server's timelines (ms into the window), for a look by hand. */
+  timeline: {
+    collections: Collection[];
+    stalls: Array<[number, number]>;
+    runQueueWaits: Array<[number, number]>;
+    snapshots: Array<[number, number]>;
+  };
 }
 
 function summarize(run: RunResult, stallMs: number): RunSummary {
@@ -830,6 +892,10 @@ function summarize(run: RunResult, stallMs: number): RunSummary {
   };
   const snapshots = new Intervals(run.snapshots);
   const waits = new Intervals(run.runQueueWaits);
+  const shift = ([a, b]: readonly [number, number]): [number, number] => [
+    a - run.windowMs[0],
+    b - run.windowMs[0],
+  ];
   const sorted = Float64Array.from(latencies).sort();
   const p99 = rank(sorted, 99);
   const p999 = rank(sorted, 99.9);
@@ -892,10 +958,167 @@ function summarize(run: RunResult, stallMs: number): RunSummary {
       atMs: line.atMs - run.windowMs[0],
       text: line.text,
     })),
+    stallProfile: run.cpuProfile
+      ? stallProfile(run.cpuProfile, run.windowMs, jsBusyStalls(lines.gateway, waits))
+      : null,
+    timeline: {
+      collections: lines.gateway.collections.map((c) => ({
+        ...c,
+        pauses: c.pauses.map(shift),
+        cycle: shift(c.cycle),
+      })),
+      stalls: lines.gateway.stalls.toArray().map(shift),
+      runQueueWaits: waits.toArray().map(shift),
+      snapshots: run.snapshots.map(shift),
+    },
     gcLog: run.sources.gateway.stderr
       .filter((l) => l.text.startsWith('[GC<') && l.atMs >= run.windowMs[0])
       .filter((l) => l.atMs <= run.windowMs[1])
       .map((l) => ({ atMs: l.atMs - run.windowMs[0], text: l.text })),
+  };
+}
+
+// ------------------------------------------------------------------------------------------
+// With --cpu-prof: what the JS thread ran during its stalls (its samples carry epoch µs).
+
+interface CpuProfile {
+  nodes: Array<{
+    id: number;
+    callFrame: { functionName: string; url: string; lineNumber: number };
+    children?: number[];
+  }>;
+  samples: number[];
+  timeDeltas: number[];
+  startTime: number;
+}
+
+interface StallProfile {
+  /** Samples inside the JS-busy parts of the stalls, and in the whole window. */
+  samplesInStalls: number;
+  samplesInWindow: number;
+  /** By self frame: share of the stall samples, and of all samples in the window. */
+  self: Array<{ frame: string; inStalls: number; overall: number }>;
+  /** By the innermost frame of our own code (src/) on the stack. */
+  ours: Array<{ frame: string; inStalls: number; overall: number }>;
+  /**
+   * Stretches of ≥ LONG_STRETCH_MS in which one src/ frame stayed on the JS thread's stack in every
+   * sample (outermost such frame), ms into the window: one long call, or async continuations run
+   * back to back without a return to the loop, or collector work done inside a JS frame (marking
+   * on allocation, sweeping), or the thread preempted there (the sampler still sees its stack).
+   */
+  longCalls: Array<{ frame: string; atMs: number; ms: number }>;
+}
+
+const LONG_STRETCH_MS = 8;
+/** The sampler's interval is ~1 ms; a longer silence ends every stretch. */
+const SAMPLE_GAP_MS = 3;
+
+function frameLabel(frame: { functionName: string; url: string; lineNumber: number }): string {
+  const fn = frame.functionName || '(anonymous)';
+  if (!frame.url) return fn;
+  const path = frame.url.replace(/^file:\/\//, '');
+  const short = path.startsWith(ROOT)
+    ? path.slice(ROOT.length + 1)
+    : path.replace(/^.*node_modules\//, '');
+  return `${fn} ${short}:${frame.lineNumber + 1}`;
+}
+
+function stallProfile(
+  profile: CpuProfile,
+  window: [number, number],
+  busy: Intervals,
+  top = 12,
+): StallProfile {
+  const byId = new Map(profile.nodes.map((node) => [node.id, node]));
+  const parent = new Map<number, number>();
+  for (const node of profile.nodes)
+    for (const child of node.children ?? []) parent.set(child, node.id);
+  const oursOf = (id: number): string => {
+    for (let at: number | undefined = id; at !== undefined; at = parent.get(at)) {
+      const frame = byId.get(at)!.callFrame;
+      if (frame.url.includes('/src/')) return frameLabel(frame);
+    }
+    return '(no src/ frame: Bun, the collector or idle)';
+  };
+  const counts = (name: 'self' | 'ours') => ({
+    stalls: new Map<string, number>(),
+    all: new Map<string, number>(),
+    name,
+  });
+  const self = counts('self');
+  const ours = counts('ours');
+  let inStalls = 0;
+  let inWindow = 0;
+  let atUs = profile.startTime;
+  // Open stretches: src/ frame (by node id, so one call site) → first and last sample time.
+  const open = new Map<number, { from: number; to: number }>();
+  const longCalls: StallProfile['longCalls'] = [];
+  let lastSampleMs = -Infinity;
+  const close = (id: number, stretch: { from: number; to: number }) => {
+    const ms = stretch.to - stretch.from;
+    if (ms < LONG_STRETCH_MS) return;
+    // Only the outermost frame of a stretch: its callees' stretches are inside it.
+    for (let at = parent.get(id); at !== undefined; at = parent.get(at)) {
+      const outer = open.get(at);
+      if (outer && outer.from <= stretch.from && outer.to >= stretch.to) return;
+    }
+    longCalls.push({
+      frame: frameLabel(byId.get(id)!.callFrame),
+      atMs: stretch.from - window[0],
+      ms,
+    });
+  };
+  for (let i = 0; i < profile.samples.length; i++) {
+    atUs += profile.timeDeltas[i] ?? 0;
+    const atMs = atUs / 1000;
+    if (atMs < window[0] || atMs > window[1]) continue;
+    inWindow++;
+    // A gap in the samples (the thread idle or descheduled): nothing is known to span it.
+    if (atMs - lastSampleMs > SAMPLE_GAP_MS) {
+      for (const [frameId, stretch] of open) close(frameId, stretch);
+      open.clear();
+    }
+    lastSampleMs = atMs;
+    const id = profile.samples[i]!;
+    const onStack = new Set<number>();
+    for (let at: number | undefined = id; at !== undefined; at = parent.get(at))
+      if (byId.get(at)!.callFrame.url.includes('/src/')) onStack.add(at);
+    for (const [frameId, stretch] of open) {
+      if (onStack.has(frameId)) stretch.to = atMs;
+      else {
+        close(frameId, stretch);
+        open.delete(frameId);
+      }
+    }
+    for (const frameId of onStack)
+      if (!open.has(frameId)) open.set(frameId, { from: atMs, to: atMs });
+    const selfName = frameLabel(byId.get(id)!.callFrame);
+    const oursName = oursOf(id);
+    self.all.set(selfName, (self.all.get(selfName) ?? 0) + 1);
+    ours.all.set(oursName, (ours.all.get(oursName) ?? 0) + 1);
+    if (busy.overlapMs(atMs - 0.01, atMs + 0.01) > 0) {
+      inStalls++;
+      self.stalls.set(selfName, (self.stalls.get(selfName) ?? 0) + 1);
+      ours.stalls.set(oursName, (ours.stalls.get(oursName) ?? 0) + 1);
+    }
+  }
+  const rows = (c: ReturnType<typeof counts>) =>
+    [...c.stalls]
+      .sort((a, b) => b[1] - a[1])
+      .slice(0, top)
+      .map(([frame, n]) => ({
+        frame,
+        inStalls: n / inStalls,
+        overall: (c.all.get(frame) ?? 0) / inWindow,
+      }));
+  for (const [frameId, stretch] of open) close(frameId, stretch);
+  longCalls.sort((a, b) => b.ms - a.ms);
+  return {
+    samplesInStalls: inStalls,
+    samplesInWindow: inWindow,
+    self: rows(self),
+    ours: rows(ours),
+    longCalls: longCalls.slice(0, top),
   };
 }
 
@@ -1078,6 +1301,30 @@ function report(mode: Mode, runs: RunSummary[], connections: number, stallMs: nu
       '',
     );
   }
+  for (const r of runs) {
+    const p = r.stallProfile;
+    if (!p) continue;
+    const rows = (list: StallProfile['self']) =>
+      list.map((row) => [row.frame.replaceAll('|', '\\|'), pct(row.inStalls), pct(row.overall)]);
+    out.push(
+      `${name(r)}, CPU profile: ${fmtInt(p.samplesInStalls)} of ${fmtInt(p.samplesInWindow)} ` +
+        'samples fell in JS-busy stalls (a stall minus pauses and run-queue waits). Where:',
+      '',
+      table(['self frame', 'in stalls', 'overall'], rows(p.self)),
+      '',
+      table(['innermost src/ frame on the stack', 'in stalls', 'overall'], rows(p.ours)),
+      '',
+      `Stretches ≥ ${LONG_STRETCH_MS} ms with one src/ frame on the stack in every sample ` +
+        '(a long call, continuations back to back, collector work inside JS frames, or the ' +
+        'thread preempted there): ' +
+        (p.longCalls.length === 0
+          ? 'none.'
+          : p.longCalls
+              .map((c) => `${c.frame} ${fmt(c.ms, 0)} ms at +${fmt(c.atMs / 1000, 2)} s`)
+              .join('; ')),
+      '',
+    );
+  }
   const tollgates = runs.filter((r) => r.loopDelayBuckets);
   if (tollgates.length > 0) {
     const les = tollgates[0]!.loopDelayBuckets!.map((b) => b.le);
@@ -1125,6 +1372,7 @@ async function tailMode(
     stallMs: number;
     snapshotEvery: number | null;
     ablation: boolean;
+    cpuProf: boolean;
   },
 ): Promise<RunSummary[]> {
   const dir = tempDir(`tail-${mode}`);
@@ -1173,7 +1421,13 @@ async function tailMode(
   const policies: FsyncPolicy[] = [settings.fsync];
   if (settings.ablation) policies.push(settings.fsync === 'off' ? 'always' : 'off');
   for (const fsync of policies) {
-    const tollgate = await startObservedTollgate(upstream.url, fsync, settings.snapshotEvery);
+    const profileDir = settings.cpuProf ? tempDir(`tail-prof-${fsync}`) : null;
+    const tollgate = await startObservedTollgate(
+      upstream.url,
+      fsync,
+      settings.snapshotEvery,
+      profileDir,
+    );
     const run = await measure(
       'tollgate',
       tollgate,
@@ -1190,6 +1444,10 @@ async function tailMode(
       { fsync, walDir: tollgate.walDir, metrics: true },
     );
     await stopChild(tollgate.child, 15_000);
+    if (profileDir) {
+      const file = readdirSync(profileDir).find((f) => f.endsWith('.cpuprofile'));
+      if (file) run.cpuProfile = (await Bun.file(join(profileDir, file)).json()) as CpuProfile;
+    }
     runs.push(summarize(run, settings.stallMs));
   }
   await stopChild(upstream.child);
@@ -1211,6 +1469,7 @@ export async function tailMain(args: string[]): Promise<number> {
     stallMs: Number(option(args, '--stall-ms', '5')),
     snapshotEvery: snapshotEvery > 0 ? snapshotEvery : null,
     ablation: !args.includes('--no-ablation'),
+    cpuProf: args.includes('--cpu-prof'),
   };
   const modes: Mode[] = which === 'both' ? ['nonstream', 'stream'] : [which as Mode];
   for (const mode of modes) {
