@@ -866,6 +866,8 @@ interface RunSummary {
   loopDelayBuckets: Array<{ le: string; count: number }> | null;
   p99: Attribution;
   p999: Attribution;
+  /** Every request: how often any request overlaps each event (the baseline for the above). */
+  all: Attribution;
   /** Everything slower than p99, for a look by hand: start (ms into the window) and latency. */
   slowRequests: Array<{ atMs: number; ms: number }>;
   logLines: Array<{ atMs: number; text: string }>;
@@ -953,6 +955,7 @@ function summarize(run: RunResult, stallMs: number): RunSummary {
     loopDelayBuckets: run.metrics ? loopDelayBuckets(run.metrics.before, run.metrics.after) : null,
     p99: attribute(run, lines, snapshots, waits, p99),
     p999: attribute(run, lines, snapshots, waits, p999),
+    all: attribute(run, lines, snapshots, waits, -Infinity),
     slowRequests,
     logLines: run.logLines.map((line) => ({
       atMs: line.atMs - run.windowMs[0],
@@ -1289,13 +1292,14 @@ function report(mode: Mode, runs: RunSummary[], connections: number, stallMs: nu
         ]),
       ),
       '',
-      'Share of them that overlap each event at all (not exclusive):',
+      'Share of them that overlap each event at all (not exclusive), and in brackets the ' +
+        'share of all requests that do (what chance alone gives):',
       '',
       table(
         ['event', ...runs.map(name)],
         Object.keys(runs[0]![level].overlaps).map((event) => [
           event,
-          ...runs.map((r) => pct(r[level].overlaps[event]!)),
+          ...runs.map((r) => `${pct(r[level].overlaps[event]!)} (${pct(r.all.overlaps[event]!)})`),
         ]),
       ),
       '',
