@@ -198,6 +198,21 @@ async function profileMode(
   ].join('\n');
 }
 
+// `bun bench/profile.ts tail …` is not a CPU profile: where the p99 comes from (bench/tail.ts).
+if (import.meta.main && process.argv[2] === 'tail') {
+  installSignalCleanup();
+  let code = 1;
+  try {
+    const { tailMain } = await import('./tail.ts');
+    code = await tailMain(process.argv.slice(3));
+  } catch (error) {
+    process.stderr.write(`profile tail failed: ${(error as Error).stack ?? error}\n`);
+  } finally {
+    await cleanup();
+  }
+  process.exit(code);
+}
+
 if (import.meta.main) {
   installSignalCleanup();
   const args = process.argv.slice(2);
