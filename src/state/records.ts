@@ -199,7 +199,7 @@ export class RecordTable {
       record.finishedAtMs ?? record.createdAtMs,
     );
     this.writeId(slot, record.id);
-    this.indexSlot(slot, record.id);
+    this.indexSlot(slot, hashId(record.id));
     if (record.answers !== null) this.answers.set(slot, record.answers);
     this.writeAttempts(slot, record.attempts);
     const n = slot * NUMBERS;
@@ -432,7 +432,9 @@ export class RecordTable {
     // A larger hash table: every record is placed again.
     this.index = new Int32Array(indexSizeFor(allocated));
     this.indexMask = this.index.length - 1;
-    for (const slot of this.slots.inOrder()) this.indexSlot(slot, this.readId(slot));
+    // Hashed from the id bytes in place: reading each id back as a string made a grow of 50,000
+    // records a 50,000-string stall (the tail profile's JS-busy stalls, issue 15).
+    for (const slot of this.slots.inOrder()) this.indexSlot(slot, this.hashSlot(slot));
   }
 
   private expired(slot: number, nowMs: number): boolean {
@@ -512,10 +514,10 @@ export class RecordTable {
     }
   }
 
-  private indexSlot(slot: number, id: string): void {
+  private indexSlot(slot: number, hash: number): void {
     const index = this.index;
     const mask = this.indexMask;
-    let at = hashId(id) & mask;
+    let at = hash & mask;
     while (index[at] !== 0) at = (at + 1) & mask;
     index[at] = slot + 1;
   }
