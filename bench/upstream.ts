@@ -47,7 +47,7 @@ const usage = {
  * Every frame of one stream, in order: 20 content chunks (the last carries finish_reason), usage,
  * [DONE].
  */
-const STREAM_FRAMES: Uint8Array[] = [
+export const STREAM_FRAMES: Uint8Array[] = [
   ...words.map((word, i) => chunkFrame(word, i === CHUNKS_PER_STREAM - 1 ? 'stop' : null)),
   encoder.encode(
     `data: ${JSON.stringify({
@@ -61,7 +61,7 @@ const STREAM_FRAMES: Uint8Array[] = [
   ),
   encoder.encode('data: [DONE]\n\n'),
 ];
-const COMPLETION_JSON = JSON.stringify({
+export const COMPLETION_JSON = JSON.stringify({
   id: ID,
   object: 'chat.completion',
   created: CREATED_S,
@@ -110,7 +110,7 @@ const textDeltas = words.map((text) =>
  * does in one packet; the last two carry the stop and usage, and message_stop, as usage and
  * [DONE] do there). Same text, same writes: the fake's speed is the same for both protocols.
  */
-const ANTHROPIC_STREAM_FRAMES: Uint8Array[] = [
+export const ANTHROPIC_STREAM_FRAMES: Uint8Array[] = [
   encoder.encode(
     // message_start's usage carries a provisional output count; message_delta's replaces it.
     anthropicEvent('message_start', { message: anthropicMessage([], null, 1) }) +
@@ -132,7 +132,7 @@ const ANTHROPIC_STREAM_FRAMES: Uint8Array[] = [
 ];
 if (ANTHROPIC_STREAM_FRAMES.length !== STREAM_FRAMES.length)
   throw new Error('the two fake streams must take the same number of writes');
-const MESSAGE_JSON = JSON.stringify(
+export const MESSAGE_JSON = JSON.stringify(
   anthropicMessage([{ type: 'text', text: words.join('') }], 'end_turn', usage.completion_tokens),
 );
 
