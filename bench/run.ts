@@ -203,18 +203,21 @@ const PLAN: Array<{ connections: number; targets: TargetName[]; seconds: number 
 ];
 
 /**
- * The cycle the runs of one connection count follow (rotated each round). The two targets served by
- * the same tollgate process each follow a run that leaves it idle (direct, proxy), so neither
- * inherits the other's garbage more often.
+ * The order of one round's runs at one connection count: the plan's targets rotated by the round,
+ * so no target always runs first (or right after the same one). The anthropic adapter then runs
+ * next to the openai one, after it in even rounds and before it in odd ones: their ratio is the
+ * figure, and two runs back to back see more of the same load from the rest of this shared machine
+ * than two with other runs between them; the swap keeps either from always inheriting the other's
+ * garbage (they share one process).
  */
-const RUN_CYCLE: TargetName[] = [
-  'direct',
-  'tollgate-anthropic',
-  'proxy',
-  'tollgate',
-  'tollgate-interval',
-  'tollgate-off',
-];
+function runOrder(names: readonly TargetName[], round: number): TargetName[] {
+  const rest: TargetName[] = names.filter((name) => name !== 'tollgate-anthropic');
+  const order = rest.map((_, i) => rest[(i + round) % rest.length]!);
+  if (rest.length === names.length) return order;
+  const openai = order.indexOf('tollgate');
+  order.splice(round % 2 === 0 ? openai + 1 : openai, 0, 'tollgate-anthropic');
+  return order;
+}
 
 async function serverBench(
   targets: Record<TargetName, Target>,
@@ -240,11 +243,7 @@ async function serverBench(
   for (let round = 0; round < ROUNDS; round++) {
     for (const mode of ['nonstream', 'stream'] as const) {
       for (const { connections, targets: names, seconds } of PLAN) {
-        // Rotate the order each round, so no target always runs first (or right after the same
-        // one).
-        const cycle = RUN_CYCLE.filter((name) => names.includes(name));
-        const order = cycle.map((_, i) => cycle[(i + round) % cycle.length]!);
-        for (const name of order) {
+        for (const name of runOrder(names, round)) {
           const result = await measure(
             targets[name],
             mode,
