@@ -186,6 +186,12 @@ export async function startProxyProcess(
 
 export type FsyncPolicy = 'always' | 'interval' | 'off';
 
+/**
+ * The model every tollgate serves through its `anthropic` provider on the same fake upstream: the
+ * same settings as model_03 (rates, windows), so the two differ only in the adapter.
+ */
+export const ANTHROPIC_MODEL = 'model_03_anthropic';
+
 export interface Tollgate extends Service {
   key: string;
   dataDir: string;
@@ -193,7 +199,8 @@ export interface Tollgate extends Service {
 
 /**
  * Starts `bun src/main.ts serve` on core 0 with model_03 (and model_02 for held streams) on the
- * fake upstream, then creates one key with plenty of credits.
+ * fake upstream through the `openai` provider, ANTHROPIC_MODEL on it through the `anthropic` one,
+ * then creates one key with plenty of credits.
  */
 export async function startTollgate(
   upstreamUrl: string,
@@ -205,10 +212,26 @@ export async function startTollgate(
   writeFileSync(
     configPath,
     JSON.stringify({
-      providers: { fake: { type: 'openai', base_url: `${upstreamUrl}/v1` } },
+      providers: {
+        fake: { type: 'openai', base_url: `${upstreamUrl}/v1` },
+        fake_anthropic: { type: 'anthropic', base_url: `${upstreamUrl}/v1` },
+      },
       models: {
         model_03: { provider: 'fake', upstream_model: 'up' },
         model_02: { provider: 'fake', upstream_model: 'hold' },
+        // model_03's figures from src/config/defaults.ts.
+        [ANTHROPIC_MODEL]: {
+          provider: 'fake_anthropic',
+          upstream_model: 'up',
+          tools: true,
+          top_k: false,
+          seed: true,
+          rates: { input: 5, output: 14 },
+          context_window: 400_000,
+          max_output_tokens: 128_000,
+          long_context: null,
+          created: 1_767_225_600,
+        },
       },
       wal: { fsync },
       limits: { default_rate_limit_rpm: 100_000_000 },
@@ -270,6 +293,7 @@ export interface WrkResult {
   p50Ms: number;
   p90Ms: number;
   p99Ms: number;
+  p999Ms: number;
   errors: number;
   non2xx: number;
 }
@@ -307,9 +331,10 @@ export function wrkScript(
     '  local e = summary.errors',
     "  io.write(string.format('WRKJSON " +
       '{"requests":%d,"duration_us":%d,"connect":%d,"read":%d,"write":%d,' +
-      '"status":%d,"timeout":%d,"p50_us":%d,"p90_us":%d,"p99_us":%d}\\n\',',
+      '"status":%d,"timeout":%d,"p50_us":%d,"p90_us":%d,"p99_us":%d,"p999_us":%d}\\n\',',
     '    summary.requests, summary.duration, e.connect, e.read, e.write, e.status, e.timeout,',
-    '    latency:percentile(50), latency:percentile(90), latency:percentile(99)))',
+    '    latency:percentile(50), latency:percentile(90), latency:percentile(99),',
+    '    latency:percentile(99.9)))',
     'end',
   ].join('\n');
   const path = join(dir, `${name}.lua`);
@@ -358,6 +383,7 @@ export async function runWrk(
     p50Ms: json.p50_us! / 1000,
     p90Ms: json.p90_us! / 1000,
     p99Ms: json.p99_us! / 1000,
+    p999Ms: json.p999_us! / 1000,
     errors: json.connect! + json.read! + json.write! + json.timeout!,
     non2xx: json.status!,
   };

@@ -10,7 +10,9 @@
 //   100 KB of text (countTextTokens) and a prompt seen before (the count cache); WAL append per
 //   fsync
 //   policy, one at a time and 32 at once (group commit); the o200k_base counter (bpe.ts) beside
-//   gpt-tokenizer, which it replaced, on chat-sized and long texts.
+//   gpt-tokenizer, which it replaced, on chat-sized and long texts; per provider adapter (openai,
+//   anthropic) the request body, one 20-chunk stream from the fake upstream parsed and translated,
+//   and one whole answer.
 import { mkdtempSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
@@ -21,9 +23,20 @@ import { validateChatRequest } from '../src/chat/model.ts';
 import { ChunkEncoder } from '../src/chat/sse.ts';
 import { defaultConfig } from '../src/config/defaults.ts';
 import { requestFingerprint } from '../src/idempotency/fingerprint.ts';
+import { anthropicDialect } from '../src/providers/anthropic/index.ts';
+import { parseJson } from '../src/providers/http/answer.ts';
+import type { Dialect } from '../src/providers/http/http-provider.ts';
+import { OPENAI_DIALECT } from '../src/providers/openai/index.ts';
+import type { Delta, ProviderRequest } from '../src/providers/provider.ts';
 import { createLogger } from '../src/util/log.ts';
 import { SseParser } from '../src/util/sse-parse.ts';
 import { type FsyncPolicy, WriteAheadLog } from '../src/wal/log.ts';
+import {
+  ANTHROPIC_STREAM_FRAMES,
+  COMPLETION_JSON,
+  MESSAGE_JSON,
+  STREAM_FRAMES,
+} from './upstream.ts';
 import { benchRecord } from './wal.ts';
 
 export interface MicroResult {
@@ -145,6 +158,41 @@ function openWal(policy: FsyncPolicy): WriteAheadLog {
 
 const WAL_RECORD = benchRecord(0, 1_767_225_600_000);
 
+/** The request the whole-server benchmark sends, as the chat service hands it to a provider. */
+const PROVIDER_REQUEST: ProviderRequest = {
+  model: 'up',
+  messages: [{ role: 'user', content: 'hello' }],
+  maxOutputTokens: 64,
+  outputCapTokens: 64,
+  temperature: null,
+  topP: null,
+  topK: null,
+  seed: null,
+  stop: null,
+  tools: null,
+  toolChoice: null,
+  promptTokens: 9,
+  stream: true,
+};
+
+/**
+ * What the HTTP provider's relay does with one whole streamed answer, socket reads to deltas
+ * (http-provider.ts relaySse, without the socket and the turns): each write of the fake upstream
+ * fed to the SSE parser, each event parsed and translated.
+ */
+function relayStream(dialect: Dialect, frames: readonly Uint8Array[], out: Delta[]): Delta {
+  const parser = new SseParser();
+  const translator = dialect.streamTranslator('bench', Number.MAX_SAFE_INTEGER);
+  for (const frame of frames) {
+    for (const data of parser.feed(frame)) {
+      if (data === '[DONE]' || translator.ended) break;
+      translator.translate(parseJson(data, 'bench'), out);
+    }
+    out.length = 0;
+  }
+  return translator.finish();
+}
+
 const PER_ITERATION: Record<string, number> = {};
 
 /**
@@ -191,6 +239,27 @@ async function register(): Promise<void> {
       }
     });
   });
+
+  // The two adapters on the fake upstream's own answers (same text, usage and writes): the cost the
+  // provider adds per request beyond the exchange they share (issue 14).
+  const anthropic = anthropicDialect({ version: '2023-06-01' });
+  const out: Delta[] = [];
+  for (const [name, dialect, frames, json] of [
+    ['openai', OPENAI_DIALECT, STREAM_FRAMES, COMPLETION_JSON],
+    ['anthropic', anthropic, ANTHROPIC_STREAM_FRAMES, MESSAGE_JSON],
+  ] as const) {
+    group(`provider adapter: ${name}`, () => {
+      bench(`${name}: request body (dialect.body + JSON.stringify)`, () =>
+        do_not_optimize(JSON.stringify(dialect.body(PROVIDER_REQUEST))),
+      );
+      bench(`${name}: one 20-chunk stream, parsed and translated`, () =>
+        do_not_optimize(relayStream(dialect, frames, out)),
+      );
+      bench(`${name}: one whole answer, parsed and translated`, () =>
+        do_not_optimize(dialect.completion(JSON.parse(json), 'bench')),
+      );
+    });
+  }
 
   group('per request', () => {
     bench('validateChatRequest (1 message)', () =>

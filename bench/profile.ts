@@ -2,12 +2,15 @@
 // the top functions by self time (and by inclusive time) from the .cpuprofile.
 //
 // Usage: bun bench/profile.ts [nonstream|stream|both] [--seconds S] [--fsync always|interval|off]
-// [--top N] [--keep DIR] Same layout as bench/run.ts: tollgate on core 0, the fake upstream and wrk
-// (32 connections) on core 1. One tollgate per mode, so each profile holds one workload. --keep
-// copies the .cpuprofile files to DIR (open them in Chrome DevTools or speedscope).
+//   [--provider openai|anthropic] [--top N] [--keep DIR]
+// Same layout as bench/run.ts: tollgate on core 0, the fake upstream and wrk (32 connections) on
+// core 1. One tollgate per mode, so each profile holds one workload. --provider picks the adapter
+// between tollgate and the fake upstream (model_03 or ANTHROPIC_MODEL). --keep copies the
+// .cpuprofile files to DIR (open them in Chrome DevTools or speedscope).
 import { copyFileSync, mkdirSync, readdirSync } from 'node:fs';
 import { join, relative } from 'node:path';
 import {
+  ANTHROPIC_MODEL,
   cleanup,
   ensureWrk,
   type FsyncPolicy,
@@ -126,10 +129,13 @@ export function selfByFile(
     .sort((a, b) => b.selfMs - a.selfMs);
 }
 
+type ProviderKind = 'openai' | 'anthropic';
+
 async function profileMode(
   mode: 'nonstream' | 'stream',
   seconds: number,
   fsync: FsyncPolicy,
+  provider: ProviderKind,
   top: number,
   keep: string | null,
 ): Promise<string> {
@@ -141,7 +147,8 @@ async function profileMode(
   const url = `${tollgate.url}/api/v1/chat/completions`;
   const headers = { 'content-type': 'application/json', authorization: `Bearer ${tollgate.key}` };
   const body = JSON.stringify({
-    model: 'model_03',
+    // The same fake upstream through either adapter (bench/lib.ts's config).
+    model: provider === 'anthropic' ? ANTHROPIC_MODEL : 'model_03',
     messages: [{ role: 'user', content: 'hello' }],
     max_completion_tokens: 64,
     ...(mode === 'stream' ? { stream: true } : {}),
@@ -154,7 +161,7 @@ async function profileMode(
   if (!file) throw new Error(`no .cpuprofile written in ${dir}`);
   if (keep) {
     mkdirSync(keep, { recursive: true });
-    copyFileSync(join(dir, file), join(keep, `tollgate-${mode}.cpuprofile`));
+    copyFileSync(join(dir, file), join(keep, `tollgate-${provider}-${mode}.cpuprofile`));
   }
   const profile = (await Bun.file(join(dir, file)).json()) as CpuProfile;
   const { entries, totalMs, idleMs } = summarizeProfile(profile);
@@ -172,7 +179,8 @@ async function profileMode(
     .sort((a, b) => b.totalMs - a.totalMs)
     .slice(0, top);
   return [
-    `## ${mode}, fsync ${fsync}: ${Math.round(result.rps)} req/s at 32 connections for ` +
+    `## ${mode}, ${provider} adapter, fsync ${fsync}: ${Math.round(result.rps)} req/s at 32 ` +
+      `connections for ` +
       `${seconds} s`,
     '',
     `Profile: ${fmt(totalMs, 0)} ms sampled, of which ${fmt(idleMs, 0)} ms idle/program ` +
@@ -223,6 +231,9 @@ if (import.meta.main) {
   const which = args.find((a) => a === 'nonstream' || a === 'stream' || a === 'both') ?? 'both';
   const seconds = Number(option('--seconds', '5'));
   const fsync = option('--fsync', 'always') as FsyncPolicy;
+  const provider = option('--provider', 'openai') as ProviderKind;
+  if (provider !== 'openai' && provider !== 'anthropic')
+    throw new Error(`--provider must be openai or anthropic, not ${provider}`);
   const top = Number(option('--top', '25'));
   const keepAt = args.indexOf('--keep');
   const keep = keepAt >= 0 ? args[keepAt + 1]! : null;
@@ -230,7 +241,8 @@ if (import.meta.main) {
     await ensureWrk();
     const modes =
       which === 'both' ? (['nonstream', 'stream'] as const) : [which as 'nonstream' | 'stream'];
-    for (const mode of modes) console.log(await profileMode(mode, seconds, fsync, top, keep));
+    for (const mode of modes)
+      console.log(await profileMode(mode, seconds, fsync, provider, top, keep));
   } catch (error) {
     process.stderr.write(`profile failed: ${(error as Error).stack ?? error}\n`);
     process.exitCode = 1;

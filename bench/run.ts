@@ -11,6 +11,7 @@ import { arch, cpus, release } from 'node:os';
 import { join } from 'node:path';
 import type { LatencySamples, LatencySpec } from './client.ts';
 import {
+  ANTHROPIC_MODEL,
   BUN,
   CORE_GATEWAY,
   CORE_LOAD,
@@ -67,7 +68,13 @@ const log = (line: string) => process.stderr.write(`${line}\n`);
 // Targets
 
 type Mode = 'nonstream' | 'stream';
-type TargetName = 'direct' | 'proxy' | 'tollgate' | 'tollgate-interval' | 'tollgate-off';
+type TargetName =
+  | 'direct'
+  | 'proxy'
+  | 'tollgate'
+  | 'tollgate-interval'
+  | 'tollgate-off'
+  | 'tollgate-anthropic';
 
 interface Target {
   name: TargetName;
@@ -84,8 +91,14 @@ const BODY_BASE = {
   max_completion_tokens: 64,
 };
 function bodyFor(target: Target, mode: Mode): string {
-  // Direct and proxy reach the fake upstream, whose model is "up"; tollgate maps model_03 onto it.
-  const model = target.name === 'direct' || target.name === 'proxy' ? 'up' : 'model_03';
+  // Direct and proxy reach the fake upstream, whose model is "up"; tollgate maps model_03 onto it
+  // through its openai provider, ANTHROPIC_MODEL through its anthropic one.
+  const model =
+    target.name === 'direct' || target.name === 'proxy'
+      ? 'up'
+      : target.name === 'tollgate-anthropic'
+        ? ANTHROPIC_MODEL
+        : 'model_03';
   return JSON.stringify({ ...BODY_BASE, model, ...(mode === 'stream' ? { stream: true } : {}) });
 }
 
@@ -171,11 +184,15 @@ async function measure(
   };
 }
 
-/** Which targets run at which connection count. */
+/**
+ * Which targets run at which connection count. The anthropic adapter (issue 14) runs at 32 only:
+ * its CPU per request beside the openai adapter's is the figure; the latency rows would add time,
+ * not information (both share everything above the provider).
+ */
 const PLAN: Array<{ connections: number; targets: TargetName[]; seconds: number }> = [
   {
     connections: 32,
-    targets: ['direct', 'proxy', 'tollgate', 'tollgate-off'],
+    targets: ['direct', 'proxy', 'tollgate', 'tollgate-anthropic', 'tollgate-off'],
     seconds: LOAD_SECONDS,
   },
   {
@@ -184,6 +201,23 @@ const PLAN: Array<{ connections: number; targets: TargetName[]; seconds: number 
     seconds: LATENCY_SECONDS,
   },
 ];
+
+/**
+ * The order of one round's runs at one connection count: the plan's targets rotated by the round,
+ * so no target always runs first (or right after the same one). The anthropic adapter then runs
+ * next to the openai one, after it in even rounds and before it in odd ones: their ratio is the
+ * figure, and two runs back to back see more of the same load from the rest of this shared machine
+ * than two with other runs between them; the swap keeps either from always inheriting the other's
+ * garbage (they share one process).
+ */
+function runOrder(names: readonly TargetName[], round: number): TargetName[] {
+  const rest: TargetName[] = names.filter((name) => name !== 'tollgate-anthropic');
+  const order = rest.map((_, i) => rest[(i + round) % rest.length]!);
+  if (rest.length === names.length) return order;
+  const openai = order.indexOf('tollgate');
+  order.splice(round % 2 === 0 ? openai + 1 : openai, 0, 'tollgate-anthropic');
+  return order;
+}
 
 async function serverBench(
   targets: Record<TargetName, Target>,
@@ -209,10 +243,7 @@ async function serverBench(
   for (let round = 0; round < ROUNDS; round++) {
     for (const mode of ['nonstream', 'stream'] as const) {
       for (const { connections, targets: names, seconds } of PLAN) {
-        // Rotate the order each round, so no target always runs first (or right after the same
-        // one).
-        const order = names.map((_, i) => names[(i + round) % names.length]!);
-        for (const name of order) {
+        for (const name of runOrder(names, round)) {
           const result = await measure(
             targets[name],
             mode,
@@ -226,7 +257,7 @@ async function serverBench(
             `round ${round + 1}/${ROUNDS} ${mode.padEnd(9)} c${String(connections).padEnd(2)} ` +
               `${targets[name].label.padEnd(22)} ` +
               `${fmtInt(result.wrk.rps).padStart(7)} req/s  p50 ${fmt(result.wrk.p50Ms, 3)} ms  ` +
-              `p99 ${fmt(result.wrk.p99Ms, 3)} ms` +
+              `p99 ${fmt(result.wrk.p99Ms, 3)} ms  p99.9 ${fmt(result.wrk.p999Ms, 3)} ms` +
               (result.gatewayCpuUsPerRequest === null
                 ? ''
                 : `  cpu ${fmt(result.gatewayCpuUsPerRequest, 1)} µs/req`),
@@ -607,6 +638,7 @@ const LABELS: Record<TargetName, string> = {
   tollgate: 'tollgate (fsync always)',
   'tollgate-interval': 'tollgate (fsync interval)',
   'tollgate-off': 'tollgate (fsync off)',
+  'tollgate-anthropic': 'tollgate, anthropic (fsync always)',
 };
 
 function serverTables(runs: ServerRun[]): string {
@@ -633,6 +665,7 @@ function serverTables(runs: ServerRun[]): string {
           `${fmtInt(median(rps))} (${fmtInt(rpsLow)}–${fmtInt(rpsHigh)})`,
           fmt(median(rs.map((r) => r.wrk.p50Ms)), 3),
           fmt(median(rs.map((r) => r.wrk.p99Ms)), 3),
+          fmt(median(rs.map((r) => r.wrk.p999Ms)), 3),
           name === 'direct' ? '—' : fmt(median(cpu), 1),
           fmt(median(rs.map((r) => r.upstreamCpuUsPerRequest)), 1),
           name === 'direct' ? '—' : fmt(Math.max(...rss), 1),
@@ -646,6 +679,7 @@ function serverTables(runs: ServerRun[]): string {
             'req/s median (range)',
             'p50 ms',
             'p99 ms',
+            'p99.9 ms',
             'gateway CPU µs/req',
             'upstream CPU µs/req',
             'gateway RSS MiB (max)',
@@ -939,6 +973,8 @@ async function startTargets(
     tollgate: tollgateTarget('tollgate', always),
     'tollgate-interval': tollgateTarget('tollgate-interval', interval),
     'tollgate-off': tollgateTarget('tollgate-off', off),
+    // The same process as `tollgate`, another model: the two adapters side by side in one round.
+    'tollgate-anthropic': tollgateTarget('tollgate-anthropic', always),
   };
   return { targets, gateways: [proxy, always, interval, off] };
 }
@@ -1009,6 +1045,7 @@ function serverChecks(runs: ServerRun[]): Check[] {
       pass: rpsSt >= 0.7,
     },
   ];
+  checks.push(...anthropicChecks(runs));
   for (const [name, limit] of ADDED_LIMITS_MS) {
     const added = median(
       perRound(runs, 'nonstream', 1, name, 'direct', (a, b) => a.wrk.p50Ms - b.wrk.p50Ms),
@@ -1021,6 +1058,78 @@ function serverChecks(runs: ServerRun[]): Check[] {
     });
   }
   return checks;
+}
+
+/** Issue 14: the anthropic adapter's CPU per request within 10 % of the openai adapter's. */
+const ANTHROPIC_CPU_RATIO_MAX = 1.1;
+
+/** Per round, the anthropic adapter's run ÷ the openai adapter's (same tollgate), at c32. */
+function anthropicVsOpenai(
+  runs: ServerRun[],
+  mode: Mode,
+  f: (a: ServerRun, b: ServerRun) => number,
+): number[] {
+  return perRound(runs, mode, 32, 'tollgate-anthropic', 'tollgate', f);
+}
+
+const cpuRatio = (a: ServerRun, b: ServerRun) =>
+  a.gatewayCpuUsPerRequest! / b.gatewayCpuUsPerRequest!;
+
+function anthropicChecks(runs: ServerRun[]): Check[] {
+  const stream = anthropicVsOpenai(runs, 'stream', cpuRatio);
+  const nonstream = anthropicVsOpenai(runs, 'nonstream', cpuRatio);
+  if (stream.length === 0) return [];
+  return [
+    {
+      figure: 'Anthropic adapter: stream CPU/request ÷ openai adapter (c32, same tollgate)',
+      target: `≤ ${fmt(ANTHROPIC_CPU_RATIO_MAX)}`,
+      measured: fmtRatio(stream),
+      pass: median(stream) <= ANTHROPIC_CPU_RATIO_MAX,
+    },
+    {
+      figure: '(reference) Anthropic adapter: non-stream CPU/request ÷ openai adapter (c32)',
+      target: '—',
+      measured: fmtRatio(nonstream),
+      pass: null,
+    },
+  ];
+}
+
+/** The two adapters side by side: gateway and fake-upstream figures, per round, at c32. */
+function anthropicTable(runs: ServerRun[]): string {
+  const rows = (['nonstream', 'stream'] as const).map((mode) => {
+    const cpu = (name: TargetName) =>
+      fmt(median(runsOf(runs, mode, 32, name).map((r) => r.gatewayCpuUsPerRequest!)), 1);
+    return [
+      mode,
+      cpu('tollgate'),
+      cpu('tollgate-anthropic'),
+      fmtRatio(anthropicVsOpenai(runs, mode, cpuRatio)),
+      fmtRatio(anthropicVsOpenai(runs, mode, (a, b) => a.wrk.rps / b.wrk.rps)),
+      fmtRatio(anthropicVsOpenai(runs, mode, (a, b) => a.wrk.p50Ms / b.wrk.p50Ms)),
+      fmtRatio(anthropicVsOpenai(runs, mode, (a, b) => a.wrk.p99Ms / b.wrk.p99Ms)),
+      fmtRatio(
+        anthropicVsOpenai(
+          runs,
+          mode,
+          (a, b) => a.upstreamCpuUsPerRequest / b.upstreamCpuUsPerRequest,
+        ),
+      ),
+    ];
+  });
+  return table(
+    [
+      'mode (c32)',
+      'openai CPU µs/req',
+      'anthropic CPU µs/req',
+      'CPU/req anthropic ÷ openai',
+      'req/s ÷',
+      'p50 ÷',
+      'p99 ÷',
+      'fake upstream CPU/req ÷',
+    ],
+    rows,
+  );
 }
 
 /** The most latency a tollgate may add over direct at 1 connection, per fsync policy. */
@@ -1105,7 +1214,7 @@ function renderMarkdown(report: Report, measured: Measured, checks: Check[]): st
   const sections = headSection(report);
   if (checks.length > 0) {
     sections.push(
-      '## Targets (issue 5)',
+      '## Targets (issues 5 and 14)',
       '',
       table(
         ['figure', 'target', 'measured', ''],
@@ -1169,6 +1278,16 @@ function serverSection(runs: ServerRun[]): string[] {
       'RSS after the run.',
     '',
     serverTables(runs),
+    '### The anthropic adapter beside the openai adapter (issue 14)',
+    '',
+    `One tollgate (fsync always) serves model_03 through its \`openai\` provider and ` +
+      `${ANTHROPIC_MODEL} (same rates and windows) through its \`anthropic\` provider, both on ` +
+      'the same fake upstream, which answers each protocol with the same text in the same ' +
+      'writes. Ratios are anthropic ÷ openai within each round; the last column checks that ' +
+      'the fake costs the same for both.',
+    '',
+    anthropicTable(runs),
+    '',
     '### Added latency of fsync `always` over `off` (issue 3, from the runs above)',
     '',
     fsyncTable(runs),
