@@ -26,9 +26,18 @@ import {
   CreateKeySchema,
   type CreditKeyBody,
   CreditKeySchema,
+  LiveRequestSchema,
+  listOf,
+  UsageRowSchema,
 } from './model.ts';
 import { readOverview } from './overview.ts';
-import { parseUsageQuery, readUsage, USAGE_DAYS_MAX, USAGE_ROWS_MAX } from './usage.ts';
+import {
+  parseUsageQuery,
+  readUsage,
+  USAGE_DAYS_MAX,
+  USAGE_ROWS_MAX,
+  usageModelNames,
+} from './usage.ts';
 
 const CreateKeyCheck = TypeCompiler.Compile(CreateKeySchema);
 const CreditKeyCheck = TypeCompiler.Compile(CreditKeySchema);
@@ -186,7 +195,7 @@ const USAGE_DOC = adminDoc({
         '`{"object": "list", "data": [{day, key_id, model, requests, completed, cancelled, ' +
         'errors, prompt_tokens, completion_tokens, charged_credits}]}`, the dimensions not ' +
         'grouped by left out.',
-      content: { 'application/json': {} },
+      content: { 'application/json': listOf(UsageRowSchema) },
     },
   },
   errors: [...ADMIN_ERRORS, 'invalid_request_error'],
@@ -202,7 +211,7 @@ const LIVE_DOC = adminDoc({
       description:
         '`{"object": "list", "data": [{id, key_id, service, model, stream, created, age_ms, ' +
         'held_credits, attempt}]}`',
-      content: { 'application/json': {} },
+      content: { 'application/json': listOf(LiveRequestSchema) },
     },
   },
   errors: [...ADMIN_ERRORS, 'invalid_request_error'],
@@ -223,6 +232,7 @@ const CANCEL_DOC = adminDoc({
 // types Elysia infers along it).
 export function adminController(gateway: Gateway) {
   const defaultRpm = gateway.config.limits.default_rate_limit_rpm;
+  const modelNames = usageModelNames(gateway.config);
   return new Elysia({ name: 'admin', prefix: '/admin/v1' })
     .onBeforeHandle(({ request }) => {
       checkAdmin(gateway, request.headers.get('authorization'));
@@ -296,7 +306,7 @@ export function adminController(gateway: Gateway) {
       '/usage',
       async ({ request }) => {
         const { state } = gateway.store;
-        const query = parseUsageQuery(queryOf(request), state, Object.keys(gateway.config.models));
+        const query = parseUsageQuery(queryOf(request), state, modelNames);
         return Response.json({ object: 'list', data: await readUsage(state, query) });
       },
       { detail: USAGE_DOC },

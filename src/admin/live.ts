@@ -3,20 +3,7 @@
 import { microToCredits } from '../keys/store.ts';
 import type { ActorRegistry } from '../requests/registry.ts';
 import type { GatewayState } from '../state/apply.ts';
-
-export interface LiveRequest {
-  id: string;
-  key_id: string;
-  service: string;
-  model: string;
-  stream: boolean;
-  /** Unix seconds, as the status record's. */
-  created: number;
-  age_ms: number;
-  held_credits: number;
-  /** The attempt in flight (1 the first deployment tried; 0 before any provider call). */
-  attempt: number;
-}
+import type { LiveRequest } from './model.ts';
 
 export function liveRequests(
   state: GatewayState,

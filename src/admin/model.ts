@@ -1,5 +1,6 @@
-// Admin API schemas: the bodies of key creation and top-up.
-import { type Static, Type } from '@sinclair/typebox';
+// Admin API schemas: the bodies of key creation and top-up, and the rows of the usage and live
+// request lists (the OpenAPI document shows them; the views are typed by them).
+import { type Static, type TSchema, Type } from '@sinclair/typebox';
 
 const Credits = Type.Number({ minimum: 0, maximum: 9_000_000_000 });
 
@@ -33,3 +34,41 @@ export const CreditKeySchema = Type.Object(
 
 export type CreateKeyBody = Static<typeof CreateKeySchema>;
 export type CreditKeyBody = Static<typeof CreditKeySchema>;
+
+const Count = Type.Integer({ minimum: 0 });
+
+/** A row of GET /admin/v1/usage (CONTRACT §6); the dimensions not grouped by are left out. */
+export const UsageRowSchema = Type.Object({
+  day: Type.Optional(Type.String({ description: 'UTC day, YYYY-MM-DD' })),
+  key_id: Type.Optional(Type.String()),
+  model: Type.Optional(Type.String()),
+  requests: Count,
+  completed: Count,
+  cancelled: Count,
+  errors: Count,
+  prompt_tokens: Count,
+  completion_tokens: Count,
+  charged_credits: Type.Number({ minimum: 0, description: 'exact µcr sum, in credits' }),
+});
+export type UsageRowView = Static<typeof UsageRowSchema>;
+
+/** An item of GET /admin/v1/requests?state=in_progress (CONTRACT §6). */
+export const LiveRequestSchema = Type.Object({
+  id: Type.String(),
+  key_id: Type.String(),
+  service: Type.Union([Type.Literal('chat'), Type.Literal('decision')]),
+  model: Type.String(),
+  stream: Type.Boolean(),
+  created: Type.Integer({ description: 'Unix seconds' }),
+  age_ms: Count,
+  held_credits: Type.Number({ minimum: 0 }),
+  attempt: Type.Integer({
+    minimum: 0,
+    description: 'the attempt in flight: 1 the first deployment tried, 0 before any call',
+  }),
+});
+export type LiveRequest = Static<typeof LiveRequestSchema>;
+
+/** The list envelope of both. */
+export const listOf = <T extends TSchema>(item: T) =>
+  Type.Object({ object: Type.Literal('list'), data: Type.Array(item) });

@@ -18,8 +18,13 @@ const COMPLETION_TOKENS = 5;
 const CHARGED_MICRO = 6;
 const COUNTERS = 7;
 
-/** Rows of a day are found by key and model positions packed in one number: model < 2^20. */
-const MODEL_POSITIONS = 2 ** 20;
+/**
+ * Rows of a day are found by key and model positions packed in one number: key · 2^16 + model,
+ * exact for 2^37 keys. Models are the catalogue's (config ids and the decision's names, bounded by
+ * the config); should a data dir ever see more, the rest are summed under one name, never refused.
+ */
+const MODEL_POSITIONS = 2 ** 16;
+const OTHER_MODELS = '(other models)';
 const INITIAL_ROWS = 16;
 
 /** One row of the history, as the admin API reads it. */
@@ -40,7 +45,7 @@ export interface UsageRow {
 class DayRows {
   count = 0;
   counters = new Float64Array(INITIAL_ROWS * COUNTERS);
-  /** Per row: the key's and the model's positions in the table's `strings`. */
+  /** Per row: the key's and the model's positions in the table's names. */
   names = new Int32Array(INITIAL_ROWS * 2);
   readonly rowOf = new Map<number, number>();
 
@@ -67,37 +72,67 @@ class DayRows {
   }
 }
 
+/** Strings stored once each, referred to by position. */
+class Names {
+  readonly list: string[] = [];
+  private readonly at = new Map<string, number>();
+
+  position(text: string): number {
+    const known = this.at.get(text);
+    if (known !== undefined) return known;
+    this.list.push(text);
+    this.at.set(text, this.list.length - 1);
+    return this.list.length - 1;
+  }
+
+  /** The position of `text`, or -1 when it was never stored. */
+  find(text: string): number {
+    return this.at.get(text) ?? -1;
+  }
+}
+
 /** What a snapshot keeps of the history (the counters travel as bytes beside it). */
 export interface UsageMeta {
-  strings: string[];
+  keys: string[];
+  models: string[];
   /** Per day, oldest first: the day and its row count; the rows are in the blobs in this order. */
   days: Array<[number, number]>;
+  /** The day the history had moved to (see UsageTable.latestDay); null before any finish. */
+  latestDay: number | null;
 }
 
 export class UsageTable {
-  /** Days, oldest first (finish times only move forward but for clock steps: see add). */
+  /** Days, in the order they were first seen (oldest first but for clock steps: see add). */
   private readonly days = new Map<number, DayRows>();
+  /**
+   * The newest day the history has moved to: days older than the retention before it are gone.
+   * It moves one day per finish at most, so a clock stepped far ahead for a moment (a bad clock at
+   * boot) cannot empty the history; after real downtime it catches up within a few finishes.
+   */
   private latestDay = Number.NEGATIVE_INFINITY;
-  /** Key ids and models, each stored once; bounded by the keys and the configured models. */
-  private readonly strings: string[] = [];
-  private readonly stringAt = new Map<string, number>();
+  private readonly keys = new Names();
+  private readonly models = new Names();
 
   constructor(private readonly retentionDays: number) {
     assert(Number.isSafeInteger(retentionDays) && retentionDays > 0, 'retention must be positive');
   }
 
-  /** Adds a finished request of `keyId` on `model` to its day's row. */
+  /**
+   * Adds a finished request of `keyId` on `model` to its day's row. A finish dated before the
+   * kept days (a clock stepped back further than the retention) counts in the oldest kept day:
+   * the history's sums stay the ledger's.
+   */
   add(keyId: string, model: string, event: RequestFinished): void {
-    const day = Math.floor(event.at_ms / DAY_MS);
-    // A day past the retention (a clock stepped back more than that) is not history to keep.
-    if (day <= this.latestDay - this.retentionDays) return;
-    if (day > this.latestDay) this.advanceTo(day);
+    const dated = Math.floor(event.at_ms / DAY_MS);
+    if (dated > this.latestDay)
+      this.advanceTo(this.latestDay === Number.NEGATIVE_INFINITY ? dated : this.latestDay + 1);
+    const day = Math.max(dated, this.latestDay - this.retentionDays + 1);
     let rows = this.days.get(day);
     if (rows === undefined) {
       rows = new DayRows(day);
       this.days.set(day, rows);
     }
-    const c = rows.row(this.intern(keyId), this.intern(model)) * COUNTERS;
+    const c = rows.row(this.keys.position(keyId), this.modelPosition(model)) * COUNTERS;
     const counters = rows.counters;
     counters[c + REQUESTS]! += 1;
     if (event.status === 'completed') counters[c + COMPLETED]! += 1;
@@ -110,9 +145,9 @@ export class UsageTable {
     counters[c + CHARGED_MICRO]! += event.charge.credits_micro;
   }
 
-  /** Whether `text` names a key or a model the history has seen. */
-  hasName(text: string): boolean {
-    return this.stringAt.has(text);
+  /** Whether the history has rows of `model`. */
+  hasModel(model: string): boolean {
+    return this.models.find(model) !== -1;
   }
 
   /** Rows held, all days together. */
@@ -127,11 +162,14 @@ export class UsageTable {
    * when given. A generator, so that a caller can pause between rows.
    */
   *rows(fromDay: number, toDay: number, keyId?: string, model?: string): Generator<UsageRow> {
-    const key = keyId === undefined ? -1 : (this.stringAt.get(keyId) ?? -2);
-    const modelAt = model === undefined ? -1 : (this.stringAt.get(model) ?? -2);
-    if (key === -2 || modelAt === -2) return;
-    for (const rows of this.days.values()) {
-      if (rows.day < fromDay || rows.day > toDay) continue;
+    const key = keyId === undefined ? -1 : this.keys.find(keyId);
+    const modelAt = model === undefined ? -1 : this.models.find(model);
+    if ((keyId !== undefined && key === -1) || (model !== undefined && modelAt === -1)) return;
+    // Days are added out of order when a clock steps: sorted here, at most the retention's days.
+    const inRange = [...this.days.values()].filter(
+      (rows) => rows.day >= fromDay && rows.day <= toDay,
+    );
+    for (const rows of inRange.sort((a, b) => a.day - b.day)) {
       for (let row = 0; row < rows.count; row++) {
         const rowKey = rows.names[row * 2]!;
         const rowModel = rows.names[row * 2 + 1]!;
@@ -140,8 +178,8 @@ export class UsageTable {
         const counters = rows.counters;
         yield {
           day: rows.day,
-          keyId: this.strings[rowKey]!,
-          model: this.strings[rowModel]!,
+          keyId: this.keys.list[rowKey]!,
+          model: this.models.list[rowModel]!,
           requests: counters[c + REQUESTS]!,
           completed: counters[c + COMPLETED]!,
           cancelled: counters[c + CANCELLED]!,
@@ -167,7 +205,12 @@ export class UsageTable {
       at += day.count;
     }
     return {
-      meta: { strings: [...this.strings], days: days.map((day) => [day.day, day.count]) },
+      meta: {
+        keys: [...this.keys.list],
+        models: [...this.models.list],
+        days: days.map((day) => [day.day, day.count]),
+        latestDay: Number.isFinite(this.latestDay) ? this.latestDay : null,
+      },
       blobs: [
         new Uint8Array(counters.buffer, 0, counters.byteLength),
         new Uint8Array(names.buffer, 0, names.byteLength),
@@ -177,11 +220,13 @@ export class UsageTable {
 
   /** Puts back what `serialize` wrote (into an empty table). */
   restore(raw: unknown, blobs: readonly Uint8Array[]): void {
-    assert(this.days.size === 0 && this.strings.length === 0, 'usage restored into a used table');
+    assert(this.days.size === 0 && this.keys.list.length === 0, 'usage restored into a used table');
     const meta = raw as UsageMeta;
     assert(
-      Array.isArray(meta?.strings) && meta.strings.every((text) => typeof text === 'string'),
-      'snapshot usage: bad strings',
+      [meta?.keys, meta?.models].every(
+        (names) => Array.isArray(names) && names.every((text) => typeof text === 'string'),
+      ),
+      'snapshot usage: bad names',
     );
     assert(Array.isArray(meta.days), 'snapshot usage: bad days');
     const rows = meta.days.reduce((sum, entry) => {
@@ -208,7 +253,8 @@ export class UsageTable {
         nameBytes.byteOffset + nameBytes.byteLength,
       ) as ArrayBuffer,
     );
-    for (const text of meta.strings) this.intern(text);
+    for (const keyId of meta.keys) this.keys.position(keyId);
+    for (const model of meta.models) this.models.position(model);
     let at = 0;
     for (const [day, count] of meta.days) {
       const target = new DayRows(day);
@@ -216,15 +262,19 @@ export class UsageTable {
         const key = names[at * 2]!;
         const model = names[at * 2 + 1]!;
         assert(
-          key >= 0 && key < this.strings.length && model >= 0 && model < this.strings.length,
+          key >= 0 && key < this.keys.list.length && model >= 0 && model < this.models.list.length,
           'snapshot usage: bad name position',
         );
         const r = target.row(key, model) * COUNTERS;
         target.counters.set(counters.subarray(at * COUNTERS, (at + 1) * COUNTERS), r);
       }
       this.days.set(day, target);
-      if (day > this.latestDay) this.latestDay = day;
     }
+    assert(
+      meta.latestDay === null || Number.isSafeInteger(meta.latestDay),
+      'snapshot usage: bad latest day',
+    );
+    this.latestDay = meta.latestDay ?? Number.NEGATIVE_INFINITY;
   }
 
   /** A new latest day: the days it leaves past the retention go, whole. */
@@ -233,13 +283,12 @@ export class UsageTable {
     for (const old of this.days.keys()) if (old <= day - this.retentionDays) this.days.delete(old);
   }
 
-  private intern(text: string): number {
-    const known = this.stringAt.get(text);
-    if (known !== undefined) return known;
-    const position = this.strings.length;
-    assert(position < MODEL_POSITIONS, 'usage: too many key ids and models');
-    this.strings.push(text);
-    this.stringAt.set(text, position);
-    return position;
+  /** The model's position; past MODEL_POSITIONS models, the position of OTHER_MODELS. */
+  private modelPosition(model: string): number {
+    const known = this.models.find(model);
+    if (known !== -1) return known;
+    return this.models.position(
+      this.models.list.length < MODEL_POSITIONS - 1 ? model : OTHER_MODELS,
+    );
   }
 }

@@ -1,6 +1,8 @@
 // Live requests through HTTP (CONTRACT §6): GET /admin/v1/requests?state=in_progress lists what
 // holds credits now; POST /admin/v1/requests/<id>/cancel is the key's own cancel, by the admin.
 import { expect, test } from 'bun:test';
+import { Value } from '@sinclair/typebox/value';
+import { LiveRequestSchema, listOf } from '../../src/admin/model.ts';
 import { ADMIN_TOKEN, bearer, chatBody, closedAfterEach } from '../support/gateway.ts';
 import { startLifecycleUpstream } from '../support/lifecycle-harness.ts';
 import { SseReader } from '../support/sse.ts';
@@ -28,6 +30,7 @@ test('a running stream is listed with its hold and attempt; the admin cancels it
   expect(listed.status).toBe(200);
   const { object, data } = (await listed.json()) as { object: string; data: any[] };
   expect(object).toBe('list');
+  expect(Value.Check(listOf(LiveRequestSchema), { object, data })).toBe(true);
   expect(data).toEqual([
     {
       id,

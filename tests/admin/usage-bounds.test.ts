@@ -10,7 +10,7 @@ import { keyCreated, LIMITS, requestFinished } from '../state/support.ts';
 const DAY = 20_400;
 
 function query(state: GatewayState, text: string) {
-  return parseUsageQuery(new URLSearchParams(text), state, ['m']);
+  return parseUsageQuery(new URLSearchParams(text), state, new Map([['m', 'm']]));
 }
 
 test('more rows than the bound is a 400 naming group_by; grouped by day it fits', async () => {

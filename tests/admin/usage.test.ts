@@ -1,6 +1,8 @@
 // GET /admin/v1/usage through HTTP (CONTRACT §6): rows per UTC day, key and model from the finish
 // events, sums equal to each key's `charged`, grouping, bounds and 400s naming the field, restart.
 import { expect, test } from 'bun:test';
+import { Value } from '@sinclair/typebox/value';
+import { listOf, UsageRowSchema } from '../../src/admin/model.ts';
 import { ADMIN_TOKEN, bearer, chatBody, closedAfterEach, tempDir } from '../support/gateway.ts';
 import { startLifecycleUpstream, type UpstreamAct } from '../support/lifecycle-harness.ts';
 import { SseReader } from '../support/sse.ts';
@@ -56,6 +58,8 @@ test('finished requests of any end land in a row per key and model; sums are cha
   const day = today();
   const { status, body } = await usage(t, `from=${day}&to=${day}`);
   expect(status).toBe(200);
+  // The answer is what the OpenAPI document says it is.
+  expect(Value.Check(listOf(UsageRowSchema), body)).toBe(true);
   expect(body.object).toBe('list');
   const rowOf = (keyId: string) => body.data.find((row: any) => row.key_id === keyId);
   expect(rowOf(a.id)).toMatchObject({
@@ -88,6 +92,13 @@ test('finished requests of any end land in a row per key and model; sums are cha
     }),
   ]);
   expect(byModel.body.data[0]).not.toHaveProperty('key_id');
+  expect(Value.Check(listOf(UsageRowSchema), byModel.body)).toBe(true);
+  // group_by empty: one row, the total; key_id is a spelling of key.
+  const total = await usage(t, `from=${day}&to=${day}&group_by=`);
+  expect(total.body.data).toEqual([expect.objectContaining({ requests: 6 })]);
+  expect(Object.keys(total.body.data[0])).not.toContain('model');
+  const byKey = await usage(t, `from=${day}&to=${day}&group_by=key_id, day`);
+  expect(byKey.body.data.map((row: any) => row.key_id).sort()).toEqual([a.id, b.id].sort());
   expect(byModel.body.data[0]).not.toHaveProperty('day');
   // Filtered by key.
   const onlyB = await usage(t, `from=${day}&to=${day}&key_id=${b.id}`);
@@ -135,7 +146,8 @@ test('bad queries are a 400 naming the field', async () => {
     ['from=2026-01-01&to=2026-01-02&model=model_nope', 'model'],
     ['from=2026-01-01&to=2026-01-02&group_by=week', 'group_by'],
     ['from=2026-01-01&to=2026-01-02&group_by=day,day', 'group_by'],
-    ['from=2026-01-01&to=2026-01-02&group_by=', 'group_by'],
+    ['from=2026-01-01&to=2026-01-02&group_by=week', 'group_by'],
+    ['from=2026-01-01&to=2026-01-02&model=key_x', 'model'],
   ] as const) {
     const { status, body } = await usage(t, query);
     expect({ query, status, param: body.error?.param }).toEqual({ query, status: 400, param });

@@ -61,20 +61,43 @@ test('finishes of one day, key and model add up in one row; others get their own
   expect([...table.rows(DAY + 1, DAY + 1)].map((row) => row.keyId)).toEqual(['k2']);
 });
 
-test('a day past the retention goes whole; a finish dated before it is not kept', () => {
+test('a day past the retention goes whole; an older finish counts in the oldest kept day', () => {
   const table = new UsageTable(2);
   table.add('k1', 'm1', finished('completed', at(DAY), 1));
   table.add('k1', 'm1', finished('completed', at(DAY + 1), 2));
   expect(table.size).toBe(2);
   table.add('k1', 'm1', finished('completed', at(DAY + 2), 3));
   expect(all(table).map((row) => row.day)).toEqual([DAY + 1, DAY + 2]);
-  // A clock stepped back: into a kept day it counts, past the retention it is not history.
+  // A clock stepped back: into a kept day it counts there, past the retention in the oldest kept
+  // day, so the sums stay the ledger's.
   table.add('k1', 'm1', finished('completed', at(DAY + 1, 5), 4));
   table.add('k1', 'm1', finished('completed', at(DAY), 5));
   expect(all(table).map((row) => [row.day, row.chargedMicro])).toEqual([
-    [DAY + 1, 6],
+    [DAY + 1, 11],
     [DAY + 2, 3],
   ]);
+});
+
+test('one finish dated far ahead empties nothing; the history moves a day a finish', () => {
+  const table = new UsageTable(30);
+  table.add('k1', 'm1', finished('completed', at(DAY), 100));
+  table.add('k1', 'm1', finished('completed', at(DAY), 200));
+  // A bad clock at boot: one finish dated two years ahead, then the clock is right again.
+  table.add('k1', 'm1', finished('completed', at(DAY + 730), 300));
+  table.add('k1', 'm1', finished('completed', at(DAY, 1), 400));
+  const sum = all(table).reduce((total, row) => total + row.chargedMicro, 0);
+  expect(sum).toBe(1_000);
+  expect(all(table).map((row) => row.day)).toEqual([DAY, DAY + 730]);
+  // Real days pass: the old ones go once the history has moved past them, one day per finish.
+  for (let day = 1; day <= 40; day++)
+    table.add('k1', 'm1', finished('completed', at(DAY + day), 1));
+  expect(all(table)[0]!.day).toBe(DAY + 11);
+  // A snapshot keeps where the history had moved to (not its furthest row).
+  const copy = new UsageTable(30);
+  const { meta, blobs } = table.serialize();
+  copy.restore(JSON.parse(JSON.stringify(meta)), blobs);
+  for (const t of [table, copy]) t.add('k2', 'm1', finished('completed', at(DAY + 41), 7));
+  expect(all(copy)).toEqual(all(table));
 });
 
 test('many rows a day grow their columns; a snapshot restores every row', () => {
