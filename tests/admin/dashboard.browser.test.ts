@@ -6,6 +6,9 @@ import { afterAll, afterEach, beforeAll, expect, test } from 'bun:test';
 import { existsSync } from 'node:fs';
 import { join } from 'node:path';
 import { type Browser, type BrowserContext, chromium, type Page } from 'playwright-core';
+import { USAGE_ROWS_MAX } from '../../src/admin/usage.ts';
+import { errorBody } from '../../src/http/errors.ts';
+import { GatewayError } from '../../src/util/errors.ts';
 import { ADMIN_TOKEN, bearer, chatBody, closedAfterEach } from '../support/gateway.ts';
 import {
   ANSWER_COST_MICRO,
@@ -92,6 +95,13 @@ function credits(micro: number): string {
     .replace(/0+$/, '');
   const whole = Math.floor(micro / 1_000_000).toLocaleString('en-US');
   return fraction ? `${whole}.${fraction}` : whole;
+}
+
+/** The page's exact credits back to whole micro-credits: "1,234.00178" → 1234001780. */
+function microOf(text: string): number {
+  const [whole, fraction = ''] = text.replaceAll(',', '').split('.');
+  expect(fraction.length).toBeLessThanOrEqual(6);
+  return Number(whole) * 1_000_000 + Number(fraction.padEnd(6, '0'));
 }
 
 async function signIn(page: Page, token: string): Promise<void> {
@@ -294,5 +304,181 @@ test('on a narrow screen the page fits its width; wide tables scroll in their ca
     'document.documentElement.scrollWidth - document.documentElement.clientWidth',
   );
   expect(overflow).toBe(0);
+  expect(problems).toEqual([]);
+});
+
+/** The usage API's answer to a query past its row bound: a 400 naming group_by. */
+const TOO_MANY_ROWS = errorBody(
+  new GatewayError(
+    'invalid_request_error',
+    `the query has more than ${USAGE_ROWS_MAX} rows: narrow from..to, name a key_id or model, ` +
+      'or group by fewer dimensions',
+    { param: 'group_by' },
+  ),
+);
+
+/** A usage query the page makes, as a predicate on its URL (for page.route). */
+function usageQuery(which: (params: URLSearchParams) => boolean): (url: URL) => boolean {
+  return (url) => url.pathname === '/admin/v1/usage' && which(url.searchParams);
+}
+
+test('one refused usage query blanks only its own panel of the spend section', async () => {
+  const t = await cleanup.server();
+  const { key, id } = await t.createKey({ name: 'alice' });
+  for (const model of ['model_03', 'model_01']) {
+    const response = await fetch(`${t.baseUrl}/api/v1/chat/completions`, {
+      method: 'POST',
+      headers: bearer(key),
+      body: JSON.stringify(chatBody({ model, max_completion_tokens: 64 })),
+    });
+    expect(response.status).toBe(200);
+  }
+  const { page, problems } = await openPage();
+  const spend = page.locator('section', { has: page.getByRole('heading', { name: /^Spend/ }) });
+  const alert = (text: string) => spend.getByRole('alert').filter({ hasText: text });
+  const totalsKey = page.getByRole('table', { name: 'Totals by key' });
+  const totalsModel = page.getByRole('table', { name: 'Totals by model' });
+  const modelChart = page.locator('#chart-model canvas');
+  const keyChart = page.locator('#chart-key canvas');
+
+  // Past 10,000 keys with spend, the totals by key are refused for their size: the by-key chart
+  // and table say so, each in its own place; the by-model chart and totals are drawn.
+  const byKey = usageQuery((params) => params.get('group_by') === 'key');
+  await page.route(byKey, (route) =>
+    route.fulfill({ status: 400, contentType: 'application/json', json: TOO_MANY_ROWS }),
+  );
+  await page.goto(`${t.baseUrl}/admin/`);
+  await signIn(page, ADMIN_TOKEN);
+  await modelChart.waitFor();
+  expect(await page.locator('#chart-model .u-legend .u-label').allTextContents()).toEqual([
+    'Day',
+    'model_01',
+    'model_03',
+  ]);
+  await totalsModel.getByRole('row', { name: /^model_03 / }).waitFor();
+  await alert('Too many keys to chart by key over 30 days; see the totals by model.').waitFor();
+  await alert('Too many keys spent in the last 30 days to list them here.').waitFor();
+  expect(await totalsModel.getByRole('row').count()).toBe(1 + 2);
+  expect(await totalsKey.locator('tbody tr').count()).toBe(0);
+  expect(await keyChart.count()).toBe(0);
+  expect(await page.locator('#chart-key').isHidden()).toBe(true);
+  expect(await spend.getByRole('alert').count()).toBe(2);
+  await page.unroute(byKey);
+
+  // A key's own daily series fails otherwise (here a 503): the API's message in the by-key chart
+  // alone; the refresh brings the totals by key back and clears their message.
+  const ownSeries = usageQuery((params) => params.has('key_id'));
+  await page.route(ownSeries, (route) =>
+    route.fulfill({
+      status: 503,
+      contentType: 'application/json',
+      json: { error: { message: 'usage is resting', type: 'server_error', code: 'overloaded' } },
+    }),
+  );
+  await page.getByRole('button', { name: 'Refresh' }).click();
+  await totalsKey.getByRole('row', { name: `alice (${id})` }).waitFor();
+  await alert('usage is resting').waitFor();
+  expect(await spend.getByRole('alert').count()).toBe(1);
+  expect(await modelChart.count()).toBe(1);
+  expect(await keyChart.count()).toBe(0);
+  await page.unroute(ownSeries);
+
+  // The by-model chart refused for its size: its own message; everything else is drawn.
+  const byModel = usageQuery((params) => params.get('group_by') === 'day,model');
+  await page.route(byModel, (route) =>
+    route.fulfill({ status: 400, contentType: 'application/json', json: TOO_MANY_ROWS }),
+  );
+  await page.getByRole('button', { name: 'Refresh' }).click();
+  await alert('Too many models to chart over 30 days; see the totals by model.').waitFor();
+  await keyChart.waitFor();
+  expect(await modelChart.count()).toBe(0);
+  expect(await spend.getByRole('alert').count()).toBe(1);
+  expect(await totalsModel.getByRole('row').count()).toBe(1 + 2);
+  expect(await totalsKey.getByRole('row').count()).toBe(1 + 1);
+  await page.unroute(byModel);
+
+  // All answered again: no message left, both charts drawn.
+  await page.getByRole('button', { name: 'Refresh' }).click();
+  await modelChart.waitFor();
+  expect(await spend.getByRole('alert').count()).toBe(0);
+  expect(await keyChart.count()).toBe(1);
+  // The only errors the page logged are the browser's notes on the refused answers.
+  expect(problems.filter((text) => !/status of (400|503)/.test(text))).toEqual([]);
+});
+
+test('the by-key chart: the 7 most charged keys, each its own query, then "other"', async () => {
+  const t = await cleanup.server();
+  const { page, problems } = await openPage();
+  const keys: { id: string; name: string }[] = [];
+  for (let i = 1; i <= 9; i++) {
+    const { id, key } = await t.createKey({ name: `team-${i}` });
+    keys.push({ id, name: `team-${i}` });
+    // One small call each, its prompt longer with i, so every key is charged a different amount.
+    const content = 'Say hello. '.repeat(i * 10);
+    const response = await fetch(`${t.baseUrl}/api/v1/chat/completions`, {
+      method: 'POST',
+      headers: bearer(key),
+      body: JSON.stringify(chatBody({ messages: [{ role: 'user', content }] })),
+    });
+    expect(response.status).toBe(200);
+  }
+  const charged = new Map<string, number>();
+  for (const { id } of keys) {
+    const ledger = (await (
+      await fetch(`${t.baseUrl}/admin/v1/keys/${id}`, {
+        headers: { authorization: `Bearer ${ADMIN_TOKEN}` },
+      })
+    ).json()) as any;
+    charged.set(id, Math.round(ledger.balances.charged * 1e6));
+  }
+  expect(new Set(charged.values()).size).toBe(9);
+  const ranked = [...keys].sort((a, b) => charged.get(b.id)! - charged.get(a.id)!);
+  const top = ranked.slice(0, 7);
+  const rest = ranked.slice(7);
+  const label = (key: { id: string; name: string }) => `${key.name} (${key.id})`;
+
+  const usage: URLSearchParams[] = [];
+  page.on('request', (request) => {
+    const url = new URL(request.url());
+    if (url.pathname === '/admin/v1/usage') usage.push(url.searchParams);
+  });
+  await page.goto(`${t.baseUrl}/admin/`);
+  await signIn(page, ADMIN_TOKEN);
+  const legend = page.locator('#chart-key .u-legend .u-label');
+  await legend.nth(8).waitFor();
+
+  // No query grouped by day and key (its rows grow with the keys): a key's own series is asked
+  // for the 7 drawn only, besides the totals per key, per day and the by-model ones.
+  const groups = usage.map((params) => params.get('group_by'));
+  expect(groups).not.toContain('day,key');
+  const own = usage.filter((params) => params.has('key_id'));
+  expect(own.map((params) => params.get('group_by'))).toEqual(new Array(7).fill('day'));
+  expect(own.map((params) => params.get('key_id')).sort()).toEqual(top.map((k) => k.id).sort());
+  expect([...new Set(groups)].sort()).toEqual(['day', 'day,model', 'key', 'model']);
+
+  // The legend and the table: the 7 most charged keys, most first, then "other".
+  const names = ['Day', ...top.map(label), 'other'];
+  expect(await legend.allTextContents()).toEqual(names);
+  const table = page.getByRole('table', { name: 'Spend per day by key, as a table' });
+  expect(await table.locator('thead th').allTextContents()).toEqual(names);
+  // Each column sums to exactly what the ledger charged: a key its own, "other" the two others'.
+  const rows = await table.locator('tbody tr').all();
+  expect(rows).toHaveLength(30);
+  const sums = new Array<number>(8).fill(0);
+  for (const row of rows) {
+    const cells = await row.getByRole('cell').allTextContents();
+    expect(cells).toHaveLength(8);
+    cells.forEach((text, i) => {
+      sums[i]! += microOf(text);
+    });
+  }
+  expect(sums).toEqual([
+    ...top.map((key) => charged.get(key.id)!),
+    charged.get(rest[0]!.id)! + charged.get(rest[1]!.id)!,
+  ]);
+  // Today's row holds it all (the calls were made today, UTC).
+  const today = new Date().toISOString().slice(0, 10);
+  expect(await rows.at(-1)!.getByRole('rowheader').textContent()).toBe(today);
+
   expect(problems).toEqual([]);
 });

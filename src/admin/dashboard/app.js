@@ -13,8 +13,13 @@ const SPEND_DAYS = 30;
 const DAY_MS = 86_400_000;
 /** An admin call that takes longer is reported as failed (the next refresh tries again). */
 const CALL_TIMEOUT_MS = 10_000;
-/** Lines one chart draws; the rest of the keys or models are summed as "other". */
+/** Lines the by-model chart draws; past it, the smallest models are summed as "other". */
 const CHART_SERIES_MAX = 8;
+/**
+ * Keys the by-key chart draws a line for, the most charged, each its own small query; the rest are
+ * one more line, "other".
+ */
+const KEY_SERIES_MAX = 7;
 const PALETTE = [
   '#2563eb',
   '#dc2626',
@@ -38,10 +43,12 @@ let keyNames = new Map();
 const charts = { model: null, key: null };
 
 class ApiError extends Error {
-  constructor(status, code, message) {
+  /** `param`: the request field the envelope names, or null. */
+  constructor(status, code, message, param = null) {
     super(message);
     this.status = status;
     this.code = code;
+    this.param = param;
   }
 }
 
@@ -78,6 +85,7 @@ async function api(method, path, body, bearer = token) {
       response.status,
       error?.code ?? `http_${response.status}`,
       error?.message ?? `HTTP ${response.status}`,
+      error?.param ?? null,
     );
   }
   return json;
@@ -230,10 +238,7 @@ function signOut(message) {
   clearTimeout(liveTimer);
   liveTimer = null;
   // Nothing read with the token stays on the page.
-  for (const name of Object.keys(charts)) {
-    charts[name]?.destroy();
-    charts[name] = null;
-  }
+  for (const name of Object.keys(charts)) clearChart(name);
   for (const table of document.querySelectorAll('#console tbody')) table.replaceChildren();
   $('figures').replaceChildren();
   dismissSecret();
@@ -471,40 +476,68 @@ async function revoke(event) {
 
 // ---- spend -----------------------------------------------------------------------------------
 
-function loadSpend() {
-  return guarded('spend-error', async () => {
-    const todayMs = Math.floor(Date.now() / DAY_MS) * DAY_MS;
-    const fromMs = todayMs - (SPEND_DAYS - 1) * DAY_MS;
-    const range = `from=${isoDay(fromMs)}&to=${isoDay(todayMs)}`;
-    const [byModel, byKey, keyTotals] = await Promise.all([
-      api('GET', `/admin/v1/usage?${range}&group_by=day,model`),
-      api('GET', `/admin/v1/usage?${range}&group_by=day,key`),
-      api('GET', `/admin/v1/usage?${range}&group_by=key`),
-    ]);
-    const days = [];
-    for (let ms = fromMs; ms <= todayMs; ms += DAY_MS) days.push(ms / 1000);
-    drawChart('model', days, byModel.data, (row) => row.model);
-    drawChart('key', days, byKey.data, (row) => keyLabel(row.key_id));
-    renderTotals($('totals-key'), keyTotals.data, (row) => keyLabel(row.key_id));
-    renderTotals(
-      $('totals-model'),
-      sumBy(byModel.data, (row) => row.model),
-      (row) => row.name,
-    );
-  });
+/**
+ * The spend section: two charts and two totals tables, each loaded from its own usage queries and
+ * failing on its own (one refused query leaves the other three panels). Every query is bounded in
+ * rows whatever the number of keys, except the totals by key, which the API refuses past its row
+ * bound (shown in that table and the chart that needs it).
+ */
+async function loadSpend() {
+  if (token === null) return;
+  const todayMs = Math.floor(Date.now() / DAY_MS) * DAY_MS;
+  const fromMs = todayMs - (SPEND_DAYS - 1) * DAY_MS;
+  const range = `from=${isoDay(fromMs)}&to=${isoDay(todayMs)}`;
+  const days = [];
+  for (let ms = fromMs; ms <= todayMs; ms += DAY_MS) days.push(ms / 1000);
+  const usage = async (query) => (await api('GET', `/admin/v1/usage?${range}&${query}`)).data;
+  const keyTotals = usage('group_by=key');
+  // Read by the two panels that need it, each catching it; this keeps it from being unhandled.
+  keyTotals.catch(() => {});
+  await Promise.all([
+    panel('model', 'Too many models to chart over 30 days; see the totals by model.', async () =>
+      drawChart(
+        'model',
+        days,
+        seriesOf(days, await usage('group_by=day,model'), (r) => r.model),
+      ),
+    ),
+    panel('key', 'Too many keys to chart by key over 30 days; see the totals by model.', async () =>
+      drawChart('key', days, await keySeries(days, await keyTotals, usage)),
+    ),
+    panel('totals-model', 'Too many models to list over 30 days.', async () =>
+      renderTotals($('totals-model'), await usage('group_by=model'), (row) => row.model),
+    ),
+    panel('totals-key', 'Too many keys spent in the last 30 days to list them here.', async () =>
+      renderTotals($('totals-key'), await keyTotals, (row) => keyLabel(row.key_id)),
+    ),
+  ]);
 }
 
-/** Rows summed per name: { name, requests, charged_credits } with exact credits. */
-function sumBy(rows, nameOf) {
-  const sums = new Map();
-  for (const row of rows) {
-    const name = nameOf(row);
-    const sum = sums.get(name) ?? { name, requests: 0, micro: 0 };
-    sum.requests += row.requests;
-    sum.micro += microOf(row.charged_credits);
-    sums.set(name, sum);
-  }
-  return [...sums.values()].map((s) => ({ ...s, charged_credits: s.micro / 1e6 }));
+/**
+ * One panel of the spend section (`chart-<name>` or a `<name>` table): its load, and on failure
+ * its own error line in place of its content. A query refused for its size (a 400 naming group_by)
+ * is said in the panel's own words, `tooMany`; a 401 signs out, as everywhere.
+ */
+function panel(name, tooMany, load) {
+  const chart = name in charts;
+  const errorId = chart ? `chart-${name}-error` : `${name}-error`;
+  return guarded(errorId, async () => {
+    try {
+      await load();
+      if (chart) $(`chart-${name}`).hidden = false;
+    } catch (error) {
+      // Nothing stale stays beside the error: the chart and its table, or the table's rows, go.
+      if (chart) {
+        clearChart(name);
+        $(`chart-${name}`).hidden = true;
+      } else {
+        $(name).tBodies[0].replaceChildren();
+      }
+      const tooBig =
+        error instanceof ApiError && error.status === 400 && error.param === 'group_by';
+      throw tooBig ? new ApiError(400, error.code, tooMany, error.param) : error;
+    }
+  });
 }
 
 function renderTotals(table, rows, nameOf) {
@@ -521,41 +554,89 @@ function renderTotals(table, rows, nameOf) {
   fillBody(table, body, 'No requests in the last 30 days.');
 }
 
+/** Whole micro-credits per day of `days`, from usage rows grouped by day (a missing day is 0). */
+function dailyMicro(days, rows) {
+  const index = new Map(days.map((s, i) => [isoDay(s * 1000), i]));
+  const micro = new Array(days.length).fill(0);
+  for (const row of rows) {
+    const i = index.get(row.day);
+    if (i !== undefined) micro[i] += microOf(row.charged_credits);
+  }
+  return micro;
+}
+
+/**
+ * The by-key chart's series without a query whose rows grow with the number of keys: the
+ * KEY_SERIES_MAX keys that were charged the most in the 30 days (from their totals), each from its
+ * own daily query (at most 30 rows), and "other", the daily totals minus theirs, exact in µcr.
+ */
+async function keySeries(days, totals, usage) {
+  const spenders = totals
+    .map((row) => ({ id: row.key_id, micro: microOf(row.charged_credits) }))
+    .filter((key) => key.micro > 0)
+    .sort((a, b) => b.micro - a.micro || (a.id < b.id ? -1 : 1));
+  const top = spenders.slice(0, KEY_SERIES_MAX);
+  const series = await Promise.all(
+    top.map(async (key) => ({
+      name: keyLabel(key.id),
+      micro: dailyMicro(days, await usage(`group_by=day&key_id=${encodeURIComponent(key.id)}`)),
+    })),
+  );
+  if (spenders.length > top.length) {
+    // Read after the top keys' series: spend only grows, so a request finishing meanwhile lands
+    // in "other" rather than making it negative.
+    const other = dailyMicro(days, await usage('group_by=day'));
+    for (const { micro } of series) for (let i = 0; i < other.length; i++) other[i] -= micro[i];
+    // Only a day dropped by retention between the reads could go below 0.
+    series.push({ name: 'other', micro: other.map((m) => Math.max(0, m)) });
+  }
+  return series;
+}
+
 /**
  * One line per name (the CHART_SERIES_MAX - 1 largest, the rest as "other"), one point per day; a
  * day without spend is 0, not a gap.
  */
 function seriesOf(days, rows, nameOf) {
-  const index = new Map(days.map((s, i) => [isoDay(s * 1000), i]));
-  const byName = new Map();
+  const rowsByName = new Map();
   for (const row of rows) {
     const name = nameOf(row);
-    let micro = byName.get(name);
-    if (micro === undefined) byName.set(name, (micro = new Array(days.length).fill(0)));
-    micro[index.get(row.day)] += microOf(row.charged_credits);
+    const own = rowsByName.get(name);
+    if (own === undefined) rowsByName.set(name, [row]);
+    else own.push(row);
   }
   const total = (values) => values.reduce((a, b) => a + b, 0);
-  let named = [...byName.entries()].sort((a, b) => total(b[1]) - total(a[1]));
+  let named = [...rowsByName.entries()]
+    .map(([name, own]) => ({ name, micro: dailyMicro(days, own) }))
+    .sort((a, b) => total(b.micro) - total(a.micro));
   if (named.length > CHART_SERIES_MAX) {
     const other = new Array(days.length).fill(0);
-    for (const [, values] of named.slice(CHART_SERIES_MAX - 1)) {
-      for (let i = 0; i < values.length; i++) other[i] += values[i];
+    for (const { micro } of named.slice(CHART_SERIES_MAX - 1)) {
+      for (let i = 0; i < micro.length; i++) other[i] += micro[i];
     }
-    named = [...named.slice(0, CHART_SERIES_MAX - 1), ['other', other]];
+    named = [...named.slice(0, CHART_SERIES_MAX - 1), { name: 'other', micro: other }];
   }
-  return named.map(([name, micro]) => ({ name, credits: micro.map((m) => m / 1e6) }));
+  return named;
 }
 
-function drawChart(name, days, rows, nameOf) {
-  const container = $(`chart-${name}`);
+function clearChart(name) {
   charts[name]?.destroy();
   charts[name] = null;
-  const series = seriesOf(days, rows, nameOf);
+  $(`chart-${name}`).replaceChildren();
+  const table = $(`chart-${name}-data`);
+  table.tHead.replaceChildren();
+  table.tBodies[0].replaceChildren();
+}
+
+/** Draws `series` ({ name, micro: µcr per day }) and fills the chart's table (its text form). */
+function drawChart(name, days, series) {
+  const container = $(`chart-${name}`);
+  clearChart(name);
+  fillChartTable($(`chart-${name}-data`), days, series);
   if (series.length === 0) {
     container.replaceChildren(el('p', { class: 'muted empty', text: 'No spend in 30 days.' }));
     return;
   }
-  container.replaceChildren();
   const options = {
     width: chartWidth(container),
     height: 240,
@@ -575,7 +656,34 @@ function drawChart(name, days, rows, nameOf) {
       })),
     ],
   };
-  charts[name] = new uPlot(options, [days, ...series.map((s) => s.credits)], container);
+  const data = [days, ...series.map((s) => s.micro.map((m) => m / 1e6))];
+  charts[name] = new uPlot(options, data, container);
+}
+
+/**
+ * The chart as a table, for screen readers (visually hidden): one row per day, one column per
+ * line, exact credits.
+ */
+function fillChartTable(table, days, series) {
+  if (series.length === 0) return;
+  table.tHead.replaceChildren(
+    el(
+      'tr',
+      {},
+      el('th', { scope: 'col', text: 'Day' }),
+      ...series.map((s) => el('th', { scope: 'col', class: 'num', text: s.name })),
+    ),
+  );
+  table.tBodies[0].replaceChildren(
+    ...days.map((s, i) =>
+      el(
+        'tr',
+        {},
+        el('th', { scope: 'row', text: isoDay(s * 1000) }),
+        ...series.map((line) => cell(formatMicro(line.micro[i]), 'num')),
+      ),
+    ),
+  );
 }
 
 /** The indexes of a series' non-zero days (uPlot's points filter). */
