@@ -4,7 +4,7 @@
 // request's status record; a deployment that keeps failing is skipped for a cooldown.
 import type { Config } from '../config/model.ts';
 import type { Attempt } from '../state/events.ts';
-import { assert } from '../util/assert.ts';
+import { AssertionError, assert } from '../util/assert.ts';
 import { GatewayError } from '../util/errors.ts';
 import { collectAnswer, type Delta, type Provider, type ProviderRequest } from './provider.ts';
 
@@ -163,7 +163,7 @@ export class Router {
 
   private route(modelId: string): Route {
     const route = this.routes.get(modelId);
-    assert(route !== undefined, `no route for ${modelId}`);
+    if (route === undefined) throw new AssertionError(`no route for ${modelId}`);
     return route;
   }
 

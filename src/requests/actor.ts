@@ -4,7 +4,7 @@
 import * as commands from '../state/commands.ts';
 import type { Amount, Attempt, RequestStatus, Service, Usage } from '../state/events.ts';
 import type { StateStore } from '../state/store.ts';
-import { assert } from '../util/assert.ts';
+import { AssertionError } from '../util/assert.ts';
 import { GatewayError, internalError } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
 import { ignore, RESOLVED } from '../util/promise.ts';
@@ -189,10 +189,9 @@ export class RequestActor {
 
   /** The one way the state changes; terminal states are one-way. */
   transition(next: TerminalStatus): void {
-    assert(
-      LEGAL[this.current].includes(next),
-      `illegal transition ${this.current} → ${next} for ${this.id}`,
-    );
+    // The message is built only on failure: this runs for every request.
+    if (!LEGAL[this.current].includes(next))
+      throw new AssertionError(`illegal transition ${this.current} → ${next} for ${this.id}`);
     this.current = next;
   }
 
@@ -291,7 +290,7 @@ export class RequestActor {
    * not thrown, and the caller must then not answer as if it were (§8: 503 instead of a 200).
    */
   private async finish(outcome: Outcome): Promise<boolean> {
-    assert(!this.finishing, `finish twice for ${this.id}`);
+    if (this.finishing) throw new AssertionError(`finish twice for ${this.id}`);
     this.finishing = true;
     this.transition(outcome.status);
     let durable = false;

@@ -13,7 +13,7 @@
 // Which record makes room is FairSlots' decision (a key past its own bound loses its own oldest; at
 // the total bound, an expired record first, else the oldest of the key holding the most), so one
 // key's traffic cannot push another key's records out.
-import { assert } from '../util/assert.ts';
+import { AssertionError, assert } from '../util/assert.ts';
 import type { Amount, Attempt, RequestStatus, Service, Usage } from './events.ts';
 import { FairSlots } from './fair-slots.ts';
 
@@ -188,8 +188,10 @@ export class RecordTable {
    * Adds a finished record; when a bound is reached, FairSlots picks the record that makes room.
    */
   add(record: RequestRecord): void {
-    assert(record.status !== 'in_progress', `record ${record.id} is not finished`);
-    assert(this.find(record.id) === -1, `record ${record.id} exists`);
+    // Messages built only on failure: this runs for every finished request.
+    if (record.status === 'in_progress')
+      throw new AssertionError(`record ${record.id} is not finished`);
+    if (this.find(record.id) !== -1) throw new AssertionError(`record ${record.id} exists`);
     if (this.slots.nextTakeIsFresh && this.slots.slotsUsed === this.allocated) this.grow();
     // The record's own finish is "now" for the eviction (never the wall clock): replaying the log
     // makes the same choices the live gateway made.
