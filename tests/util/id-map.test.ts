@@ -16,7 +16,7 @@ function random(seed: number): () => number {
 }
 
 describe('IdMap does what a Map does', () => {
-  test('random sets, gets and deletes agree with a Map, order included, as it grows and shrinks', () => {
+  test('random sets, gets and deletes agree with a Map (order too), growing and shrinking', () => {
     const next = random(0x9e3779b9);
     const map = new IdMap<number>();
     const reference = new Map<string, number>();
