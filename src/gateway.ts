@@ -7,6 +7,7 @@ import { createProviders } from './providers/registry.ts';
 import { Router } from './providers/router.ts';
 import { ActorRegistry } from './requests/registry.ts';
 import { StateStore } from './state/store.ts';
+import { IdMap } from './util/id-map.ts';
 import type { Logger } from './util/log.ts';
 
 export interface Gateway {
@@ -22,10 +23,10 @@ export interface Gateway {
   /** Set by SIGTERM: new work is refused with 503 while in-flight requests finish. */
   draining: boolean;
   /**
-   * Streams whose run is over but whose client is still taking the last of it (chat/sse.ts);
-   * shutdown drops them.
+   * Streams whose run is over but whose client is still taking the last of it (chat/sse.ts), by
+   * request id; shutdown drops them.
    */
-  endingStreams: Set<{ drop(): void }>;
+  endingStreams: IdMap<{ drop(): void }>;
   metrics: Metrics;
   /**
    * Called on a broken invariant: the process must not keep serving (main exits; tests may
@@ -74,7 +75,7 @@ export function openGateway(config: Config, logger: Logger, adminToken: string):
     logger,
     adminToken,
     draining: false,
-    endingStreams: new Set(),
+    endingStreams: new IdMap(),
   };
   gateway.metrics.watchDeployments(() => gateway!.router.deployments());
   return gateway;

@@ -106,7 +106,7 @@ function drainThenStop(
         await new Promise((resolve) => setTimeout(resolve, STOPPED_DRAIN_MS_MAX));
       // Completed streams whose clients are still behind: dropped, or server.stop would leave them
       // open.
-      for (const stream of [...gateway.endingStreams]) stream.drop();
+      for (const stream of gateway.endingStreams.values()) stream.drop();
       server.stop(true);
     })();
     return stopping;

@@ -111,6 +111,7 @@ async function streamResponse(
       : undefined,
     deadlineMs: admission.createdMs + limits.stream_timeout_ms,
     ending: gateway.endingStreams,
+    id: requestId,
   });
   void runChat(gateway, admission, chat, sink);
   const early = await sink.opened.promise;

@@ -4,6 +4,7 @@
 import { errorBody } from '../http/errors.ts';
 import type { Usage } from '../state/events.ts';
 import type { GatewayError } from '../util/errors.ts';
+import type { IdMap } from '../util/id-map.ts';
 import type { ChatResult, ChatSink } from './service.ts';
 import type { PublicFinishReason } from './stream.ts';
 
@@ -115,9 +116,12 @@ export interface SseSinkOptions {
    */
   deadlineMs: number;
   /**
-   * Streams whose run has ended but whose client has not taken all of it yet: shutdown drops them.
+   * Streams whose run has ended but whose client has not taken all of it yet, by request id:
+   * shutdown drops them.
    */
-  ending: Set<{ drop(): void }>;
+  ending: IdMap<{ drop(): void }>;
+  /** The request's id: the stream's key in `ending`. */
+  id: string;
 }
 
 /**
@@ -142,7 +146,8 @@ export class SseSink implements ChatSink {
   private readonly onCancel: () => void;
   private readonly onEnd: ((stopped: boolean) => void) | undefined;
   private readonly deadlineMs: number;
-  private readonly ending: Set<{ drop(): void }>;
+  private readonly ending: IdMap<{ drop(): void }>;
+  private readonly id: string;
   /** Set when Bun starts sending the body (its first pull). */
   private controller: DirectController | null = null;
   /**
@@ -185,6 +190,7 @@ export class SseSink implements ChatSink {
     this.onEnd = options.onEnd;
     this.deadlineMs = options.deadlineMs;
     this.ending = options.ending;
+    this.id = options.id;
     this.signal.addEventListener('abort', this);
     this.body = new ReadableStream<Uint8Array>({
       type: 'direct',
@@ -194,7 +200,7 @@ export class SseSink implements ChatSink {
         // A client that left after the run ended: nothing is left to drop (drop() returns early
         // once closed), so the sink leaves the ending set now or it would stay until shutdown.
         clearTimeout(this.dropTimer);
-        this.ending.delete(this);
+        this.ending.delete(this.id);
         this.pending.length = 0;
         this.pendingChars = 0;
         this.resume();
@@ -269,7 +275,7 @@ export class SseSink implements ChatSink {
     if (this.closed) return;
     this.closed = true;
     clearTimeout(this.dropTimer);
-    this.ending.delete(this);
+    this.ending.delete(this.id);
     controller.close();
   }
 
@@ -338,7 +344,7 @@ export class SseSink implements ChatSink {
     const controller = this.controller;
     if (controller !== null && !this.draining) this.handPending(controller);
     if (this.closed) return;
-    this.ending.add(this);
+    this.ending.set(this.id, this);
     const drainMs = result.ok
       ? Math.max(STOPPED_DRAIN_MS_MAX, this.deadlineMs - Date.now())
       : STOPPED_DRAIN_MS_MAX;
@@ -350,7 +356,7 @@ export class SseSink implements ChatSink {
     if (this.closed) return;
     this.closed = true;
     clearTimeout(this.dropTimer);
-    this.ending.delete(this);
+    this.ending.delete(this.id);
     this.pending.length = 0;
     this.pendingChars = 0;
     this.controller?.close(DROPPED);

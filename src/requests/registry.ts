@@ -2,10 +2,12 @@
 
 import type { Attempt } from '../state/events.ts';
 import type { RequestRecord } from '../state/records.ts';
+import { IdMap } from '../util/id-map.ts';
 import type { RequestActor } from './actor.ts';
 
 export class ActorRegistry {
-  private readonly actors = new Map<string, RequestActor>();
+  /** An IdMap, not a Map: an actor must not outlive its request (util/id-map.ts). */
+  private readonly actors = new IdMap<RequestActor>();
   /** Requests running per API key: the shares `admits` weighs. */
   private readonly byKey = new Map<string, number>();
 
@@ -56,7 +58,7 @@ export class ActorRegistry {
   }
 
   all(): RequestActor[] {
-    return [...this.actors.values()];
+    return this.actors.values();
   }
 }
 

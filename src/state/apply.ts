@@ -1,6 +1,7 @@
 // The in-memory state and the one `apply` that changes it; live commands and replay both go through
 // here.
 import { AssertionError, assert } from '../util/assert.ts';
+import { IdMap } from '../util/id-map.ts';
 import { BindingTable, type IdempotencyBinding } from './bindings.ts';
 import type { Event, RequestFinished, RequestRecorded, RequestStarted, Service } from './events.ts';
 import { RecordTable, type RequestRecord } from './records.ts';
@@ -53,8 +54,11 @@ export interface StateLimits {
 export class GatewayState {
   readonly keys = new Map<string, KeyAccount>();
   readonly keysBySecret = new Map<string, KeyAccount>();
-  /** Requests holding credits right now; never evicted, bounded by admission (max_in_flight). */
-  readonly inFlight = new Map<string, RequestRecord>();
+  /**
+   * Requests holding credits right now; never evicted, bounded by admission (max_in_flight). An
+   * IdMap, not a Map: a record must not outlive its request (util/id-map.ts).
+   */
+  readonly inFlight = new IdMap<RequestRecord>();
   /** Finished requests, for the status endpoints; bounded, oldest go first. */
   readonly finished: RecordTable;
   /** Idempotency-Key bindings; bounded per key and in all. */

@@ -3,6 +3,7 @@
 
 import { assert } from '../util/assert.ts';
 import { GatewayError } from '../util/errors.ts';
+import { IdMap } from '../util/id-map.ts';
 import type { Logger } from '../util/log.ts';
 import { ignore } from '../util/promise.ts';
 import { type FsyncPolicy, WriteAheadLog } from '../wal/log.ts';
@@ -46,9 +47,9 @@ export class StateStore {
    * yet (a non-stream call without an Idempotency-Key: its id is first sent with its answer) needs
    * no durable start: its start is logged together with its finish, in one record and one fsync. A
    * crash before that loses nothing anyone was told, and the hold vanishes with the memory that
-   * held it.
+   * held it. (An IdMap, not a Map: the events must not outlive their request, util/id-map.ts.)
    */
-  private readonly unlogged = new Map<string, Event[]>();
+  private readonly unlogged = new IdMap<Event[]>();
 
   private constructor(
     state: GatewayState,
@@ -146,7 +147,7 @@ export class StateStore {
    */
   private logUnlogged(): void {
     if (this.unlogged.size === 0) return;
-    const record = [...this.unlogged.values()].flat();
+    const record = this.unlogged.values().flat();
     this.unlogged.clear();
     this.wal.append(record).catch(ignore);
   }

@@ -10,6 +10,7 @@ import {
   STOPPED_DRAIN_MS_MAX,
 } from '../../src/chat/sse.ts';
 import { GatewayError } from '../../src/util/errors.ts';
+import { IdMap } from '../../src/util/id-map.ts';
 
 const encoder = new ChunkEncoder('chatcmpl-test', 1, 'model_03');
 const TEXT = 'word '.repeat(20);
@@ -87,7 +88,7 @@ function openSink(
 ) {
   const response = new FakeResponse();
   const cancelled = { count: 0 };
-  const ending = new Set<{ drop(): void }>();
+  const ending = new IdMap<{ drop(): void }>();
   const sink = new SseSink({
     encoder,
     bufferBytesMax,
@@ -95,13 +96,18 @@ function openSink(
     onCancel: () => cancelled.count++,
     deadlineMs,
     ending,
+    id: 'chatcmpl-test',
   });
   sink.attach(response);
   return { sink, response, controller, cancelled, ending };
 }
 
 /** Options a sink needs besides the ones a test is about. */
-const rest = () => ({ deadlineMs: Date.now() + 60_000, ending: new Set<{ drop(): void }>() });
+const rest = () => ({
+  deadlineMs: Date.now() + 60_000,
+  ending: new IdMap<{ drop(): void }>(),
+  id: 'chatcmpl-test',
+});
 
 /**
  * Writes text deltas until the sink makes the run loop wait; returns the characters written before
@@ -250,7 +256,7 @@ describe('SseSink with a client that stops reading', () => {
     sink.begin();
     sink.text(TEXT);
     sink.end(OK);
-    for (const stream of [...ending]) stream.drop();
+    for (const stream of ending.values()) stream.drop();
     expect(response.closedWith).toBeInstanceOf(Error);
     expect(ending.size).toBe(0);
   });

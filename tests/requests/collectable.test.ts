@@ -1,0 +1,59 @@
+// What finished requests leave to the collector: nothing a young collection has to keep. Each
+// request's actor (and with it its AbortController, its upstream call, its stream) used to outlive
+// its end in the gateway's Maps until the next full collection (src/util/id-map.ts explains how),
+// so young collections found megabytes alive and paused for tens of ms (bench/README.md, "Where the
+// tail comes from").
+
+import { edenGC, fullGC, heapStats } from 'bun:jsc';
+import { expect, test } from 'bun:test';
+import { bearer, chatBody, closedAfterEach } from '../support/gateway.ts';
+
+const cleanup = closedAfterEach();
+
+/** Enough that the gateway's tables of requests in flight fill and are remade many times over. */
+const REQUESTS = 600;
+const CONCURRENCY = 16;
+/**
+ * AbortControllers a young collection may still find once every request has ended: the odd one on
+ * the stack or in a register (the collector scans them conservatively), never one per request.
+ */
+const LEFT_MAX = 32;
+
+function abortControllers(): number {
+  return heapStats().objectTypeCounts.AbortController ?? 0;
+}
+
+async function turn(): Promise<void> {
+  await new Promise((resolve) => setImmediate(resolve));
+}
+
+test('a young collection frees the requests that finished, streamed or not', async () => {
+  const t = cleanup.gateway({ limits: { default_rate_limit_rpm: 1_000_000 } });
+  const { key } = await t.createKey({ credits: 1_000_000 });
+  const send = async (i: number): Promise<void> => {
+    const response = await t.request('/api/v1/chat/completions', {
+      method: 'POST',
+      headers: bearer(key),
+      body: JSON.stringify(chatBody(i % 2 === 1 ? { stream: true } : {})),
+    });
+    expect(response.status).toBe(200);
+    await response.text();
+  };
+  const load = async (requests: number): Promise<void> => {
+    let sent = 0;
+    await Promise.all(
+      Array.from({ length: CONCURRENCY }, async () => {
+        while (sent < requests) await send(sent++);
+      }),
+    );
+  };
+  // Warmed up, then the gateway's long-lived objects (its tables of requests in flight among them)
+  // go to the old generation, as they do under load.
+  await load(CONCURRENCY);
+  fullGC();
+  const before = abortControllers();
+  await load(REQUESTS);
+  while (t.gateway.registry.size > 0 || t.gateway.endingStreams.size > 0) await turn();
+  edenGC();
+  expect(abortControllers() - before).toBeLessThan(LEFT_MAX);
+});
