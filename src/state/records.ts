@@ -14,6 +14,7 @@
 // the total bound, an expired record first, else the oldest of the key holding the most), so one
 // key's traffic cannot push another key's records out.
 import { AssertionError, assert } from '../util/assert.ts';
+import { FNV_OFFSET, FNV_PRIME, hashId } from '../util/id-map.ts';
 import type { Amount, Attempt, RequestStatus, Service, Usage } from './events.ts';
 import { FairSlots } from './fair-slots.ts';
 
@@ -628,16 +629,6 @@ function indexSizeFor(slots: number): number {
   while (size < slots * 2) size *= 2;
   return size;
 }
-
-/** FNV-1a over the UTF-16 code units. */
-function hashId(id: string): number {
-  let hash = FNV_OFFSET;
-  for (let i = 0; i < id.length; i++) hash = Math.imul(hash ^ id.charCodeAt(i), FNV_PRIME);
-  return hash >>> 0;
-}
-
-const FNV_OFFSET = 0x811c9dc5;
-const FNV_PRIME = 0x01000193;
 
 function isAscii(text: string): boolean {
   for (let i = 0; i < text.length; i++) if (text.charCodeAt(i) > 127) return false;

@@ -158,9 +158,15 @@ export class IdMap<V> {
   }
 }
 
-/** FNV-1a over the UTF-16 code units (ids are random: no need for a keyed hash). */
-function hashId(id: string): number {
-  let hash = 0x811c9dc5;
-  for (let i = 0; i < id.length; i++) hash = Math.imul(hash ^ id.charCodeAt(i), 0x01000193);
+export const FNV_OFFSET = 0x811c9dc5;
+export const FNV_PRIME = 0x01000193;
+
+/**
+ * FNV-1a over the UTF-16 code units (ids are the gateway's own, random: no need for a keyed hash).
+ * The record table hashes the same ids from their bytes with the same constants.
+ */
+export function hashId(id: string): number {
+  let hash = FNV_OFFSET;
+  for (let i = 0; i < id.length; i++) hash = Math.imul(hash ^ id.charCodeAt(i), FNV_PRIME);
   return hash >>> 0;
 }
