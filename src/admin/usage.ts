@@ -6,6 +6,7 @@ import { microToCredits } from '../keys/store.ts';
 import type { GatewayState } from '../state/apply.ts';
 import { DAY_MS, type UsageRow } from '../state/usage.ts';
 import { GatewayError } from '../util/errors.ts';
+import { nextTurn } from '../util/promise.ts';
 import type { UsageRowView } from './model.ts';
 
 /** Days one query may span (CONTRACT §6). */
@@ -136,7 +137,7 @@ export async function readUsage(state: GatewayState, query: UsageQuery): Promise
     // The state may change between steps: rows already read are summed, later ones read as they
     // are then (a request finishing meanwhile may count or not, like one finishing just after).
     if ((++seen & 1023) === 0 && performance.now() - stepStartMs >= STEP_MS) {
-      await new Promise<void>((resolve) => setImmediate(resolve));
+      await nextTurn();
       stepStartMs = performance.now();
     }
   }

@@ -1,6 +1,7 @@
 // Token counting with a real BPE tokenizer (o200k_base, bpe.ts), never characters / 4.
 import { LRUCache } from 'lru-cache';
 import type { ProviderMessage, ToolDefinition } from '../providers/provider.ts';
+import { nextTurn } from '../util/promise.ts';
 import { countBpeTokens } from './bpe.ts';
 
 // OpenAI's accounting for chat: each message costs a few framing tokens, and the reply is primed.
@@ -58,7 +59,7 @@ export async function countTextTokensYielding(
   const steps = countTextSteps(text, limit);
   for (let step = steps.next(); ; step = steps.next()) {
     if (step.done) return step.value;
-    await new Promise((resolve) => setImmediate(resolve));
+    await nextTurn();
   }
 }
 

@@ -1,5 +1,7 @@
 // Snapshot form of the state: JSON and record columns, captured at one log sequence number and
 // serialized in steps.
+
+import { nextTurn } from '../util/promise.ts';
 import { type SnapshotContent, WalCorruptionError } from '../wal/log.ts';
 import type { GatewayState, KeyAccount } from './apply.ts';
 import type { IdempotencyBinding } from './bindings.ts';
@@ -51,7 +53,7 @@ class SteppedJson {
   /** Gives the loop a turn when this step has run its time. */
   async pause(): Promise<void> {
     if (performance.now() - this.stepStartMs < STEP_MS) return;
-    await new Promise<void>((resolve) => setImmediate(resolve));
+    await nextTurn();
     this.stepStartMs = performance.now();
   }
 

@@ -9,3 +9,8 @@ export const RESOLVED: Promise<void> = Promise.resolve();
  * awaited.
  */
 export function ignore(): void {}
+
+/** Resolves on the event loop's next turn: long work gives other requests their turn by it. */
+export function nextTurn(): Promise<void> {
+  return new Promise((resolve) => setImmediate(resolve));
+}

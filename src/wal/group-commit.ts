@@ -1,7 +1,7 @@
 // Group commit: the records appended in one event-loop turn (under fsync `always`, a turn or two
 // more) share one write and one fsync; each append's promise says when its record is durable.
 import { assert } from '../util/assert.ts';
-import { ignore } from '../util/promise.ts';
+import { ignore, nextTurn } from '../util/promise.ts';
 import { textFrameBytesMax, writeTextFrame } from './frame.ts';
 import type { SegmentFiles, WalOptions } from './segment.ts';
 
@@ -16,10 +16,6 @@ const COMMIT_DELAY_MS_MAX = 1;
  * The write buffer every batch is framed into; a larger batch gets a buffer of its own, not kept.
  */
 const WRITE_BUFFER_BYTES_KEPT = 1024 * 1024;
-
-function nextTurn(): Promise<void> {
-  return new Promise((resolve) => setImmediate(resolve));
-}
 
 export class GroupCommit {
   private seq: number;

@@ -4,6 +4,7 @@
 import { readFileSync } from 'node:fs';
 import { GatewayError } from '../../util/errors.ts';
 import type { Logger } from '../../util/log.ts';
+import { nextTurn } from '../../util/promise.ts';
 import { SseEventTooLargeError, SseParser } from '../../util/sse-parse.ts';
 import type { Delta, Provider, ProviderRequest } from '../provider.ts';
 import {
@@ -16,7 +17,7 @@ import {
   parseJson,
 } from './answer.ts';
 import { HttpClient } from './client.ts';
-import { DELTAS_PER_TURN_MAX, nextTurn, UpstreamCall } from './upstream-call.ts';
+import { DELTAS_PER_TURN_MAX, UpstreamCall } from './upstream-call.ts';
 
 export interface HttpProviderOptions {
   /**

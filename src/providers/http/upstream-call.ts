@@ -1,6 +1,7 @@
 // One HTTP exchange with an upstream, its silence timer and its link to the caller's signal; shared
 // by every HTTP provider whatever protocol it speaks.
 import { GatewayError } from '../../util/errors.ts';
+import { nextTurn } from '../../util/promise.ts';
 import { invalid, oversizedBody } from './answer.ts';
 import type {
   ExchangeHandler,
@@ -285,10 +286,6 @@ const LOCAL_RESOURCE_ERRORS = new Set(['EMFILE', 'ENFILE', 'ENOBUFS', 'ENOMEM'])
 const READ_BYTES_PER_TURN_MAX = 64 * 1024;
 /** Deltas relayed before the event loop runs once (a few ms of work at most). */
 export const DELTAS_PER_TURN_MAX = 256;
-
-export function nextTurn(): Promise<void> {
-  return new Promise((resolve) => setImmediate(resolve));
-}
 
 function timeOut(call: UpstreamCall): void {
   call.onTimeout();
