@@ -125,6 +125,11 @@ function* countPromptTextSteps(text: string, limit: number): Generator<void, num
   return count;
 }
 
+/** What the prompt-count cache holds (entries, and its size in its own units), for its bound. */
+export function promptCountCacheSize(): { entries: number; size: number; sizeMax: number } {
+  return { entries: COUNTS.size, size: COUNTS.calculatedSize, sizeMax: COUNTS.maxSize };
+}
+
 /**
  * Keeps the count of a prompt text counted elsewhere (by the worker), so that its next request
  * counts it here from the cache.

@@ -44,6 +44,11 @@ export class RateLimiter {
     throw limited(bucket.tokens, ratePerMinute);
   }
 
+  /** Buckets held (at most the keys bound). */
+  get size(): number {
+    return this.buckets.size;
+  }
+
   /**
    * Throws the 429 that `take` would throw now, but takes nothing and changes nothing: a request
    * that must do expensive work before it reaches `take` (counting a large prompt) is refused

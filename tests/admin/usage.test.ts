@@ -161,3 +161,19 @@ test('bad queries are a 400 naming the field', async () => {
   const anonymous = await t.request('/admin/v1/usage?from=2026-01-01&to=2026-01-02');
   expect(anonymous.status).toBe(401);
 });
+
+test('a key sending model names of its own adds no history: refusals do not finish', async () => {
+  const t = cleanup.gateway();
+  const { key } = await t.createKey();
+  for (let i = 0; i < 200; i++) {
+    const response = await t.request('/api/v1/chat/completions', {
+      method: 'POST',
+      headers: bearer(key),
+      body: JSON.stringify(chatBody({ model: `made-up-model-${i}` })),
+    });
+    expect(response.status).toBe(404);
+  }
+  expect(t.gateway.store.state.usage.size).toBe(0);
+  const day = today();
+  expect((await usage(t, `from=${day}&to=${day}&model=made-up-model-1`)).status).toBe(400);
+});

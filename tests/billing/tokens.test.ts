@@ -7,6 +7,7 @@ import {
   countPromptTokensInline,
   countTextTokens,
   INLINE_TEXT_CHARS_MAX,
+  promptCountCacheSize,
   rememberPromptTextTokens,
 } from '../../src/billing/tokens.ts';
 
@@ -206,4 +207,18 @@ describe('countPromptTokensInline', () => {
       );
     },
   );
+});
+
+test('the prompt-count cache is bounded: many short prompts by entries, long ones by size', () => {
+  for (let i = 0; i < 30_000; i++) rememberPromptTextTokens(`flood prompt ${i}`, 3);
+  const short = promptCountCacheSize();
+  expect(short.size).toBeLessThanOrEqual(short.sizeMax);
+  // 16 MiB at 800 per entry: ~21,000 short prompts at most, whatever one key sends.
+  expect(short.entries).toBeLessThanOrEqual(Math.floor(short.sizeMax / 800));
+  expect(short.entries).toBeGreaterThan(20_000);
+  const long = 'x'.repeat(1024 * 1024 - 8);
+  for (let i = 0; i < 40; i++) rememberPromptTextTokens(`${i} ${long}`, 1);
+  const after = promptCountCacheSize();
+  expect(after.size).toBeLessThanOrEqual(after.sizeMax);
+  expect(after.entries).toBeLessThan(20);
 });

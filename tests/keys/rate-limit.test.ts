@@ -155,3 +155,12 @@ describe('RateLimiter.peek', () => {
     expect(peeked(limiter, 'key_b', 2, T0_MS + 30_000)).toBeNull();
   });
 });
+
+test('buckets are bounded by the keys bound: a flood of key ids keeps at most that many', () => {
+  const limiter = new RateLimiter(50);
+  for (let i = 0; i < 5_000; i++) limiter.take(`key_${i}`, 10, 1_000);
+  expect(limiter.size).toBe(50);
+  // The newest keys keep their buckets (and their spent tokens).
+  for (let i = 0; i < 9; i++) limiter.take('key_4999', 10, 1_000);
+  expect(() => limiter.take('key_4999', 10, 1_000)).toThrow('Rate limit');
+});
