@@ -1,5 +1,6 @@
 // Counts o200k_base tokens exactly (the tokenizer of OpenAI's GPT-4o family), with the vocabulary
-// held in three typed arrays: no per-token object for the collector to mark, a few MB in all.
+// held in three typed arrays, built by the first count: no per-token object for the collector to
+// mark, a few MB in all.
 import { readFileSync } from 'node:fs';
 import { assert } from '../util/assert.ts';
 import vocabularyPath from './o200k_base.bin' with { type: 'file' };
@@ -44,33 +45,16 @@ const SPLIT = new RegExp(O200K_SPLIT_PATTERN, 'uy');
 /** A rank no token has: larger than all, so the merge's search for the least skips it. */
 const NO_RANK = 0x7fff_ffff;
 
-// The vocabulary file (see bpe-vocabulary.ts for its format), read once per thread at load.
+// The vocabulary file (see bpe-vocabulary.ts for its format), read once per thread by its first
+// count: its tables (~4.5 MB) are the largest part of a start's memory, and a process that never
+// counts (the CLI, a gateway before its first request) need not hold them (issue 15).
 const VOCABULARY_MAGIC = 'tgbpe01\n';
-const file = readFileSync(vocabularyPath);
-assert(
-  file.toString('latin1', 0, VOCABULARY_MAGIC.length) === VOCABULARY_MAGIC,
-  'o200k_base.bin: not a vocabulary file of this format',
-);
-const TOKEN_COUNT = file.readUInt32LE(VOCABULARY_MAGIC.length);
-const LENGTHS_AT = VOCABULARY_MAGIC.length + 4;
 /** All tokens' bytes, by rank; a view on the file's buffer, not a copy. */
-const TOKEN_BYTES = new Uint8Array(
-  file.buffer,
-  file.byteOffset + LENGTHS_AT + TOKEN_COUNT,
-  file.byteLength - LENGTHS_AT - TOKEN_COUNT,
-);
+let TOKEN_BYTES = new Uint8Array(0);
 /** Where each token starts in TOKEN_BYTES; the token of rank r is [TOKEN_START[r], [r + 1]). */
-const TOKEN_START = new Uint32Array(TOKEN_COUNT + 1);
-let tokenBytesMax = 0;
-for (let rank = 0; rank < TOKEN_COUNT; rank++) {
-  const length = file[LENGTHS_AT + rank]!;
-  TOKEN_START[rank + 1] = TOKEN_START[rank]! + length;
-  if (length > tokenBytesMax) tokenBytesMax = length;
-}
-assert(TOKEN_START[TOKEN_COUNT] === TOKEN_BYTES.length, 'o200k_base.bin: truncated or padded');
+let TOKEN_START = new Uint32Array(1);
 /** No token is longer (128 bytes in o200k_base): a longer byte run is not looked up. */
-const TOKEN_BYTES_MAX = tokenBytesMax;
-
+let TOKEN_BYTES_MAX = 0;
 /**
  * The hash table from a token's bytes to its rank: open addressing, linear probing, each slot
  * rank + 1 (0: empty). 2^19 slots for 200,000 tokens, under 40 % full, so a lookup that finds
@@ -78,16 +62,46 @@ const TOKEN_BYTES_MAX = tokenBytesMax;
  */
 const SLOT_BITS = 19;
 const SLOT_MASK = (1 << SLOT_BITS) - 1;
-assert(TOKEN_COUNT < (1 << SLOT_BITS) / 2, 'o200k_base.bin: more tokens than the table holds');
-const SLOTS = new Int32Array(1 << SLOT_BITS);
-for (let rank = 0; rank < TOKEN_COUNT; rank++) {
-  let slot = hashBytes(TOKEN_BYTES, TOKEN_START[rank]!, TOKEN_START[rank + 1]!) & SLOT_MASK;
-  while (SLOTS[slot] !== 0) slot = (slot + 1) & SLOT_MASK;
-  SLOTS[slot] = rank + 1;
-}
-// The merge ends on parts that are tokens only because every single byte is one.
-for (let byte = 0; byte < 256; byte++) {
-  assert(rankOf(new Uint8Array([byte]), 0, 1) !== NO_RANK, 'o200k_base.bin: a byte is no token');
+let SLOTS: Int32Array | null = null;
+
+/** Reads the vocabulary and builds its tables: once per thread, before the first lookup. */
+function loadVocabulary(): Int32Array {
+  const file = readFileSync(vocabularyPath);
+  assert(
+    file.toString('latin1', 0, VOCABULARY_MAGIC.length) === VOCABULARY_MAGIC,
+    'o200k_base.bin: not a vocabulary file of this format',
+  );
+  const tokenCount = file.readUInt32LE(VOCABULARY_MAGIC.length);
+  const lengthsAt = VOCABULARY_MAGIC.length + 4;
+  const tokenBytes = new Uint8Array(
+    file.buffer,
+    file.byteOffset + lengthsAt + tokenCount,
+    file.byteLength - lengthsAt - tokenCount,
+  );
+  const tokenStart = new Uint32Array(tokenCount + 1);
+  let tokenBytesMax = 0;
+  for (let rank = 0; rank < tokenCount; rank++) {
+    const length = file[lengthsAt + rank]!;
+    tokenStart[rank + 1] = tokenStart[rank]! + length;
+    if (length > tokenBytesMax) tokenBytesMax = length;
+  }
+  assert(tokenStart[tokenCount] === tokenBytes.length, 'o200k_base.bin: truncated or padded');
+  assert(tokenCount < (1 << SLOT_BITS) / 2, 'o200k_base.bin: more tokens than the table holds');
+  const slots = new Int32Array(1 << SLOT_BITS);
+  for (let rank = 0; rank < tokenCount; rank++) {
+    let slot = hashBytes(tokenBytes, tokenStart[rank]!, tokenStart[rank + 1]!) & SLOT_MASK;
+    while (slots[slot] !== 0) slot = (slot + 1) & SLOT_MASK;
+    slots[slot] = rank + 1;
+  }
+  TOKEN_BYTES = tokenBytes;
+  TOKEN_START = tokenStart;
+  TOKEN_BYTES_MAX = tokenBytesMax;
+  SLOTS = slots;
+  // The merge ends on parts that are tokens only because every single byte is one.
+  for (let byte = 0; byte < 256; byte++) {
+    assert(rankOf(new Uint8Array([byte]), 0, 1) !== NO_RANK, 'o200k_base.bin: a byte is no token');
+  }
+  return slots;
 }
 
 /** FNV-1a over bytes[from, to), its high bits folded down so that the low ones index the table. */
@@ -101,8 +115,10 @@ function hashBytes(bytes: Uint8Array, from: number, to: number): number {
 function rankOf(bytes: Uint8Array, from: number, to: number): number {
   const length = to - from;
   if (length > TOKEN_BYTES_MAX) return NO_RANK;
+  // Every caller comes through countBpeTokens or tokenRank, which load the tables first.
+  const slots = SLOTS!;
   for (let slot = hashBytes(bytes, from, to) & SLOT_MASK; ; slot = (slot + 1) & SLOT_MASK) {
-    const entry = SLOTS[slot]!;
+    const entry = slots[slot]!;
     if (entry === 0) return NO_RANK;
     const start = TOKEN_START[entry - 1]!;
     if (TOKEN_START[entry]! - start !== length) continue;
@@ -121,6 +137,7 @@ let pieceBytes = new Uint8Array(1024);
 
 /** Tokens of `text`, counted as o200k_base encodes it with special-token spellings as text. */
 export function countBpeTokens(text: string): number {
+  if (SLOTS === null) loadVocabulary();
   SPLIT.lastIndex = 0;
   let count = 0;
   for (let start = 0; start < text.length; ) {
@@ -334,9 +351,13 @@ function heapPop(keys: Float64Array, size: number): number {
 
 /** The rank of the token spelled by `bytes`, or -1: for the tests that check the table. */
 export function tokenRank(bytes: Uint8Array): number {
+  if (SLOTS === null) loadVocabulary();
   const rank = rankOf(bytes, 0, bytes.length);
   return rank === NO_RANK ? -1 : rank;
 }
 
 /** The number of tokens in the vocabulary (special tokens not included). */
-export const VOCABULARY_TOKENS = TOKEN_COUNT;
+export function vocabularyTokens(): number {
+  if (SLOTS === null) loadVocabulary();
+  return TOKEN_START.length - 1;
+}

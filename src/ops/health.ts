@@ -11,7 +11,7 @@ import type { Metrics } from './metrics.ts';
 export interface ProbeSource {
   readonly store: { readonly unavailableReason: string | null };
   readonly registry: { readonly size: number };
-  readonly metrics: Pick<Metrics, 'registry'>;
+  readonly metrics: Pick<Metrics, 'expose'>;
   readonly draining: boolean;
 }
 
@@ -72,10 +72,8 @@ export function healthController(gateway: ProbeSource) {
       .get(
         '/metrics',
         async () => {
-          const text = await gateway.metrics.registry.metrics();
-          return new Response(text, {
-            headers: { 'content-type': gateway.metrics.registry.contentType },
-          });
+          const { text, contentType } = await gateway.metrics.expose();
+          return new Response(text, { headers: { 'content-type': contentType } });
         },
         { detail: METRICS_DOC },
       )

@@ -3,8 +3,10 @@
 // The per-request counts are kept here as plain numbers and handed to prom-client when /metrics is
 // scraped: prom-client hashes and validates the label object on every inc() and observe(), which
 // cost ~1 µs per request on the hot path (bench/README); a scrape every few seconds does it once
-// per series.
-import { Counter, collectDefaultMetrics, Gauge, Registry } from 'prom-client';
+// per series. prom-client itself is loaded by the first scrape: importing it (with its process
+// metrics, push gateway and cluster modules) adds ~10 MiB to the RSS of a gateway that may never be
+// scraped (issue 15: RSS after start).
+import type { Counter, Registry } from 'prom-client';
 import type { Service } from '../state/events.ts';
 
 const TTFT_BUCKETS_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10] as const;
@@ -195,20 +197,46 @@ export interface DeploymentView {
 
 const HEALTH_STATES = ['healthy', 'ejected', 'probing'] as const;
 
+/** What /metrics answers: the exposition text and its content type. */
+export interface Exposition {
+  contentType: string;
+  text: string;
+}
+
 export class Metrics {
-  readonly registry = new Registry();
   private readonly finished = new Tally<FinishedLabels>();
   private readonly refused = new Tally<RefusedLabels>();
   private readonly chargedMicro = new Tally<{ service: string }>();
   private readonly ttft = new TtftHistogram();
   /** Started by a serving process (main), not by every gateway a test opens. */
   readonly loopDelay = new LoopDelayMonitor();
+  private deployments: (() => Iterable<DeploymentView>) | null = null;
+  /** prom-client's registry over the tallies, made by the first scrape. */
+  private registry: Promise<Registry> | null = null;
 
-  constructor(inFlight: () => number) {
-    collectDefaultMetrics({ register: this.registry, prefix: 'tollgate_' });
-    const registers = [this.registry];
-    const { finished, refused, chargedMicro } = this;
-    new Counter({
+  constructor(private readonly inFlight: () => number) {}
+
+  /** Per-deployment health and attempts (CONTRACT §7), read from the router at each scrape. */
+  watchDeployments(deployments: () => Iterable<DeploymentView>): void {
+    this.deployments = deployments;
+  }
+
+  /** The exposition of every metric (a scrape); the first one loads prom-client. */
+  async expose(): Promise<Exposition> {
+    this.registry ??= this.makeRegistry();
+    const registry = await this.registry;
+    return { contentType: registry.contentType, text: await registry.metrics() };
+  }
+
+  private async makeRegistry(): Promise<Registry> {
+    const client = await import('prom-client');
+    const registry = new client.Registry();
+    // The process metrics start with the first scrape: CPU, memory and descriptors are read at
+    // each scrape anyway; only the GC and event-loop-lag histograms count from then on.
+    client.collectDefaultMetrics({ register: registry, prefix: 'tollgate_' });
+    const registers = [registry];
+    const { finished, refused, chargedMicro, inFlight } = this;
+    new client.Counter({
       name: 'tollgate_requests_finished_total',
       help: 'Admitted requests by terminal state and error code',
       labelNames: ['service', 'status', 'code'],
@@ -217,7 +245,7 @@ export class Metrics {
         finished.exportTo(this);
       },
     });
-    new Counter({
+    new client.Counter({
       name: 'tollgate_requests_refused_total',
       help: 'Requests answered with an error before a task was created',
       labelNames: ['service', 'code'],
@@ -226,7 +254,7 @@ export class Metrics {
         refused.exportTo(this);
       },
     });
-    new Counter({
+    new client.Counter({
       name: 'tollgate_charged_microcredits_total',
       help: 'Micro-credits charged to keys',
       labelNames: ['service'],
@@ -235,8 +263,8 @@ export class Metrics {
         chargedMicro.exportTo(this);
       },
     });
-    this.registry.registerMetric(this.ttft as never);
-    new Gauge({
+    registry.registerMetric(this.ttft as never);
+    new client.Gauge({
       name: 'tollgate_requests_in_flight',
       help: 'Requests running now',
       registers,
@@ -245,7 +273,7 @@ export class Metrics {
       },
     });
     const loopDelay = this.loopDelay;
-    new Gauge({
+    new client.Gauge({
       name: 'tollgate_event_loop_delay_max_seconds',
       help: 'Worst event-loop delay since the previous scrape (a 20 ms timer firing late)',
       registers,
@@ -253,56 +281,9 @@ export class Metrics {
         this.set(loopDelay.takeMaxSeconds());
       },
     });
-    this.registry.registerMetric(loopDelay as never);
-  }
-
-  /** Per-deployment health and attempts (CONTRACT §7), read from the router at each scrape. */
-  watchDeployments(deployments: () => Iterable<DeploymentView>): void {
-    const registers = [this.registry];
-    const labelNames = ['model', 'provider', 'upstream_model'] as const;
-    const labelsOf = (d: DeploymentView) => ({
-      model: d.model,
-      provider: d.providerName,
-      upstream_model: d.upstreamModel,
-    });
-    new Gauge({
-      name: 'tollgate_deployment_state',
-      help: "A deployment's health: 1 on its current state (healthy, ejected, probing)",
-      labelNames: [...labelNames, 'state'],
-      registers,
-      collect() {
-        this.reset();
-        const nowMs = Date.now();
-        for (const d of deployments()) {
-          const current = d.health(nowMs);
-          for (const state of HEALTH_STATES)
-            this.set({ ...labelsOf(d), state }, state === current ? 1 : 0);
-        }
-      },
-    });
-    new Gauge({
-      name: 'tollgate_deployment_consecutive_failures',
-      help: 'Failures in a row of a deployment (ejected at routing.failures_to_eject)',
-      labelNames,
-      registers,
-      collect() {
-        this.reset();
-        for (const d of deployments()) this.set(labelsOf(d), d.failures);
-      },
-    });
-    new Counter({
-      name: 'tollgate_deployment_attempts_total',
-      help: 'Attempts sent to a deployment, by outcome',
-      labelNames: [...labelNames, 'outcome'],
-      registers,
-      collect() {
-        this.reset();
-        for (const d of deployments()) {
-          for (const [outcome, count] of Object.entries(d.attemptsByOutcome))
-            this.inc({ ...labelsOf(d), outcome }, count);
-        }
-      },
-    });
+    registry.registerMetric(loopDelay as never);
+    if (this.deployments !== null) registerDeployments(client, registers, this.deployments);
+    return registry;
   }
 
   requestFinished(
@@ -327,4 +308,56 @@ export class Metrics {
   firstToken(model: string, seconds: number): void {
     this.ttft.observe(model, seconds);
   }
+}
+
+/** The deployments' gauges and counter (CONTRACT §7), each read from the router at a scrape. */
+function registerDeployments(
+  client: typeof import('prom-client'),
+  registers: Registry[],
+  deployments: () => Iterable<DeploymentView>,
+): void {
+  const labelNames = ['model', 'provider', 'upstream_model'] as const;
+  const labelsOf = (d: DeploymentView) => ({
+    model: d.model,
+    provider: d.providerName,
+    upstream_model: d.upstreamModel,
+  });
+  new client.Gauge({
+    name: 'tollgate_deployment_state',
+    help: "A deployment's health: 1 on its current state (healthy, ejected, probing)",
+    labelNames: [...labelNames, 'state'],
+    registers,
+    collect() {
+      this.reset();
+      const nowMs = Date.now();
+      for (const d of deployments()) {
+        const current = d.health(nowMs);
+        for (const state of HEALTH_STATES)
+          this.set({ ...labelsOf(d), state }, state === current ? 1 : 0);
+      }
+    },
+  });
+  new client.Gauge({
+    name: 'tollgate_deployment_consecutive_failures',
+    help: 'Failures in a row of a deployment (ejected at routing.failures_to_eject)',
+    labelNames,
+    registers,
+    collect() {
+      this.reset();
+      for (const d of deployments()) this.set(labelsOf(d), d.failures);
+    },
+  });
+  new client.Counter({
+    name: 'tollgate_deployment_attempts_total',
+    help: 'Attempts sent to a deployment, by outcome',
+    labelNames: [...labelNames, 'outcome'],
+    registers,
+    collect() {
+      this.reset();
+      for (const d of deployments()) {
+        for (const [outcome, count] of Object.entries(d.attemptsByOutcome))
+          this.inc({ ...labelsOf(d), outcome }, count);
+      }
+    },
+  });
 }

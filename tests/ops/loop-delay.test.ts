@@ -19,7 +19,7 @@ test(
       }
       await nextTimer();
       await nextTimer();
-      const text = await metrics.registry.metrics();
+      const text = (await metrics.expose()).text;
       const max = Number(/^tollgate_event_loop_delay_max_seconds (\S+)$/m.exec(text)?.[1]);
       expect(max).toBeGreaterThanOrEqual(0.09);
       expect(
@@ -27,7 +27,7 @@ test(
       ).toBeLessThan(
         Number(/^tollgate_event_loop_delay_seconds_bucket\{le="\+Inf"\} (\S+)$/m.exec(text)?.[1]),
       );
-      const again = await metrics.registry.metrics();
+      const again = (await metrics.expose()).text;
       expect(
         Number(/^tollgate_event_loop_delay_max_seconds (\S+)$/m.exec(again)?.[1]),
       ).toBeLessThan(0.09);
