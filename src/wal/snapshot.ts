@@ -1,6 +1,6 @@
 // Snapshot files: written beside the log so that a crash leaves the old one or the whole new one,
 // read and verified on open; the segments a durable snapshot covers are removed.
-import { closeSync, readFileSync, write } from 'node:fs';
+import { closeSync, fdatasync, readFileSync, write } from 'node:fs';
 import { rename, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { ignore } from '../util/promise.ts';
@@ -9,6 +9,12 @@ import type { FdReserve } from './fd-reserve.ts';
 import { fsyncAsync, segmentName } from './segment.ts';
 
 const SNAPSHOT_FILE = 'snapshot.json';
+/**
+ * A snapshot is written and flushed this much at a time. One write and one fsync of tens of MB
+ * queue that much behind the disk at once, and every log fsync of the requests in flight waits
+ * behind it (measured: 15–20 ms per log fsync during a 25 MB snapshot, 1–2 ms with 1 MiB steps).
+ */
+const SNAPSHOT_FLUSH_BYTES = 1024 * 1024;
 
 /**
  * A snapshot's content: the state as JSON (UTF-8, in parts written one after the other), and bytes
@@ -24,6 +30,12 @@ export interface LoadedSnapshot {
   seq: number;
   state: unknown;
   blobs: Uint8Array[];
+}
+
+function fdatasyncAsync(fd: number): Promise<void> {
+  return new Promise((resolve, reject) =>
+    fdatasync(fd, (error) => (error ? reject(error) : resolve())),
+  );
 }
 
 function writeAsync(
@@ -144,11 +156,21 @@ export async function writeSnapshotFile(
   const temp = `${path}.tmp`;
   const fd = reserve.openSync(temp, 'w', 0o600);
   try {
+    let unflushed = 0;
     for (const part of [header, ...content.json, ...content.blobs]) {
       let written = 0;
-      while (written < part.byteLength)
-        written += await writeAsync(fd, part, written, part.byteLength - written);
+      while (written < part.byteLength) {
+        const length = Math.min(part.byteLength - written, SNAPSHOT_FLUSH_BYTES - unflushed);
+        const done = await writeAsync(fd, part, written, length);
+        written += done;
+        unflushed += done;
+        if (unflushed >= SNAPSHOT_FLUSH_BYTES) {
+          await fdatasyncAsync(fd);
+          unflushed = 0;
+        }
+      }
     }
+    // The last step, and the file's size and metadata: the rename below must find it whole.
     await fsyncAsync(fd);
   } catch (error) {
     // A full disk: the half-written file must not keep the space the log needs.
