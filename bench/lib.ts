@@ -205,7 +205,13 @@ export interface Tollgate extends Service {
 export async function startTollgate(
   upstreamUrl: string,
   fsync: FsyncPolicy,
-  options: { env?: Record<string, string>; bunFlags?: string[]; name?: string } = {},
+  options: {
+    env?: Record<string, string>;
+    bunFlags?: string[];
+    name?: string;
+    /** Sections added to the config (an experiment's limits, say). */
+    config?: Record<string, unknown>;
+  } = {},
 ): Promise<Tollgate> {
   const dir = tempDir(`tollgate-${fsync}`);
   const configPath = join(dir, 'config.json');
@@ -235,6 +241,7 @@ export async function startTollgate(
       },
       wal: { fsync },
       limits: { default_rate_limit_rpm: 100_000_000 },
+      ...options.config,
     }),
   );
   const service = await startService(

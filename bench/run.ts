@@ -60,6 +60,8 @@ const LATENCY_SECONDS = quick ? 1 : 2; // per wrk run at 1 connection
 const WARMUP_SECONDS = 1;
 const LATENCY_REQUESTS = quick ? 100 : 300; // per target and mode, in the sequential client
 const OPEN_STREAMS = 1_000;
+/** How often a run samples the gateway's RSS for its peak. */
+const RSS_SAMPLE_MS = 50;
 const MEMORY_ROUNDS = quick ? 2 : 5;
 
 const log = (line: string) => process.stderr.write(`${line}\n`);
@@ -151,6 +153,8 @@ interface ServerRun {
   gatewayCpuUsPerRequest: number | null;
   upstreamCpuUsPerRequest: number;
   gatewayRssMiB: number | null;
+  /** The most RSS seen during the run (sampled every 50 ms), issue 15's peak. */
+  gatewayRssPeakMiB: number | null;
 }
 
 async function measure(
@@ -163,7 +167,14 @@ async function measure(
 ): Promise<Omit<ServerRun, 'round'>> {
   const cpuBefore = target.pid === null ? 0 : cpuSeconds(target.pid);
   const upstreamBefore = cpuSeconds(upstreamPid);
-  const wrk = await runWrk(target.url, script, connections, seconds);
+  let peakMiB = target.pid === null ? 0 : rssMiB(target.pid);
+  const sampler =
+    target.pid === null
+      ? null
+      : setInterval(() => (peakMiB = Math.max(peakMiB, rssMiB(target.pid!))), RSS_SAMPLE_MS);
+  const wrk = await runWrk(target.url, script, connections, seconds).finally(() =>
+    clearInterval(sampler ?? undefined),
+  );
   const cpuAfter = target.pid === null ? 0 : cpuSeconds(target.pid);
   const upstreamAfter = cpuSeconds(upstreamPid);
   if (wrk.errors > 0 || wrk.non2xx > 0) {
@@ -181,6 +192,7 @@ async function measure(
       target.pid === null ? null : ((cpuAfter - cpuBefore) * 1e6) / Math.max(1, wrk.requests),
     upstreamCpuUsPerRequest: ((upstreamAfter - upstreamBefore) * 1e6) / Math.max(1, wrk.requests),
     gatewayRssMiB: target.pid === null ? null : rssMiB(target.pid),
+    gatewayRssPeakMiB: target.pid === null ? null : Math.max(peakMiB, rssMiB(target.pid)),
   };
 }
 
@@ -658,6 +670,7 @@ function serverTables(runs: ServerRun[]): string {
         const rps = rs.map((r) => r.wrk.rps);
         const cpu = rs.map((r) => r.gatewayCpuUsPerRequest ?? NaN);
         const rss = rs.map((r) => r.gatewayRssMiB ?? NaN);
+        const peak = rs.map((r) => r.gatewayRssPeakMiB ?? NaN);
         const [rpsLow, rpsHigh] = range(rps);
         const bad = rs.reduce((sum, r) => sum + r.wrk.errors + r.wrk.non2xx, 0);
         return [
@@ -669,6 +682,7 @@ function serverTables(runs: ServerRun[]): string {
           name === 'direct' ? '—' : fmt(median(cpu), 1),
           fmt(median(rs.map((r) => r.upstreamCpuUsPerRequest)), 1),
           name === 'direct' ? '—' : fmt(Math.max(...rss), 1),
+          name === 'direct' ? '—' : fmt(Math.max(...peak), 1),
           String(bad),
         ];
       });
@@ -682,7 +696,8 @@ function serverTables(runs: ServerRun[]): string {
             'p99.9 ms',
             'gateway CPU µs/req',
             'upstream CPU µs/req',
-            'gateway RSS MiB (max)',
+            'gateway RSS MiB after (max)',
+            'gateway RSS MiB peak (max)',
             'errors',
           ],
           rows,
@@ -713,6 +728,12 @@ function serverTables(runs: ServerRun[]): string {
             perRound(runs, mode, connections, name, 'proxy', (a, b) => a.wrk.p50Ms / b.wrk.p50Ms),
           ),
           fmtRatio(
+            perRound(runs, mode, connections, name, 'proxy', (a, b) => a.wrk.p99Ms / b.wrk.p99Ms),
+          ),
+          fmtRatio(
+            perRound(runs, mode, connections, name, 'proxy', (a, b) => a.wrk.p999Ms / b.wrk.p999Ms),
+          ),
+          fmtRatio(
             perRound(runs, mode, connections, name, 'direct', (a, b) => a.wrk.p50Ms - b.wrk.p50Ms),
             3,
           ),
@@ -726,6 +747,8 @@ function serverTables(runs: ServerRun[]): string {
             'req/s ÷ direct',
             'CPU/req ÷ proxy',
             'p50 ÷ proxy',
+            'p99 ÷ proxy',
+            'p99.9 ÷ proxy',
             'p50 − direct (ms)',
           ],
           ratioRows,
@@ -836,6 +859,8 @@ type LatencyTable = ReturnType<typeof latencyTable>;
 /** What the phases measured, for the checks and the markdown; empty or null when skipped. */
 interface Measured {
   runs: ServerRun[];
+  /** Each gateway's RSS once started and idle, before any load. */
+  idleRssMiB?: Record<string, number>;
   latency: LatencyTable | null;
   memory: MemoryReport | null;
   wal: WalReport | null;
@@ -931,6 +956,7 @@ async function gatewayPhases(report: Report, measured: Measured, upstream: Servi
   );
   if (!SKIP.has('server')) {
     measured.runs = await serverBench(targets, upstream);
+    measured.idleRssMiB = idleRss;
     report.server = { idleRssMiB: idleRss, runs: measured.runs };
   }
   if (!SKIP.has('latency')) measured.latency = await latencyPhase(report, targets);
@@ -1005,9 +1031,64 @@ function allChecks(measured: Measured): Check[] {
   const { runs, latency, memory } = measured;
   const checks: Check[] = [];
   if (runs.length > 0) checks.push(...serverChecks(runs));
+  if (runs.length > 0) checks.push(...tailChecks(runs, measured.idleRssMiB ?? {}));
   // The client's non-stream figure stands in for wrk's only when the server phase was skipped.
   if (latency) checks.push(...latencyChecks(latency, runs.length === 0));
   if (memory && memory.rounds.length > 0) checks.push(...memoryChecks(memory));
+  return checks;
+}
+
+/**
+ * Issue 15's figures (tail and memory): p99 and CPU per request ÷ the proxy's at 32 connections
+ * (per round, then the median), RSS after start, and the peak RSS of the c32 runs against twice
+ * the proxy's plus 32 MiB.
+ */
+function tailChecks(runs: ServerRun[], idleRssMiB: Record<string, number>): Check[] {
+  const ratio = (mode: Mode, f: (a: ServerRun, b: ServerRun) => number) =>
+    median(perRound(runs, mode, 32, 'tollgate', 'proxy', f));
+  const p99 = (a: ServerRun, b: ServerRun) => a.wrk.p99Ms / b.wrk.p99Ms;
+  const p999 = (a: ServerRun, b: ServerRun) => a.wrk.p999Ms / b.wrk.p999Ms;
+  const cpu = (a: ServerRun, b: ServerRun) => a.gatewayCpuUsPerRequest! / b.gatewayCpuUsPerRequest!;
+  const limited = (figure: string, limit: number, value: number): Check => ({
+    figure,
+    target: `≤ ${limit}`,
+    measured: fmt(value),
+    pass: value <= limit,
+  });
+  const peakOf = (name: TargetName) =>
+    Math.max(
+      ...runs
+        .filter((r) => r.target === name && r.connections === 32)
+        .map((r) => r.gatewayRssPeakMiB ?? 0),
+    );
+  const proxyPeak = peakOf('proxy');
+  const peak = peakOf('tollgate');
+  const checks = [
+    limited('Issue 15: non-stream p99 ÷ proxy (c32)', 2, ratio('nonstream', p99)),
+    {
+      figure: '(reference) non-stream p99.9 ÷ proxy (c32)',
+      target: '—',
+      measured: fmt(ratio('nonstream', p999)),
+      pass: null,
+    },
+    limited('Issue 15: stream p99 ÷ proxy (c32)', 1.3, ratio('stream', p99)),
+    limited('Issue 15: non-stream CPU/request ÷ proxy (c32)', 1.5, ratio('nonstream', cpu)),
+    limited('Issue 15: stream CPU/request ÷ proxy (c32)', 1.05, ratio('stream', cpu)),
+    {
+      figure: 'Issue 15: RSS peak in the c32 runs (tollgate, fsync always)',
+      target: `≤ 2 × proxy + 32 = ${fmt(2 * proxyPeak + 32, 1)} MiB`,
+      measured: `${fmt(peak, 1)} MiB`,
+      pass: peak <= 2 * proxyPeak + 32,
+    },
+  ];
+  const idle = idleRssMiB.tollgate;
+  if (idle !== undefined)
+    checks.push({
+      figure: 'Issue 15: RSS after start (tollgate, fsync always)',
+      target: '≤ 64 MiB',
+      measured: `${fmt(idle, 1)} MiB`,
+      pass: idle <= 64,
+    });
   return checks;
 }
 
@@ -1214,7 +1295,7 @@ function renderMarkdown(report: Report, measured: Measured, checks: Check[]): st
   const sections = headSection(report);
   if (checks.length > 0) {
     sections.push(
-      '## Targets (issues 5 and 14)',
+      '## Targets (issues 5, 14 and 15)',
       '',
       table(
         ['figure', 'target', 'measured', ''],
