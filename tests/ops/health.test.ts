@@ -75,6 +75,25 @@ describe('probes (no auth)', () => {
     }
   });
 
+  test("/metrics: the gateway's figures and the process ones, scrape after scrape", async () => {
+    const first = await t.request('/metrics');
+    expect(first.status).toBe(200);
+    expect(first.headers.get('content-type')).toStartWith('text/plain');
+    const text = await first.text();
+    for (const name of [
+      'tollgate_requests_in_flight',
+      'tollgate_event_loop_delay_seconds_bucket',
+      'tollgate_deployment_state',
+      'tollgate_process_cpu_user_seconds_total',
+      'tollgate_process_resident_memory_bytes',
+    ])
+      expect(text).toContain(`\n${name}`);
+    // The first scrape builds the registry (and loads prom-client); the next ones reuse it.
+    const again = await t.request('/metrics');
+    expect(again.status).toBe(200);
+    expect((await again.text()).match(/^# TYPE tollgate_requests_in_flight /gm)).toHaveLength(1);
+  });
+
   test('probes ignore an Authorization header, even a wrong one', async () => {
     const response = await t.request('/healthz', { headers: { authorization: 'Bearer nonsense' } });
     expect(response.status).toBe(200);
