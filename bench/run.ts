@@ -1038,14 +1038,20 @@ function allChecks(measured: Measured): Check[] {
   return checks;
 }
 
+type RunRatio = (a: ServerRun, b: ServerRun) => number;
+
+/** Tollgate ÷ proxy at 32 connections: per round, then the median over the rounds. */
+function c32Ratio(runs: ServerRun[], mode: Mode, f: RunRatio): number {
+  return median(perRound(runs, mode, 32, 'tollgate', 'proxy', f));
+}
+
 /**
  * Issue 15's figures (tail and memory): p99 and CPU per request ÷ the proxy's at 32 connections
  * (per round, then the median), RSS after start, and the peak RSS of the c32 runs against twice
  * the proxy's plus 32 MiB.
  */
 function tailChecks(runs: ServerRun[], idleRssMiB: Record<string, number>): Check[] {
-  const ratio = (mode: Mode, f: (a: ServerRun, b: ServerRun) => number) =>
-    median(perRound(runs, mode, 32, 'tollgate', 'proxy', f));
+  const ratio = (mode: Mode, f: RunRatio) => c32Ratio(runs, mode, f);
   const p99 = (a: ServerRun, b: ServerRun) => a.wrk.p99Ms / b.wrk.p99Ms;
   const p999 = (a: ServerRun, b: ServerRun) => a.wrk.p999Ms / b.wrk.p999Ms;
   const cpu = (a: ServerRun, b: ServerRun) => a.gatewayCpuUsPerRequest! / b.gatewayCpuUsPerRequest!;
@@ -1094,8 +1100,7 @@ function tailChecks(runs: ServerRun[], idleRssMiB: Record<string, number>): Chec
 
 /** Tollgate ÷ proxy at 32 connections, and the p50 wrk adds over direct at 1. */
 function serverChecks(runs: ServerRun[]): Check[] {
-  const ratio = (mode: Mode, f: (a: ServerRun, b: ServerRun) => number) =>
-    median(perRound(runs, mode, 32, 'tollgate', 'proxy', f));
+  const ratio = (mode: Mode, f: RunRatio) => c32Ratio(runs, mode, f);
   const cpuNs = ratio('nonstream', (a, b) => a.gatewayCpuUsPerRequest! / b.gatewayCpuUsPerRequest!);
   const rpsNs = ratio('nonstream', (a, b) => a.wrk.rps / b.wrk.rps);
   const cpuSt = ratio('stream', (a, b) => a.gatewayCpuUsPerRequest! / b.gatewayCpuUsPerRequest!);

@@ -65,7 +65,7 @@ const SLOT_MASK = (1 << SLOT_BITS) - 1;
 let SLOTS: Int32Array | null = null;
 
 /** Reads the vocabulary and builds its tables: once per thread, before the first lookup. */
-function loadVocabulary(): Int32Array {
+function loadVocabulary(): void {
   const file = readFileSync(vocabularyPath);
   assert(
     file.toString('latin1', 0, VOCABULARY_MAGIC.length) === VOCABULARY_MAGIC,
@@ -101,7 +101,6 @@ function loadVocabulary(): Int32Array {
   for (let byte = 0; byte < 256; byte++) {
     assert(rankOf(new Uint8Array([byte]), 0, 1) !== NO_RANK, 'o200k_base.bin: a byte is no token');
   }
-  return slots;
 }
 
 /** FNV-1a over bytes[from, to), its high bits folded down so that the low ones index the table. */

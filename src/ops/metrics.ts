@@ -8,6 +8,7 @@
 // scraped (issue 15: RSS after start).
 import type { Counter, Registry } from 'prom-client';
 import type { Service } from '../state/events.ts';
+import { assert } from '../util/assert.ts';
 
 const TTFT_BUCKETS_S = [0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10] as const;
 
@@ -218,6 +219,8 @@ export class Metrics {
 
   /** Per-deployment health and attempts (CONTRACT §7), read from the router at each scrape. */
   watchDeployments(deployments: () => Iterable<DeploymentView>): void {
+    // Read when the registry is made: a later call would be silently left out of every scrape.
+    assert(this.registry === null, 'deployments watched after the first scrape');
     this.deployments = deployments;
   }
 
