@@ -13,6 +13,7 @@ import { DataDirLock, DataDirLockError } from './admin/lock.ts';
 import { resolveAdminToken } from './admin/token.ts';
 import { ConfigError, loadConfig } from './config/load.ts';
 import type { Config } from './config/model.ts';
+import { execWithHeapOptions, heapOptionsInEffect } from './ops/heap-growth.ts';
 import { createLogger, type Logger } from './util/log.ts';
 import { WalCorruptionError } from './wal/log.ts';
 
@@ -64,6 +65,7 @@ async function serve(config: Config): Promise<number> {
       models: Object.keys(config.models).length,
       fsync: config.wal.fsync,
       dataDir: config.data_dir,
+      heap: heapOptionsInEffect(),
     },
     'tollgate listening',
   );
@@ -213,6 +215,8 @@ async function main(argv: string[]): Promise<number> {
     process.stdout.write(`${version}\n`);
     return 0;
   }
+  // Before anything is opened or loaded: the process image is replaced (ops/heap-growth.ts).
+  if (invocation.kind === 'serve') execWithHeapOptions();
   let config: Config;
   try {
     config = loadConfig();

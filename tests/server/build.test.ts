@@ -5,6 +5,7 @@ import { rmSync } from 'node:fs';
 import { join } from 'node:path';
 import packageJson from '../../package.json';
 import { countPromptTokens } from '../../src/billing/tokens.ts';
+import { HEAP_OPTIONS } from '../../src/ops/heap-growth.ts';
 import { tempDir } from '../support/gateway.ts';
 
 /**
@@ -28,14 +29,18 @@ async function start(binary: string, env: Record<string, string | undefined>) {
   const reader = server.stdout.getReader();
   let text = '';
   let url: string | null = null;
+  let heap: unknown;
   while (url === null) {
     const { done, value } = await reader.read();
     if (done) throw new Error(`server exited: ${text}`);
     text += new TextDecoder().decode(value);
     for (const line of text.split('\n'))
-      if (line.includes('tollgate listening')) url = JSON.parse(line).url;
+      if (line.includes('tollgate listening')) ({ url, heap } = JSON.parse(line));
   }
   reader.releaseLock();
+  // The binary re-executed itself with the heap options (src/ops/heap-growth.ts): its embedded
+  // entry point was not handed to it again as a command.
+  expect(heap).toEqual(HEAP_OPTIONS);
   return { server, url: url! };
 }
 

@@ -1,0 +1,60 @@
+// How far JavaScriptCore lets the heap grow between collections, for `serve`: chosen by
+// re-executing the process once with JSC options in its environment (Bun reads them only from the
+// environment it starts with; there is no call to set one later).
+//
+// Why: on a machine with 16 GiB of RAM or more, JSC lets the heap grow to up to 3× its size after
+// each collection (WebKit `proportionalHeapSize`, "aggressive" growth, `heapGrowthMaxIncrease` 2;
+// 2× below 16 GiB, `smallHeapGrowthFactor`), and the size it counts includes the bytes typed arrays
+// own. The gateway keeps ~30 MB of them live (the record table, the o200k tables, the log's
+// buffer) beside ~5 MB of objects, so ~60 MB of per-request garbage piled up between young
+// collections: a c=32 peak RSS of 160–185 MiB against the trivial proxy's 52 (bench/README.md,
+// issue 15). Growth 1.5× takes it to 130–140 MiB at the same CPU per request.
+//
+// Growth alone is not enough: after a young collection JSC collects everything once the young
+// generation is under a third of the heap's limit (`minEdenToOldGenerationRatio`), which a growth
+// of 1.5× or less reaches at once: a full collection after every young one (measured: pauses 20 →
+// 80–135 ms/s). With 0.2 a full collection comes once the old generation grew by about its own
+// live size again.
+//
+// The operator's own values win: a variable already in the environment is kept. `execve` keeps the
+// pid, the open descriptors and the terminal, so supervisors, `npm start` and the compiled binary
+// see one process.
+
+/** The JSC options, as Bun reads them from the environment, and our values. */
+export const HEAP_OPTIONS: Readonly<Record<string, string>> = {
+  // Growth after a collection, machines with ≥ 16 GiB: up to (1 + this) × the heap (JSC: 2).
+  BUN_JSC_heapGrowthMaxIncrease: '0.5',
+  // The same below 16 GiB (JSC: 2).
+  BUN_JSC_smallHeapGrowthFactor: '1.5',
+  // See above (JSC: 1/3).
+  BUN_JSC_minEdenToOldGenerationRatio: '0.2',
+};
+
+/**
+ * Re-executes this process with HEAP_OPTIONS in its environment unless all of them are there
+ * already (after the re-exec, or set by the operator). Returns only when it did not re-execute:
+ * the process then runs with JSC's default growth, which is slower to give memory back but correct.
+ */
+export function execWithHeapOptions(): void {
+  const missing = Object.keys(HEAP_OPTIONS).filter((name) => process.env[name] === undefined);
+  if (missing.length === 0 || process.execve === undefined) return;
+  // A compiled executable's argv[1] is its own embedded entry point, which it puts back itself; a
+  // `bun src/main.ts` run needs bun's own flags (`--smol`, …) and the script again.
+  const compiled = import.meta.path.startsWith('/$bunfs/');
+  const args = compiled ? process.argv.slice(2) : [...process.execArgv, ...process.argv.slice(1)];
+  const env: Record<string, string | undefined> = { ...process.env };
+  for (const name of missing) env[name] = HEAP_OPTIONS[name];
+  try {
+    process.execve(process.execPath, [process.execPath, ...args], env);
+  } catch {
+    // execve failed (the binary moved, a seccomp filter, …): this image still runs; it is better
+    // to serve with the default growth than not at all.
+  }
+}
+
+/** The options this process runs with, for the log (null: JSC's default). */
+export function heapOptionsInEffect(): Record<string, string | null> {
+  const inEffect: Record<string, string | null> = {};
+  for (const name of Object.keys(HEAP_OPTIONS)) inEffect[name] = process.env[name] ?? null;
+  return inEffect;
+}
