@@ -5,6 +5,7 @@ import { checkIdempotency } from '../idempotency/store.ts';
 import type { RateLimiter } from '../keys/rate-limit.ts';
 import type { ActorRegistry } from '../requests/registry.ts';
 import type { GatewayState, KeyAccount } from '../state/apply.ts';
+import type { RunSignal } from '../util/abort.ts';
 import { GatewayError } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
 import { ignore } from '../util/promise.ts';
@@ -82,7 +83,7 @@ export function countAnswerTokens(
   keyId: string,
   texts: string[],
   limit: number,
-  signal: AbortSignal | null,
+  signal: RunSignal | null,
   logger: Logger,
 ): number | Promise<number> {
   let chars = 0;
