@@ -1,5 +1,6 @@
 // A worker thread for CPU-heavy request work (token counts, fingerprints), with a fair, bounded
 // queue per API key.
+import type { RunSignal } from '../util/abort.ts';
 import { GatewayError } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
 
@@ -80,7 +81,7 @@ export interface CountPoolOptions {
  */
 export interface JobOwner {
   keyId: string;
-  signal: AbortSignal | null;
+  signal: RunSignal | null;
   logger: Logger;
 }
 

@@ -9,6 +9,7 @@ import type { Completion, RunPolicy, RunResult } from '../requests/actor.ts';
 import { type Admission, type AdmitContext, admit, type Reservation } from '../requests/admit.ts';
 import type { KeyAccount } from '../state/apply.ts';
 import type { Usage } from '../state/events.ts';
+import type { RunSignal } from '../util/abort.ts';
 import { GatewayError } from '../util/errors.ts';
 import { TextBuilder } from '../util/text-builder.ts';
 import type { ChatRequest } from './model.ts';
@@ -195,7 +196,7 @@ class Answer {
   countTokens(
     keyId: string,
     limit: number,
-    signal: AbortSignal,
+    signal: RunSignal,
     logger: AdmitContext['logger'],
   ): number | Promise<number> {
     if (this.streamedText !== null) return this.countStreamed();

@@ -3,6 +3,7 @@
 
 import { errorBody } from '../http/errors.ts';
 import type { Usage } from '../state/events.ts';
+import type { RunSignal } from '../util/abort.ts';
 import type { GatewayError } from '../util/errors.ts';
 import type { IdMap } from '../util/id-map.ts';
 import type { ChatResult, ChatSink } from './service.ts';
@@ -97,7 +98,7 @@ export interface SseSinkOptions {
   /** Frames that may wait in the sink for a client that is behind; past it the run loop waits. */
   bufferBytesMax: number;
   /** The actor's signal: an abort wakes a run loop waiting on this sink. */
-  signal: AbortSignal;
+  signal: RunSignal;
   /** The client went away (the response was cancelled). */
   onCancel: () => void;
   /**
@@ -142,7 +143,7 @@ export class SseSink implements ChatSink {
   readonly body: ReadableStream<Uint8Array>;
   private readonly encoder: ChunkEncoder;
   private readonly bufferBytesMax: number;
-  private readonly signal: AbortSignal;
+  private readonly signal: RunSignal;
   private readonly onCancel: () => void;
   private readonly onEnd: ((stopped: boolean) => void) | undefined;
   private readonly deadlineMs: number;

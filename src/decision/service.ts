@@ -9,6 +9,7 @@ import type { Completion, RunPolicy, RunResult } from '../requests/actor.ts';
 import { type Admission, type AdmitContext, admit, type Reservation } from '../requests/admit.ts';
 import { DAY_MS, type KeyAccount } from '../state/apply.ts';
 import type { Amount, Attempt, Usage } from '../state/events.ts';
+import type { RunSignal } from '../util/abort.ts';
 import { GatewayError } from '../util/errors.ts';
 import type { Answer, DecisionRequest } from './model.ts';
 import {
@@ -139,7 +140,7 @@ async function askOnce(
   gateway: DecisionContext,
   decision: DecisionRequest,
   request: ProviderRequest,
-  signal: AbortSignal,
+  signal: RunSignal,
   keyId: string,
   attempts: Attempt[],
 ): Promise<{ raw: unknown; promptTokens: number; completionTokens: number }> {

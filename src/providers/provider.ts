@@ -1,6 +1,7 @@
 // The provider interface: every upstream (simulator, OpenAI-compatible HTTP) streams the same
 // deltas.
 
+import type { RunSignal } from '../util/abort.ts';
 import type { ProviderMessage, ToolChoice, ToolDefinition } from './wire.ts';
 
 /** The wire types a provider speaks, for modules written against this interface. */
@@ -58,12 +59,12 @@ export interface Provider {
    * iterable by throwing the signal's reason. Failures throw `GatewayError` with an upstream_*
    * code.
    */
-  stream(request: ProviderRequest, signal: AbortSignal): AsyncIterable<Delta>;
+  stream(request: ProviderRequest, signal: RunSignal): AsyncIterable<Delta>;
   /**
    * Optional: the same deltas at once, for a caller that does not stream (a non-stream chat call, a
    * decision). Cheaper than iterating the stream where the provider gets the answer in one piece.
    */
-  complete?(request: ProviderRequest, signal: AbortSignal): Promise<Delta[]>;
+  complete?(request: ProviderRequest, signal: RunSignal): Promise<Delta[]>;
   /**
    * Releases what the provider keeps between calls (idle upstream connections); called at shutdown.
    */
@@ -77,7 +78,7 @@ export interface Provider {
 export function collectAnswer(
   provider: Provider,
   request: ProviderRequest,
-  signal: AbortSignal,
+  signal: RunSignal,
 ): Promise<Delta[]> {
   return provider.complete
     ? provider.complete(request, signal)
@@ -87,7 +88,7 @@ export function collectAnswer(
 async function collectStream(
   provider: Provider,
   request: ProviderRequest,
-  signal: AbortSignal,
+  signal: RunSignal,
 ): Promise<Delta[]> {
   const deltas: Delta[] = [];
   for await (const delta of provider.stream(request, signal)) deltas.push(delta);

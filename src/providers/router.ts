@@ -4,6 +4,7 @@
 // request's status record; a deployment that keeps failing is skipped for a cooldown.
 import type { Config } from '../config/model.ts';
 import type { Attempt } from '../state/events.ts';
+import type { RunSignal } from '../util/abort.ts';
 import { AssertionError, assert } from '../util/assert.ts';
 import { GatewayError } from '../util/errors.ts';
 import { collectAnswer, type Delta, type Provider, type ProviderRequest } from './provider.ts';
@@ -90,7 +91,7 @@ export class Router {
   async *stream(
     modelId: string,
     request: ProviderRequest,
-    signal: AbortSignal,
+    signal: RunSignal,
     attempts: Attempt[],
   ): AsyncGenerator<Delta> {
     const route = this.route(modelId);
@@ -134,7 +135,7 @@ export class Router {
   async complete(
     modelId: string,
     request: ProviderRequest,
-    signal: AbortSignal,
+    signal: RunSignal,
     attempts: Attempt[],
   ): Promise<Delta[]> {
     const route = this.route(modelId);
@@ -232,7 +233,7 @@ export class Router {
     attempt: Attempt,
     startedMs: number,
     error: unknown,
-    signal: AbortSignal,
+    signal: RunSignal,
   ): void {
     attempt.latency_ms = Math.round(performance.now() - startedMs);
     const wasProbe = deployment.probing;

@@ -1,9 +1,10 @@
-// The request actor: one per accepted request; owns its state machine, AbortController and credit
+// The request actor: one per accepted request; owns its state machine, its abort and its credit
 // hold.
 
 import * as commands from '../state/commands.ts';
 import type { Amount, Attempt, RequestStatus, Service, Usage } from '../state/events.ts';
 import type { StateStore } from '../state/store.ts';
+import { RunAbort, type RunSignal } from '../util/abort.ts';
 import { AssertionError } from '../util/assert.ts';
 import { GatewayError, internalError } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
@@ -11,7 +12,7 @@ import { ignore, RESOLVED } from '../util/promise.ts';
 
 export type TerminalStatus = Exclude<RequestStatus, 'in_progress'>;
 
-/** Why an actor's AbortController fired; the run loop turns it into the terminal state. */
+/** Why an actor's abort fired; the run loop turns it into the terminal state. */
 export type AbortKind =
   | 'cancelled'
   | 'disconnected'
@@ -87,7 +88,11 @@ const LEGAL: Record<RequestStatus, readonly RequestStatus[]> = {
 
 export class RequestActor {
   private current: RequestStatus = 'in_progress';
-  readonly controller = new AbortController();
+  /**
+   * The run's abort, and the signal the work and the provider listen to: a plain object, not an
+   * AbortController (util/abort.ts: ~1 µs less per request).
+   */
+  private readonly aborts = new RunAbort();
   /** The deployments tried so far (the router adds to it; the finish records it). */
   readonly attempts: Attempt[] = [];
   /**
@@ -131,8 +136,8 @@ export class RequestActor {
     return this.current;
   }
 
-  get signal(): AbortSignal {
-    return this.controller.signal;
+  get signal(): RunSignal {
+    return this.aborts;
   }
 
   /** Records the commit that started this request (hold and binding), once the actor exists. */
@@ -200,16 +205,14 @@ export class RequestActor {
    * over.
    */
   abort(kind: AbortKind): boolean {
-    if (this.current !== 'in_progress' || this.finishing || this.controller.signal.aborted)
-      return false;
-    this.controller.abort(new AbortReason(kind));
-    return true;
+    if (this.current !== 'in_progress' || this.finishing || this.aborts.aborted) return false;
+    return this.aborts.abort(new AbortReason(kind));
   }
 
   /** The abort that ended the run, if one did. */
   get abortKind(): AbortKind | null {
-    const reason = this.controller.signal.reason;
-    return this.controller.signal.aborted && reason instanceof AbortReason ? reason.kind : null;
+    const reason = this.aborts.reason;
+    return this.aborts.aborted && reason instanceof AbortReason ? reason.kind : null;
   }
 
   /**
@@ -234,7 +237,7 @@ export class RequestActor {
       timer = setTimeout(abortOnTimer, policy.deadlineMs, this, policy.deadlineKind);
       const done = await work(this);
       // An abort that came while the work was finishing wins: the caller has gone or asked to stop.
-      if (this.controller.signal.aborted) throw this.controller.signal.reason;
+      if (this.aborts.aborted) throw this.aborts.reason;
       value = done.value;
       outcome = {
         status: 'completed',

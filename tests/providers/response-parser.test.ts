@@ -113,6 +113,27 @@ describe('framing', () => {
     }
   });
 
+  test('chunk sizes of either case, up to 13 digits, spaced or bare-LF, cut at every byte', () => {
+    // Sizes whole in one read are read from the bytes; split or unusual ones, as text: both alike.
+    const response =
+      'HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n' +
+      `1A\r\n${'x'.repeat(26)}\r\n` +
+      '0000000000001\r\ny\r\n' +
+      ' a \r\n0123456789\r\n' +
+      '2\r\r\nzz\r\n' +
+      '3\nabc\n' +
+      '00\r\n\r\n';
+    for (const reads of everySplit(response)) {
+      expect(parse(reads)).toEqual({
+        status: 200,
+        headers: { 'transfer-encoding': 'chunked' },
+        body: `${'x'.repeat(26)}y0123456789zzabc`,
+        ended: true,
+        keepAlive: true,
+      });
+    }
+  });
+
   test('bare LF line endings are accepted', () => {
     expect(parse([encoder.encode('HTTP/1.1 200 OK\ncontent-length: 2\n\nok')])).toMatchObject({
       status: 200,
@@ -262,6 +283,14 @@ describe('malformed answers', () => {
     );
     expectProtocolError(
       'HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nfffffffffffffff\r\n',
+      /chunk size/,
+    );
+    expectProtocolError(
+      'HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n00000000000000\r\n',
+      /chunk size/,
+    );
+    expectProtocolError(
+      'HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n-1\r\n',
       /chunk size/,
     );
     expectProtocolError('HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n1\r\nxy', /CRLF/);

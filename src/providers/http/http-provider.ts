@@ -2,6 +2,7 @@
 // and the relay of its event stream live here once; a `Dialect` says how one protocol writes a
 // request and reads an answer (openai/, anthropic/, gemini/).
 import { readFileSync } from 'node:fs';
+import type { RunSignal } from '../../util/abort.ts';
 import { GatewayError } from '../../util/errors.ts';
 import type { Logger } from '../../util/log.ts';
 import { nextTurn } from '../../util/promise.ts';
@@ -132,7 +133,7 @@ export class HttpProvider implements Provider {
     this.logger = options.logger;
   }
 
-  async *stream(request: ProviderRequest, signal: AbortSignal): AsyncIterable<Delta> {
+  async *stream(request: ProviderRequest, signal: RunSignal): AsyncIterable<Delta> {
     signal.throwIfAborted();
     const call = new UpstreamCall(this.name, this.timeoutMs, signal);
     try {
@@ -153,7 +154,7 @@ export class HttpProvider implements Provider {
   /**
    * The answer in one piece: a JSON completion needs no stream machinery between socket and caller.
    */
-  async complete(request: ProviderRequest, signal: AbortSignal): Promise<Delta[]> {
+  async complete(request: ProviderRequest, signal: RunSignal): Promise<Delta[]> {
     signal.throwIfAborted();
     const call = new UpstreamCall(this.name, this.timeoutMs, signal);
     try {

@@ -276,14 +276,15 @@ export class ResponseParser {
     const end = newline === -1 ? bytes.length : newline;
     if (this.line.length + (end - at) > LINE_BYTES_MAX)
       throw new HttpProtocolError('chunk-size line too long');
-    this.line += latin1(bytes, at, end);
-    if (newline === -1) return bytes.length;
-    const line = stripCr(this.line);
-    this.line = '';
-    const semicolon = line.indexOf(';');
-    const hex = (semicolon === -1 ? line : line.slice(0, semicolon)).trim();
-    if (!/^[0-9A-Fa-f]{1,13}$/.test(hex)) throw new HttpProtocolError('malformed chunk size');
-    const size = parseInt(hex, 16);
+    // The usual line, whole in this read and only hex digits (every event of a stream is a chunk):
+    // read from the bytes, without the line's string, its trim and a regular expression.
+    let size = this.line.length === 0 && newline !== -1 ? plainChunkSize(bytes, at, newline) : -1;
+    if (size === -1) {
+      this.line += latin1(bytes, at, end);
+      if (newline === -1) return bytes.length;
+      size = chunkSizeOfLine(stripCr(this.line));
+      this.line = '';
+    }
     if (size === 0) {
       this.trailerBytes = 0;
       this.state = State.Trailer;
@@ -376,6 +377,37 @@ function findHeadEnd(bytes: Uint8Array, from: number): number {
     newline = bytes.indexOf(LF, newline + 1);
   }
   return -1;
+}
+
+/**
+ * The size of a chunk-size line from `start` to the LF at `newline` when it is 1 to 13 hex digits
+ * and nothing else (a CR before the LF aside); else -1, and the line is read as text.
+ */
+function plainChunkSize(bytes: Uint8Array, start: number, newline: number): number {
+  const end = newline > start && bytes[newline - 1] === CR ? newline - 1 : newline;
+  if (end === start || end - start > 13) return -1;
+  let size = 0;
+  for (let i = start; i < end; i++) {
+    const digit = HEX_VALUE[bytes[i]!]!;
+    if (digit === 255) return -1;
+    size = size * 16 + digit;
+  }
+  return size;
+}
+
+/** Each byte's value as a hex digit, 255 for any other byte. */
+const HEX_VALUE = new Uint8Array(256).fill(255);
+for (let i = 0; i < 16; i++) {
+  HEX_VALUE['0123456789abcdef'.charCodeAt(i)] = i;
+  HEX_VALUE['0123456789ABCDEF'.charCodeAt(i)] = i;
+}
+
+/** The size a chunk-size line (its CR removed) declares: extensions are ignored. */
+function chunkSizeOfLine(line: string): number {
+  const semicolon = line.indexOf(';');
+  const hex = (semicolon === -1 ? line : line.slice(0, semicolon)).trim();
+  if (!/^[0-9A-Fa-f]{1,13}$/.test(hex)) throw new HttpProtocolError('malformed chunk size');
+  return parseInt(hex, 16);
 }
 
 function stripCr(line: string): string {

@@ -1,5 +1,6 @@
 // One HTTP exchange with an upstream, its silence timer and its link to the caller's signal; shared
 // by every HTTP provider whatever protocol it speaks.
+import type { RunSignal } from '../../util/abort.ts';
 import { GatewayError } from '../../util/errors.ts';
 import { nextTurn } from '../../util/promise.ts';
 import { invalid, oversizedBody } from './answer.ts';
@@ -24,7 +25,7 @@ type ReadResult = { done: false; value: Uint8Array } | { done: true; value: unde
  * timeout. Body bytes arrive as the socket reads them and wait in a bounded queue for `read`.
  */
 export class UpstreamCall implements ExchangeHandler {
-  readonly signal: AbortSignal;
+  readonly signal: RunSignal;
   /** Set once the answer was fully translated, so closing does not abort a finished exchange. */
   finished = false;
   timedOut = false;
@@ -49,7 +50,7 @@ export class UpstreamCall implements ExchangeHandler {
   private draining = false;
   private drainTimer: ReturnType<typeof setTimeout> | null = null;
 
-  constructor(providerName: string, timeoutMs: number, signal: AbortSignal) {
+  constructor(providerName: string, timeoutMs: number, signal: RunSignal) {
     this.providerName = providerName;
     this.timeoutMs = timeoutMs;
     this.signal = signal;

@@ -2,6 +2,7 @@
 // limits.
 import { defaultConfig } from '../../config/defaults.ts';
 import type { SimulatorProviderConfig } from '../../config/model.ts';
+import type { RunSignal } from '../../util/abort.ts';
 import { JSON_DEPTH_MAX, nestsDeeperThan } from '../../util/json.ts';
 import {
   type Delta,
@@ -140,7 +141,7 @@ export class SimulatorProvider implements Provider {
     this.argumentsBytesMax = argumentsBytesMax;
   }
 
-  async *stream(request: ProviderRequest, signal: AbortSignal): AsyncIterable<Delta> {
+  async *stream(request: ProviderRequest, signal: RunSignal): AsyncIterable<Delta> {
     signal.throwIfAborted();
     const answer = await this.answer(request);
     signal.throwIfAborted();
@@ -386,7 +387,7 @@ async function fittingPrefixLength(
 }
 
 /** Waits `ms`, or rejects with the signal's reason the moment it aborts (the timer is cleared). */
-function delay(ms: number, signal: AbortSignal): Promise<void> {
+function delay(ms: number, signal: RunSignal): Promise<void> {
   return new Promise((resolve, reject) => {
     if (signal.aborted) {
       reject(signal.reason);
