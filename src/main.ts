@@ -59,6 +59,9 @@ async function serve(config: Config): Promise<number> {
   // about.
   gateway.metrics.loopDelay.start();
   gateway.onLogFailure = (error) => exitOnLogFailure(error, gateway, running, lock, logger);
+  // Before the line that says it listens: a supervisor may stop it as soon as it reads that line,
+  // and a SIGTERM that comes before the handler exists kills the process (143) instead of draining.
+  stopOnSignals(gateway, running, lock, logger);
   logger.info(
     {
       url: running.url,
@@ -69,7 +72,6 @@ async function serve(config: Config): Promise<number> {
     },
     'tollgate listening',
   );
-  stopOnSignals(gateway, running, lock, logger);
   return -1;
 }
 
