@@ -130,8 +130,9 @@ export interface SseSinkOptions {
  * 200 with `body`), or with the error when the run failed before any output (then a plain error
  * reply).
  *
- * The body is a direct stream: frames go straight into the response's buffer, which Bun writes once
- * per event-loop turn, so the deltas of one upstream read become one socket write. While the socket
+ * The body is a direct stream: the frames of a turn are gathered and handed to the response at the
+ * next turn in one write (see `gather`: an upstream's events come one read, one frame, at a time,
+ * and a send per frame was a third of a stream's CPU). While the socket
  * is backpressured the frames wait here instead, and once `bufferBytesMax` of them wait the run
  * loop waits too, which pauses the upstream: what a slow reader costs is bounded. A stopped run
  * (cancel, a time limit, shutdown) wakes that wait at once and ends with its error event; a client
@@ -167,6 +168,8 @@ export class SseSink implements ChatSink {
   /** The run loop waiting for room. */
   private wake: (() => void) | null = null;
   private started = false;
+  /** In `gathering`: its frames go out at the next turn (see `gather`). */
+  private gathered = false;
   /** The run is over: the last frames are in `pending` or handed over. */
   private ended = false;
   /** The response is closed, dropped or cancelled: nothing more is written. */
@@ -288,12 +291,40 @@ export class SseSink implements ChatSink {
     written.then(this.drained, this.drained);
   }
 
+  /** The next turn came (see `gather`): what was gathered goes out. */
+  flushGathered(): void {
+    this.gathered = false;
+    this.handGathered();
+  }
+
+  /** The frames gathered so far, in one write (unless the client is behind: drained sends them). */
+  private handGathered(): void {
+    const controller = this.controller;
+    if (controller === null || this.draining || this.closed || this.pendingChars === 0) return;
+    const text = this.pending.length === 1 ? this.pending[0]! : this.pending.join('');
+    this.pending.length = 0;
+    this.pendingChars = 0;
+    this.hand(controller, text);
+  }
+
   private write(frame: string): void | Promise<void> {
     if (this.closed) return;
     const controller = this.controller;
     if (controller !== null && !this.draining) {
-      this.hand(controller, frame);
-      return;
+      this.pending.push(frame);
+      this.pendingChars += frame.length;
+      if (this.pendingChars < this.bufferBytesMax) {
+        if (!this.gathered) {
+          this.gathered = true;
+          gather(this);
+        }
+        return;
+      }
+      // Gathered up to the buffer's bound: out now, and if the socket cannot take it, the run loop
+      // waits as below.
+      this.handGathered();
+      if (!this.draining || this.unsentBytes < this.bufferBytesMax || this.signal.aborted) return;
+      return new Promise<void>((resolve) => (this.wake = resolve));
     }
     this.pending.push(frame);
     this.pendingChars += frame.length;
@@ -344,6 +375,10 @@ export class SseSink implements ChatSink {
     this.pendingChars += last.length;
     const controller = this.controller;
     if (controller !== null && !this.draining) this.handPending(controller);
+    if (this.gathered && this.pendingChars === 0) {
+      this.gathered = false;
+      ungather(this);
+    }
     if (this.closed) return;
     this.ending.set(this.id, this);
     const drainMs = result.ok
@@ -356,12 +391,46 @@ export class SseSink implements ChatSink {
   drop(): void {
     if (this.closed) return;
     this.closed = true;
+    if (this.gathered) {
+      this.gathered = false;
+      ungather(this);
+    }
     clearTimeout(this.dropTimer);
     this.ending.delete(this.id);
     this.pending.length = 0;
     this.pendingChars = 0;
     this.controller?.close(DROPPED);
   }
+}
+
+/**
+ * Sinks with frames waiting for the next turn. An upstream sends a stream's events one read at a
+ * time, and Bun writes what a response was handed once per turn; frames handed at the next turn
+ * instead (after the event loop polled again) join those that came meanwhile: fewer sends to the
+ * client, each frame later by at most one turn.
+ */
+let gathering: SseSink[] = [];
+let spare: SseSink[] = [];
+
+function gather(sink: SseSink): void {
+  if (gathering.length === 0) setImmediate(flushAll);
+  gathering.push(sink);
+}
+
+/** A sink that ended or was dropped leaves the list now, not a turn later (nothing holds it). */
+function ungather(sink: SseSink): void {
+  const at = gathering.indexOf(sink);
+  if (at === -1) return;
+  gathering[at] = gathering[gathering.length - 1]!;
+  gathering.pop();
+}
+
+function flushAll(): void {
+  const sinks = gathering;
+  gathering = spare;
+  for (const sink of sinks) sink.flushGathered();
+  sinks.length = 0;
+  spare = sinks;
 }
 
 /** A timer's callback (the sink is passed in): no closure per stream. */

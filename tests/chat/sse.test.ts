@@ -130,30 +130,48 @@ describe('SseSink with a client that stops reading', () => {
       const bufferBytesMax = 4096;
       const roleChars = encoder.role().length;
       const { sink, response } = openSink(bufferBytesMax);
-      // The first frame goes to the socket, which takes it but cannot send it: it counts from now
-      // on.
+      // Frames written within a turn are gathered; once they reach the bound they go to the socket
+      // in one write, which it takes but cannot send: they count from now on.
       expect(sink.begin()).toBeUndefined();
       const first = writeUntilWait(sink);
       // What waits when the loop is made to wait: the bound, plus at most the frame that crossed
       // it.
       expect(roleChars + first.chars).toBeGreaterThanOrEqual(bufferBytesMax);
       expect(roleChars + first.chars).toBeLessThan(bufferBytesMax + FRAME_CHARS);
-      expect(response.written.length).toBe(roleChars);
+      expect(response.written.length).toBe(roleChars + first.chars);
       let woke = false;
       void first.wait.then(() => (woke = true));
       await Promise.resolve();
       expect(woke).toBe(false);
-      // The socket sends the first frame: the waiting frames go out in one write, which it takes
-      // but cannot send yet either. They still count, so the loop gets only the room that is left.
+      // The socket sends them: the loop goes on, and the next frames are bounded the same way.
       await response.drainAll();
-      expect(response.written.length).toBe(roleChars + first.chars);
       expect(woke).toBe(true);
       const second = writeUntilWait(sink);
-      expect(first.chars + second.chars).toBeGreaterThanOrEqual(bufferBytesMax);
-      expect(first.chars + second.chars).toBeLessThan(bufferBytesMax + FRAME_CHARS);
-      expect(response.written.length).toBe(roleChars + first.chars);
+      expect(second.chars).toBeGreaterThanOrEqual(bufferBytesMax);
+      expect(second.chars).toBeLessThan(bufferBytesMax + FRAME_CHARS);
+      expect(response.written.length).toBe(roleChars + first.chars + second.chars);
+      // Frames written while the socket is behind wait in the sink, and make the loop wait at once.
+      expect(sink.text(TEXT)).toBeInstanceOf(Promise);
     },
   );
+
+  test('frames written within one turn go out together at the next, in one write', async () => {
+    const { sink, response } = openSink(1 << 20);
+    response.stuck = false;
+    const writes: number[] = [];
+    const write = response.write.bind(response);
+    response.write = (data) => {
+      writes.push((data as string).length);
+      return write(data);
+    };
+    expect(sink.begin()).toBeUndefined();
+    for (let i = 0; i < 5; i++) expect(sink.text(TEXT)).toBeUndefined();
+    expect(response.written).toBe('');
+    const turn = Promise.withResolvers<void>();
+    setImmediate(turn.resolve);
+    await turn.promise;
+    expect(writes).toEqual([encoder.role().length + 5 * FRAME_CHARS]);
+  });
 
   test(
     'an abort wakes the waiting run loop at once; the stopped run drops a client still behind ' +
