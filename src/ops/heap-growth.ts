@@ -41,7 +41,9 @@ export function execWithHeapOptions(): void {
   // A compiled executable's argv[1] is its own embedded entry point, which it puts back itself; a
   // `bun src/main.ts` run needs bun's own flags (`--smol`, …) and the script again.
   const compiled = import.meta.path.startsWith('/$bunfs/');
-  const args = compiled ? process.argv.slice(2) : [...process.execArgv, ...process.argv.slice(1)];
+  const args = compiled
+    ? process.argv.slice(2)
+    : [...bunFlags(process.execArgv), ...process.argv.slice(1)];
   const env: Record<string, string | undefined> = { ...process.env };
   for (const name of missing) env[name] = HEAP_OPTIONS[name];
   try {
@@ -50,6 +52,20 @@ export function execWithHeapOptions(): void {
     // execve failed (the binary moved, a seccomp filter, …): this image still runs; it is better
     // to serve with the default growth than not at all.
   }
+}
+
+/**
+ * Bun's flags for the new image, without `--cwd`: Bun has already changed into that directory, and
+ * execve keeps the cwd, so a relative one would be looked for inside itself and stop the start.
+ */
+function bunFlags(execArgv: readonly string[]): string[] {
+  const flags: string[] = [];
+  for (let at = 0; at < execArgv.length; at++) {
+    const flag = execArgv[at]!;
+    if (flag === '--cwd') at++;
+    else if (!flag.startsWith('--cwd=')) flags.push(flag);
+  }
+  return flags;
 }
 
 /** The options this process runs with, for the log (null: JSC's default). */

@@ -1,9 +1,10 @@
 // `serve` runs with JSC's heap growth capped (src/ops/heap-growth.ts): the same process (execve),
 // bun's own flags kept, the operator's values kept, and options this Bun knows.
 import { afterAll, describe, expect, test } from 'bun:test';
-import { readFileSync } from 'node:fs';
+import { readFileSync, readlinkSync } from 'node:fs';
+import { join } from 'node:path';
 import { HEAP_OPTIONS } from '../../src/ops/heap-growth.ts';
-import { ADMIN, BUN, cleanUp, dataDir, env, MAIN, serve } from '../admin/process.ts';
+import { ADMIN, BUN, cleanUp, dataDir, env, MAIN, REPO, serve } from '../admin/process.ts';
 
 afterAll(cleanUp);
 
@@ -42,6 +43,24 @@ describe('serve and the heap options', () => {
       expect(image.cmdline).toEqual([BUN, '--smol', MAIN, 'serve']);
       expect(listeningLine(server.stdout.all).heap).toEqual(HEAP_OPTIONS);
       expect((await fetch(`${server.url}/healthz`)).status).toBe(200);
+    } finally {
+      expect(await server.stop()).toBe(0);
+    }
+  });
+
+  test('bun’s --cwd with a relative directory is not applied twice', async () => {
+    // Bun changed into `src` before our code ran, and execve keeps the cwd: `--cwd src` again
+    // would look for src/src and stop the start (exit 1).
+    const server = await serve(env({ DATA_DIR: dataDir(), ADMIN_TOKEN: ADMIN }), [
+      BUN,
+      '--cwd',
+      'src',
+      MAIN,
+      'serve',
+    ]);
+    try {
+      expect(listeningLine(server.stdout.all).heap).toEqual(HEAP_OPTIONS);
+      expect(readlinkSync(`/proc/${server.proc.pid}/cwd`)).toBe(join(REPO, 'src'));
     } finally {
       expect(await server.stop()).toBe(0);
     }
