@@ -309,10 +309,9 @@ export class SseSink implements ChatSink {
 
   private write(frame: string): void | Promise<void> {
     if (this.closed) return;
-    const controller = this.controller;
-    if (controller !== null && !this.draining) {
-      this.pending.push(frame);
-      this.pendingChars += frame.length;
+    this.pending.push(frame);
+    this.pendingChars += frame.length;
+    if (this.controller !== null && !this.draining) {
       if (this.pendingChars < this.bufferBytesMax) {
         if (!this.gathered) {
           this.gathered = true;
@@ -320,14 +319,11 @@ export class SseSink implements ChatSink {
         }
         return;
       }
-      // Gathered up to the buffer's bound: out now, and if the socket cannot take it, the run loop
-      // waits as below.
+      // Gathered up to the buffer's bound: out now; if the socket cannot take it all, the run loop
+      // waits below as for any client that is behind.
       this.handGathered();
-      if (!this.draining || this.unsentBytes < this.bufferBytesMax || this.signal.aborted) return;
-      return new Promise<void>((resolve) => (this.wake = resolve));
+      if (!this.draining) return;
     }
-    this.pending.push(frame);
-    this.pendingChars += frame.length;
     // Frames are mostly ASCII JSON, so their length stands for their bytes here. An aborted run
     // stops at its next check; it must not wait for a reader.
     if (this.pendingChars + this.unsentBytes < this.bufferBytesMax || this.signal.aborted) return;
