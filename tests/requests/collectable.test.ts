@@ -10,16 +10,20 @@ import { bearer, chatBody, closedAfterEach } from '../support/gateway.ts';
 
 const cleanup = closedAfterEach();
 
-/** Enough that the gateway's tables of requests in flight fill and are remade many times over. */
-const REQUESTS = 1200;
+/**
+ * Requests per batch, and batches. The tables of requests in flight fill and are remade many times
+ * in each batch.
+ */
+const BATCH_REQUESTS = 200;
+const BATCHES = 6;
 const CONCURRENCY = 16;
 /**
- * Plain objects a young collection may still find once every request has ended: those the stack
- * and registers point at (the collector scans them conservatively; up to ~160 seen), never one per
- * request. A request kept alive keeps several (its actor, its init, its record, its events): with
- * the registry's actors in a Map (the bug util/id-map.ts fixed), ~3.7 per request stay.
+ * Plain objects a young collection may still find once a batch has ended: a few (1–5 seen), never
+ * one per request. A request kept alive keeps several (its actor, its init, its record, its
+ * events): with the registry's actors in a Map (the bug util/id-map.ts fixed), the fewest a batch
+ * left was 571.
  */
-const LEFT_MAX = REQUESTS / 2;
+const LEFT_MAX = BATCH_REQUESTS / 2;
 
 /**
  * Plain objects: an actor holds no native object of its own (its abort is util/abort.ts), so what a
@@ -56,10 +60,18 @@ test('a young collection frees the requests that finished, streamed or not', asy
   // Warmed up, then the gateway's long-lived objects (its tables of requests in flight among them)
   // go to the old generation, as they do under load.
   await load(CONCURRENCY);
-  fullGC();
-  const before = plainObjects();
-  await load(REQUESTS);
-  while (t.gateway.registry.size > 0 || t.gateway.endingStreams.size > 0) await turn();
-  edenGC();
-  expect(plainObjects() - before).toBeLessThan(LEFT_MAX);
+  // A young collection that runs during a batch keeps what the requests then in flight hold (on
+  // both sides of the socket) until the next full one, as it should: how often that happens depends
+  // on the heap the earlier tests left. What this test looks for, a structure that keeps finished
+  // requests, keeps them in every batch, so the fewest left by any batch is what counts.
+  const left: number[] = [];
+  for (let batch = 0; batch < BATCHES; batch++) {
+    fullGC();
+    const before = plainObjects();
+    await load(BATCH_REQUESTS);
+    while (t.gateway.registry.size > 0 || t.gateway.endingStreams.size > 0) await turn();
+    edenGC();
+    left.push(plainObjects() - before);
+  }
+  expect(Math.min(...left)).toBeLessThan(LEFT_MAX);
 });
