@@ -15,6 +15,8 @@
 // key's traffic cannot push another key's records out.
 import { AssertionError, assert } from '../util/assert.ts';
 import { FNV_OFFSET, FNV_PRIME, hashId } from '../util/id-map.ts';
+import { readWhole, type SnapshotSource } from '../wal/log.ts';
+import { ColumnsCapture } from './columns-capture.ts';
 import type { Amount, Attempt, RequestStatus, Service, Usage } from './events.ts';
 import { FairSlots } from './fair-slots.ts';
 
@@ -91,6 +93,8 @@ const INITIAL_SLOTS = 1024;
 
 /** The columns of a snapshot, in the order of its blobs. */
 const COLUMNS = ['numbers', 'small', 'idBytes', 'idLengths', 'attempt', 'attemptLatency'] as const;
+/** Bytes per record of each column, in COLUMNS order. */
+const COLUMN_BYTES = [NUMBERS * 8, SMALL * 4, ID_BYTES, 1, ATTEMPT * 4, 8] as const;
 /** Snapshots made before the attempt columns have only the first four (their attempts are JSON). */
 const COLUMNS_BEFORE_ATTEMPTS = 4;
 
@@ -141,6 +145,11 @@ export class RecordTable {
   /** Which slots hold records, in age order, per key (by the key id's position in `strings`). */
   private readonly slots: FairSlots;
   private readonly expiredAt = (slot: number, nowMs: number): boolean => this.expired(slot, nowMs);
+  /** The columns as bytes, in COLUMNS order (remade when they grow). */
+  private columnBytes: Uint8Array[] = [];
+  private readonly liveColumns = (): readonly Uint8Array[] => this.columnBytes;
+  /** Snapshots being written: each keeps the rows it holds before they are overwritten. */
+  private readonly captures: ColumnsCapture[] = [];
 
   constructor(
     readonly capacity: number,
@@ -159,6 +168,7 @@ export class RecordTable {
     this.idLengths = new Uint8Array(this.allocated);
     this.attempt = new Int32Array(this.allocated * ATTEMPT);
     this.attemptLatency = new Float64Array(this.allocated);
+    this.columnBytes = this.viewColumns();
     this.index = new Int32Array(indexSizeFor(this.allocated));
     this.indexMask = this.index.length - 1;
   }
@@ -237,6 +247,7 @@ export class RecordTable {
 
   /** The slot is about to hold another record: its id, answers and index entry go. */
   private forget(slot: number): void {
+    for (let c = 0; c < this.captures.length; c++) this.captures[c]!.keep(slot);
     this.unindex(slot);
     this.otherIds.delete(slot);
     this.answers.delete(slot);
@@ -268,37 +279,27 @@ export class RecordTable {
   }
 
   /**
-   * Every record, oldest first, for a snapshot: the columns themselves as bytes (in age order, in
-   * this machine's byte order, little-endian everywhere tollgate runs), and beside them, as JSON,
-   * the shared strings, the ids kept aside and the answers by position. No record objects and no
-   * text per record: 100,000 records take a few milliseconds and ~15 MB. Expired records are
-   * dropped on restore.
+   * Every record, oldest first, for a snapshot: the columns as bytes (in age order, in this
+   * machine's byte order, little-endian everywhere tollgate runs), read from the live table while
+   * the snapshot is written (see ColumnsCapture); beside them, as JSON, the shared strings, the ids
+   * kept aside and the answers by position. No record objects and no text per record. Expired
+   * records are dropped on restore. `release` must follow once the snapshot is written or failed:
+   * until then each record overwritten is kept aside for it.
    */
-  serializeColumns(): { meta: ColumnsMeta; blobs: Uint8Array[] } {
+  captureColumns(): { meta: ColumnsMeta; sources: SnapshotSource[]; release(): void } {
     const count = this.slots.size;
-    const numbers = new Float64Array(count * NUMBERS);
-    const small = new Int32Array(count * SMALL);
-    const idBytes = new Uint8Array(count * ID_BYTES);
-    const idLengths = new Uint8Array(count);
-    const attempt = new Int32Array(count * ATTEMPT);
-    const attemptLatency = new Float64Array(count);
     const otherIds: Record<number, string> = {};
     const answers: Record<number, Record<string, unknown>> = {};
     const attempts: Record<number, Attempt[]> = {};
+    const runs: number[] = [];
     let at = 0;
     // In age order, which follows the slots in runs (records go to the next slot until one is freed
-    // or taken back): each run is copied in one go per column, as the ring's two runs were.
+    // or taken back).
     for (let first = this.slots.oldest; first !== -1; ) {
       let last = first;
       let next = this.slots.newerThan(last);
       while (next === last + 1) next = this.slots.newerThan(++last);
-      const rows = last - first + 1;
-      numbers.set(this.numbers.subarray(first * NUMBERS, (last + 1) * NUMBERS), at * NUMBERS);
-      small.set(this.small.subarray(first * SMALL, (last + 1) * SMALL), at * SMALL);
-      idBytes.set(this.idBytes.subarray(first * ID_BYTES, (last + 1) * ID_BYTES), at * ID_BYTES);
-      idLengths.set(this.idLengths.subarray(first, last + 1), at);
-      attempt.set(this.attempt.subarray(first * ATTEMPT, (last + 1) * ATTEMPT), at * ATTEMPT);
-      attemptLatency.set(this.attemptLatency.subarray(first, last + 1), at);
+      runs.push(first, last);
       if (this.otherIds.size > 0 || this.answers.size > 0 || this.attemptLists.size > 0) {
         for (let slot = first; slot <= last; slot++) {
           const other = this.otherIds.get(slot);
@@ -309,18 +310,34 @@ export class RecordTable {
           if (tried !== undefined) attempts[at + slot - first] = tried;
         }
       }
-      at += rows;
+      at += last - first + 1;
       first = next;
     }
-    const bytes = (array: Float64Array | Int32Array | Uint8Array) =>
-      new Uint8Array(array.buffer, array.byteOffset, array.byteLength);
+    const capture = new ColumnsCapture(
+      COLUMN_BYTES,
+      this.liveColumns,
+      Int32Array.from(runs),
+      this.allocated,
+      count,
+    );
+    this.captures.push(capture);
     const owners = this.slots.ownerOrder().map((owner) => this.strings[owner]!);
     return {
       meta: { count, strings: [...this.strings], otherIds, answers, attempts, owners },
-      blobs: COLUMNS.map((name) =>
-        bytes({ numbers, small, idBytes, idLengths, attempt, attemptLatency }[name]),
-      ),
+      sources: COLUMNS.map((_, c) => capture.source(c)),
+      release: () => {
+        const index = this.captures.indexOf(capture);
+        if (index !== -1) this.captures.splice(index, 1);
+      },
     };
+  }
+
+  /** `captureColumns` read whole at once (for tests and tools: a snapshot reads it in pieces). */
+  serializeColumns(): { meta: ColumnsMeta; blobs: Uint8Array[] } {
+    const { meta, sources, release } = this.captureColumns();
+    const blobs = sources.map(readWhole);
+    release();
+    return { meta, blobs };
   }
 
   /**
@@ -431,6 +448,7 @@ export class RecordTable {
     this.idLengths = grown(this.idLengths, allocated);
     this.attempt = grown(this.attempt, allocated * ATTEMPT);
     this.attemptLatency = grown(this.attemptLatency, allocated);
+    this.columnBytes = this.viewColumns();
     this.allocated = allocated;
     // A larger hash table: every record is placed again.
     this.index = new Int32Array(indexSizeFor(allocated));
@@ -438,6 +456,17 @@ export class RecordTable {
     // Hashed from the id bytes in place: reading each id back as a string made a grow of 50,000
     // records a 50,000-string stall (the tail profile's JS-busy stalls, issue 15).
     for (const slot of this.slots.inOrder()) this.indexSlot(slot, this.hashSlot(slot));
+  }
+
+  private viewColumns(): Uint8Array[] {
+    return [
+      this.numbers,
+      this.small,
+      this.idBytes,
+      this.idLengths,
+      this.attempt,
+      this.attemptLatency,
+    ].map((array) => new Uint8Array(array.buffer, array.byteOffset, array.byteLength));
   }
 
   private expired(slot: number, nowMs: number): boolean {

@@ -2,14 +2,14 @@
 // serialized in steps.
 
 import { nextTurn } from '../util/promise.ts';
-import { type SnapshotContent, WalCorruptionError } from '../wal/log.ts';
+import { type SnapshotContent, type SnapshotSource, WalCorruptionError } from '../wal/log.ts';
 import type { GatewayState, KeyAccount } from './apply.ts';
 import type { IdempotencyBinding } from './bindings.ts';
-import type { RequestRecord } from './records.ts';
+import type { ColumnsMeta, RequestRecord } from './records.ts';
 import type { UsageMeta } from './usage.ts';
 
 /**
- * Version 2 keeps finished records as the record table's columns (RecordTable.serializeColumns):
+ * Version 2 keeps finished records as the record table's columns (RecordTable.captureColumns):
  * their bytes travel beside the JSON, which holds the rest. Serialized in milliseconds instead of
  * ~160 ms for 100,000 records as objects (version 1, which only a development build wrote:
  * it is no longer read; a snapshot of another version refuses to start).
@@ -81,20 +81,41 @@ class SteppedJson {
   }
 }
 
+/** A snapshot's content, and the end of what the record table keeps for it (see captureColumns). */
+export interface StateSnapshot extends SnapshotContent {
+  /** Called once the snapshot is written or has failed. */
+  release(): void;
+}
+
 /**
- * The state as a snapshot. Everything that changes in place (keys, in-flight records, the record
- * columns) is copied or serialized before the first `await`, so the snapshot is the state at the
- * moment of the call (the log's seq then); what is only referenced afterwards never changes in
- * place (bindings, a finished record's answers and attempts, interned strings), and is serialized
- * in steps so that no request waits behind the whole of it.
+ * The state as a snapshot. Everything that changes in place (keys, in-flight records) is copied or
+ * serialized before the first `await`, and the record columns are captured then (the table keeps
+ * the rows it overwrites until `release`), so the snapshot is the state at the moment of the call
+ * (the log's seq then); what is only referenced afterwards never changes in place (bindings, a
+ * finished record's answers and attempts, interned strings), and is serialized in steps so that no
+ * request waits behind the whole of it.
  */
-export async function serializeState(state: GatewayState): Promise<SnapshotContent> {
+export async function serializeState(state: GatewayState): Promise<StateSnapshot> {
   const head = JSON.stringify({
     version: 2,
     keys: [...state.keys.values()],
     inFlight: [...state.inFlight.values()],
   });
-  const { meta, blobs } = state.finished.serializeColumns();
+  const { meta, sources, release } = state.finished.captureColumns();
+  try {
+    return { ...(await serializeRest(state, head, meta, sources)), release };
+  } catch (error) {
+    release();
+    throw error;
+  }
+}
+
+async function serializeRest(
+  state: GatewayState,
+  head: string,
+  meta: ColumnsMeta,
+  blobs: SnapshotSource[],
+): Promise<SnapshotContent> {
   const usage = state.usage.serialize();
   // All of it, expired entries too, with the keys' order: restored, it is the table the log made.
   const { scopes, bindings } = state.idempotency.capture();

@@ -11,7 +11,8 @@ import { dropCoveredSegments, type SnapshotContent, writeSnapshotFile } from './
 export { WalCorruptionError, WalUnavailableError } from './errors.ts';
 export type { ReplayHandlers } from './replay.ts';
 export type { FsyncPolicy, WalOptions } from './segment.ts';
-export type { SnapshotContent } from './snapshot.ts';
+export type { SnapshotContent, SnapshotSource } from './snapshot.ts';
+export { readWhole } from './snapshot.ts';
 
 export class WriteAheadLog {
   /** The snapshot being written, if any: the next one starts after it. */

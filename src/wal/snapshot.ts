@@ -3,6 +3,7 @@
 import { closeSync, fdatasync, readFileSync, write } from 'node:fs';
 import { rename, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
+import { assert } from '../util/assert.ts';
 import { ignore } from '../util/promise.ts';
 import { WalCorruptionError } from './errors.ts';
 import type { FdReserve } from './fd-reserve.ts';
@@ -17,12 +18,35 @@ const SNAPSHOT_FILE = 'snapshot.json';
 const SNAPSHOT_FLUSH_BYTES = 1024 * 1024;
 
 /**
+ * Bytes read in pieces as the snapshot is written, from a table that goes on changing (the record
+ * columns: see state/columns-capture.ts). `read` copies the next bytes into `into` and returns how
+ * many; the pieces add up to `byteLength`.
+ */
+export interface SnapshotSource {
+  readonly byteLength: number;
+  read(into: Uint8Array): number;
+}
+
+/** Every byte of `blob` in one array (a source read whole). */
+export function readWhole(blob: Uint8Array | SnapshotSource): Uint8Array {
+  if (blob instanceof Uint8Array) return blob;
+  const bytes = new Uint8Array(blob.byteLength);
+  let at = 0;
+  while (at < bytes.length) {
+    const read = blob.read(bytes.subarray(at));
+    assert(read > 0, 'a snapshot source ended early');
+    at += read;
+  }
+  return bytes;
+}
+
+/**
  * A snapshot's content: the state as JSON (UTF-8, in parts written one after the other), and bytes
- * that travel beside it (the record columns).
+ * that travel beside it (the record columns, the usage history).
  */
 export interface SnapshotContent {
   json: Uint8Array[];
-  blobs: Uint8Array[];
+  blobs: Array<Uint8Array | SnapshotSource>;
 }
 
 /** A snapshot read back: the seq it was taken at, the parsed state and the bytes beside it. */
@@ -36,6 +60,18 @@ function fdatasyncAsync(fd: number): Promise<void> {
   return new Promise((resolve, reject) =>
     fdatasync(fd, (error) => (error ? reject(error) : resolve())),
   );
+}
+
+/** Writes all of `bytes` at `position` (the file's offset is left as it was). */
+async function writeAtAsync(fd: number, bytes: Uint8Array, position: number): Promise<void> {
+  let written = 0;
+  while (written < bytes.length) {
+    written += await new Promise<number>((resolve, reject) =>
+      write(fd, bytes, written, bytes.length - written, position + written, (error, done) =>
+        error ? reject(error) : resolve(done),
+      ),
+    );
+  }
 }
 
 function writeAsync(
@@ -147,29 +183,50 @@ export async function writeSnapshotFile(
   const path = join(dir, SNAPSHOT_FILE);
   const jsonBytes = content.json.reduce((sum, part) => sum + part.byteLength, 0);
   const blobBytes = content.blobs.map((blob) => blob.byteLength);
+  const headerLine = (crc32: number) =>
+    JSON.stringify({ format: 2, seq, json_bytes: jsonBytes, blob_bytes: blobBytes, crc32 });
+  // The header comes first but holds the CRC of all that follows, known only once the sources are
+  // read: a line as long as the longest header is written first, and the header over it last,
+  // padded with spaces (JSON allows them).
+  const headerBytes = headerLine(0xffffffff).length + 1;
   // The hardware CRC runs at tens of GB/s: megabytes take well under a millisecond.
   let crc = snapshotHeaderCrc(seq, jsonBytes, blobBytes);
-  for (const part of content.json) crc = Bun.hash.crc32(part, crc);
-  for (const blob of content.blobs) crc = Bun.hash.crc32(blob, crc);
-  const meta = { format: 2, seq, json_bytes: jsonBytes, blob_bytes: blobBytes, crc32: crc };
-  const header = Buffer.from(`${JSON.stringify(meta)}\n`);
   const temp = `${path}.tmp`;
   const fd = reserve.openSync(temp, 'w', 0o600);
   try {
     let unflushed = 0;
-    for (const part of [header, ...content.json, ...content.blobs]) {
+    const put = async (bytes: Uint8Array, length: number, checked: boolean): Promise<void> => {
+      if (checked) crc = Bun.hash.crc32(bytes.subarray(0, length), crc);
       let written = 0;
-      while (written < part.byteLength) {
-        const length = Math.min(part.byteLength - written, SNAPSHOT_FLUSH_BYTES - unflushed);
-        const done = await writeAsync(fd, part, written, length);
-        written += done;
-        unflushed += done;
-        if (unflushed >= SNAPSHOT_FLUSH_BYTES) {
-          await fdatasyncAsync(fd);
-          unflushed = 0;
+      while (written < length) written += await writeAsync(fd, bytes, written, length - written);
+      unflushed += length;
+      if (unflushed >= SNAPSHOT_FLUSH_BYTES) {
+        await fdatasyncAsync(fd);
+        unflushed = 0;
+      }
+    };
+    await put(Buffer.from(`${' '.repeat(headerBytes - 1)}\n`), headerBytes, false);
+    let piece: Uint8Array | null = null;
+    for (const part of [...content.json, ...content.blobs]) {
+      if (part instanceof Uint8Array) {
+        for (let at = 0; at < part.byteLength; at += SNAPSHOT_FLUSH_BYTES) {
+          const length = Math.min(part.byteLength - at, SNAPSHOT_FLUSH_BYTES);
+          await put(part.subarray(at, at + length), length, true);
         }
+        continue;
+      }
+      // Copied a piece at a time into one buffer, each piece written before the next is read.
+      piece ??= new Uint8Array(SNAPSHOT_FLUSH_BYTES);
+      for (let at = 0; at < part.byteLength; ) {
+        const length = part.read(piece);
+        assert(length > 0 && at + length <= part.byteLength, 'snapshot source: wrong length');
+        await put(piece, length, true);
+        at += length;
       }
     }
+    const header = Buffer.from(`${headerLine(crc).padEnd(headerBytes - 1)}\n`);
+    assert(header.length === headerBytes, 'snapshot header longer than its line');
+    await writeAtAsync(fd, header, 0);
     // The last step, and the file's size and metadata: the rename below must find it whole.
     await fsyncAsync(fd);
   } catch (error) {

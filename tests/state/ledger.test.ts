@@ -5,6 +5,7 @@ import { DAY_MS, GatewayState, type KeyAccount } from '../../src/state/apply.ts'
 import { checkEvent, type Event } from '../../src/state/events.ts';
 import { restoreState, serializeState } from '../../src/state/snapshot.ts';
 import { AssertionError } from '../../src/util/assert.ts';
+import { readWhole } from '../../src/wal/log.ts';
 import { keyCreated, keyCredited, LIMITS, requestFinished, requestStarted } from './support.ts';
 
 interface Ledger {
@@ -47,8 +48,10 @@ function step(state: GatewayState, event: Event): void {
 
 /** The snapshot of `state` as plain values: its JSON parsed, and the record columns' bytes. */
 async function snapshotForm(state: GatewayState): Promise<{ state: unknown; blobs: Uint8Array[] }> {
-  const { json, blobs } = await serializeState(state);
-  return { state: JSON.parse(Buffer.concat(json).toString()), blobs: blobs.map((b) => b.slice()) };
+  const { json, blobs, release } = await serializeState(state);
+  const bytes = blobs.map((blob) => readWhole(blob).slice());
+  release();
+  return { state: JSON.parse(Buffer.concat(json).toString()), blobs: bytes };
 }
 
 /** Restores `from`'s snapshot into `into`, as a restart would. */

@@ -7,6 +7,7 @@ import { SeededRandom } from '../../src/providers/simulator/random.ts';
 import { GatewayState, type StateLimits } from '../../src/state/apply.ts';
 import { checkEvent, type Event } from '../../src/state/events.ts';
 import { restoreState, serializeState } from '../../src/state/snapshot.ts';
+import { readWhole } from '../../src/wal/log.ts';
 import { keyCreated, requestFinished, requestStarted } from './support.ts';
 
 afterAll(() => setSystemTime());
@@ -117,7 +118,8 @@ test('live, replayed later, and snapshot + replay of the rest end with equal tab
     const content = await serializeState(before);
     setSystemTime(new Date(T0_MS + 20 * 60_000));
     const restored = new GatewayState(limits);
-    restoreState(restored, parsed(content), Date.now(), content.blobs);
+    restoreState(restored, parsed(content), Date.now(), content.blobs.map(readWhole));
+    content.release();
     applyAll(restored, events.slice(cut), T0_MS + 20 * 60_000);
     expect(view(restored)).toEqual(view(live));
   }
@@ -182,7 +184,8 @@ test(
       state.finished.add(record(id, key));
     const content = await serializeState(state);
     const restored = new GatewayState(state.limits);
-    restoreState(restored, parsed(content), T0_MS, content.blobs);
+    restoreState(restored, parsed(content), T0_MS, content.blobs.map(readWhole));
+    content.release();
     expect(view(restored)).toEqual(view(state));
     for (const table of [state, restored]) {
       table.idempotency.set('D', 'd1-000000', binding('Dd1'), T0_MS);

@@ -3,6 +3,7 @@
 import { expect, test } from 'bun:test';
 import { GatewayState } from '../../src/state/apply.ts';
 import { restoreState, serializeState } from '../../src/state/snapshot.ts';
+import { readWhole } from '../../src/wal/log.ts';
 import { keyCreated, LIMITS, requestFinished, requestStarted, T0_MS } from './support.ts';
 
 const BINDINGS = 60_000;
@@ -69,7 +70,8 @@ test('a large snapshot gives the loop turns, and holds only the state of its cal
   expect(JSON.stringify(snapshot)).not.toContain('late-');
   // And it restores to the table it captured.
   const restored = new GatewayState(state.limits);
-  restoreState(restored, snapshot, T0_MS, content.blobs);
+  restoreState(restored, snapshot, T0_MS, content.blobs.map(readWhole));
+  content.release();
   expect(restored.binding('k1', 'idem-0', T0_MS)?.requestId).toBe('req-0');
   expect(restored.binding('k1', 'new-0', T0_MS)).toBeUndefined();
   expect(restored.idempotency.size).toBe(BINDINGS + 1);
