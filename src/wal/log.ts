@@ -6,7 +6,12 @@ import { ignore } from '../util/promise.ts';
 import { GroupCommit } from './group-commit.ts';
 import { type Replayed, type ReplayHandlers, replay } from './replay.ts';
 import { SegmentFiles, type WalOptions } from './segment.ts';
-import { dropCoveredSegments, type SnapshotContent, writeSnapshotFile } from './snapshot.ts';
+import {
+  dropCoveredSegments,
+  removeDroppedSegments,
+  type SnapshotContent,
+  writeSnapshotFile,
+} from './snapshot.ts';
 
 export { WalCorruptionError, WalUnavailableError } from './errors.ts';
 export type { ReplayHandlers } from './replay.ts';
@@ -32,6 +37,7 @@ export class WriteAheadLog {
     let replayed: Replayed;
     try {
       replayed = replay(options.dir, options.logger, handlers);
+      removeDroppedSegments(options.dir);
       files.openAfterReplay(replayed.segments);
     } catch (error) {
       // A damaged log stops the start; an embedding process (the CLI, tests) must not keep our

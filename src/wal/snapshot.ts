@@ -1,8 +1,9 @@
 // Snapshot files: written beside the log so that a crash leaves the old one or the whole new one,
 // read and verified on open; the segments a durable snapshot covers are removed.
-import { closeSync, fdatasync, readFileSync, write } from 'node:fs';
-import { rename, unlink } from 'node:fs/promises';
+import { closeSync, fdatasync, readdirSync, readFileSync, unlinkSync, write } from 'node:fs';
+import { open, rename, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
+import { setTimeout as sleep } from 'node:timers/promises';
 import { assert } from '../util/assert.ts';
 import { ignore } from '../util/promise.ts';
 import { WalCorruptionError } from './errors.ts';
@@ -241,11 +242,27 @@ export async function writeSnapshotFile(
   await fsyncAsync(dirFd);
 }
 
+/** A covered segment is renamed with this suffix before it is cut down and removed. */
+export const DROPPED_SUFFIX = '.dropped';
+/**
+ * A dropped segment is cut down this much at a time, with a pause between steps. Removing a full
+ * 64 MB segment at once frees all its blocks in one journal transaction, and the log's next fsync
+ * waits for that commit: 10–14 ms against ~0.3 (measured on ext4 here: `.scratch`-style A/B of a
+ * 512-byte append + fsync beside the removal; in 4 MiB steps 10 ms apart its worst was 1.3–2.7 ms).
+ * Under load that was a p99 of ~6–7 ms in every 3 s run holding a snapshot, against ~3.5 without.
+ */
+const DROP_STEP_BYTES = 4 * 1024 * 1024;
+const DROP_PAUSE_MS = 10;
+
 /**
  * After a durable snapshot taken at `seq`: removes the segments up to `closedIndex` (the one closed
  * for it) that hold nothing after `seq`. Records appended after `seq` was taken (while the snapshot
  * waited for the flush) sit in the old segments too; a segment holding any of them must stay, or
  * they would be lost (and replay would find a gap).
+ *
+ * Each is first renamed (and the directory flushed), then cut down in steps and removed: a crash
+ * part way leaves a whole segment or a `.dropped` file, which replay never reads (and the next
+ * start removes), never a segment cut short, which replay would refuse as torn.
  */
 export async function dropCoveredSegments(
   dir: string,
@@ -254,12 +271,45 @@ export async function dropCoveredSegments(
   closedIndex: number,
   seq: number,
 ): Promise<void> {
+  const dropped: string[] = [];
   for (const index of [...segments.keys()].sort((a, b) => a - b)) {
     if (index <= closedIndex && (segments.get(index) ?? 0) <= seq) {
       segments.delete(index);
-      // On the thread pool: removing a full 64 MB segment takes the kernel ~30 ms.
-      await unlink(join(dir, segmentName(index)));
+      const path = join(dir, segmentName(index));
+      await rename(path, `${path}${DROPPED_SUFFIX}`);
+      dropped.push(`${path}${DROPPED_SUFFIX}`);
     }
   }
+  if (dropped.length === 0) return;
   await fsyncAsync(dirFd);
+  for (const path of dropped) await removeGradually(path);
+  await fsyncAsync(dirFd);
+}
+
+/** Removes `path`, cutting it down DROP_STEP_BYTES at a time first when it is larger. */
+async function removeGradually(path: string): Promise<void> {
+  try {
+    const file = await open(path, 'r+');
+    try {
+      for (let size = (await file.stat()).size; size > DROP_STEP_BYTES; ) {
+        size -= DROP_STEP_BYTES;
+        await file.truncate(size);
+        await sleep(DROP_PAUSE_MS);
+      }
+    } finally {
+      await file.close();
+    }
+  } catch {
+    // No descriptor to spare (or the file is gone): removed at once below, as before the steps.
+  }
+  await unlink(path).catch((error: NodeJS.ErrnoException) => {
+    if (error.code !== 'ENOENT') throw error;
+  });
+}
+
+/** Removes what a crash left of dropped segments (on open, before any load). */
+export function removeDroppedSegments(dir: string): void {
+  for (const name of readdirSync(dir)) {
+    if (name.endsWith(DROPPED_SUFFIX)) unlinkSync(join(dir, name));
+  }
 }

@@ -1,11 +1,22 @@
 // Snapshots through the state store: the state survives them, old segments go, and every crash
 // point is safe.
 import { afterAll, describe, expect, test } from 'bun:test';
-import { copyFileSync, existsSync, readdirSync, readFileSync, writeFileSync } from 'node:fs';
+import {
+  closeSync,
+  copyFileSync,
+  existsSync,
+  openSync,
+  readdirSync,
+  readFileSync,
+  statSync,
+  truncateSync,
+  writeFileSync,
+} from 'node:fs';
 import { join } from 'node:path';
 import type { GatewayState } from '../../src/state/apply.ts';
 import { StateStore, type StoreOptions } from '../../src/state/store.ts';
 import { WalCorruptionError } from '../../src/wal/log.ts';
+import { dropCoveredSegments } from '../../src/wal/snapshot.ts';
 import {
   keyCreated,
   keyCredited,
@@ -374,4 +385,59 @@ describe('a snapshot that cannot be written', () => {
       await reopened.close();
     },
   );
+});
+
+describe('dropping covered segments', () => {
+  test(
+    'a covered segment larger than a step is cut down before it goes (the log fsync beside it ' +
+      'does not wait for one big removal), and only covered segments go',
+    async () => {
+      const dir = dirs.make();
+      const dirFd = openSync(dir, 'r');
+      const big = join(dir, 'segment-000000000001.wal');
+      const kept = join(dir, 'segment-000000000002.wal');
+      const bigBytes = 12 * 1024 * 1024;
+      writeFileSync(big, '');
+      truncateSync(big, bigBytes);
+      writeFileSync(kept, 'x');
+      const segments = new Map([
+        [1, 10],
+        [2, 11],
+      ]);
+      const sizes = new Set<number>();
+      let done = false;
+      const dropping = dropCoveredSegments(dir, dirFd, segments, 2, 10).finally(() => {
+        done = true;
+      });
+      while (!done) {
+        try {
+          sizes.add(statSync(`${big}.dropped`).size);
+        } catch {
+          // not renamed yet, or already removed (the thread pool works beside this loop)
+        }
+        await new Promise((resolve) => setImmediate(resolve));
+      }
+      await dropping;
+      closeSync(dirFd);
+      // Seen part way: renamed first (replay never reads it), then smaller than it was, in steps.
+      expect([...sizes].some((size) => size > 0 && size < bigBytes)).toBe(true);
+      expect(readdirSync(dir)).toEqual(['segment-000000000002.wal']);
+      expect([...segments.keys()]).toEqual([2]);
+    },
+  );
+
+  test('a dropped segment a crash left behind is removed on open; replay ignores it', async () => {
+    const dataDir = dirs.make();
+    const options = storeOptions(dataDir);
+    const store = StateStore.open(options);
+    await firstHistory(store);
+    await store.snapshot();
+    const expected = view(store.state);
+    await store.close();
+    // As if the process died while a covered segment was being cut down: a torn, renamed file.
+    const dropped = join(dataDir, 'wal', 'segment-000000000000.wal.dropped');
+    writeFileSync(dropped, Buffer.from('{"seq":1,"torn'));
+    expect(await reopenView(options)).toEqual(expected);
+    expect(existsSync(dropped)).toBe(false);
+  });
 });
