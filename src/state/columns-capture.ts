@@ -11,6 +11,12 @@ import type { SnapshotSource } from '../wal/log.ts';
 
 /** Rows kept aside by a capture start with room for this many and double as needed. */
 const KEPT_ROWS_INITIAL = 256;
+/**
+ * At most this many runs per read: when eviction per key scatters the age order, nearly every
+ * record is a run of its own, and a 1 MiB piece of a narrow column would be ~100,000 copies in one
+ * turn (6–10 ms); capped, a read stays ~1 ms.
+ */
+const RUNS_PER_READ = 4096;
 
 export class ColumnsCapture {
   /** Bytes of one row over all columns, in column order. */
@@ -55,7 +61,8 @@ export class ColumnsCapture {
     this.positionOf[slot] = -1;
     const index = this.keptPositions.length;
     if ((index + 1) * this.rowBytes > this.kept.length) {
-      const bigger = new Uint8Array(this.kept.length * 2);
+      // Never more than one row per captured record.
+      const bigger = new Uint8Array(Math.min(this.kept.length * 2, this.count * this.rowBytes));
       bigger.set(this.kept);
       this.kept = bigger;
     }
@@ -90,7 +97,8 @@ export class ColumnsCapture {
         const live = this.columns()[c]!;
         const first = position;
         let rows = 0;
-        while (rows < rowsMax && run < this.runs.length) {
+        const runsEnd = run + 2 * RUNS_PER_READ;
+        while (rows < rowsMax && run < this.runs.length && run < runsEnd) {
           const last = this.runs[run + 1]!;
           const n = Math.min(last - slot + 1, rowsMax - rows);
           into.set(live.subarray(slot * width, (slot + n) * width), rows * width);

@@ -103,7 +103,9 @@ export async function serializeState(state: GatewayState): Promise<StateSnapshot
   });
   const { meta, sources, release } = state.finished.captureColumns();
   try {
-    return { ...(await serializeRest(state, head, meta, sources)), release };
+    // Released once the file is written (`written`), not when the snapshot ends: removing the
+    // segments it covers takes longer, and each record evicted meanwhile would be kept for nothing.
+    return { ...(await serializeRest(state, head, meta, sources)), release, written: release };
   } catch (error) {
     release();
     throw error;

@@ -37,7 +37,7 @@ export class WriteAheadLog {
     let replayed: Replayed;
     try {
       replayed = replay(options.dir, options.logger, handlers);
-      removeDroppedSegments(options.dir);
+      removeDroppedSegments(options.dir, options.logger);
       files.openAfterReplay(replayed.segments);
     } catch (error) {
       // A damaged log stops the start; an embedding process (the CLI, tests) must not keep our
@@ -110,9 +110,14 @@ export class WriteAheadLog {
     const oldIndex = await this.commits.rollSegmentSoon();
     // A failed roll leaves the old segment current: removing it would remove the live log.
     files.assertWritable();
-    await writeSnapshotFile(dir, files.dirFd, files.reserve, content, seq);
+    try {
+      await writeSnapshotFile(dir, files.dirFd, files.reserve, content, seq);
+    } finally {
+      // Durable (or failed): what it read from the live state may go before the segments do.
+      content.written?.();
+    }
     this.recordsSinceSnapshot = this.commits.lastSeq - seq;
-    await dropCoveredSegments(dir, files.dirFd, files.segments, oldIndex, seq);
+    await dropCoveredSegments(dir, files.dirFd, files.reserve, files.segments, oldIndex, seq);
   }
 
   async close(): Promise<void> {

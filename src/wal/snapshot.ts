@@ -1,10 +1,20 @@
 // Snapshot files: written beside the log so that a crash leaves the old one or the whole new one,
 // read and verified on open; the segments a durable snapshot covers are removed.
-import { closeSync, fdatasync, readdirSync, readFileSync, unlinkSync, write } from 'node:fs';
-import { open, rename, unlink } from 'node:fs/promises';
+import {
+  closeSync,
+  fdatasync,
+  fstatSync,
+  ftruncate,
+  readdirSync,
+  readFileSync,
+  unlinkSync,
+  write,
+} from 'node:fs';
+import { rename, unlink } from 'node:fs/promises';
 import { join } from 'node:path';
 import { setTimeout as sleep } from 'node:timers/promises';
 import { assert } from '../util/assert.ts';
+import type { Logger } from '../util/log.ts';
 import { ignore } from '../util/promise.ts';
 import { WalCorruptionError } from './errors.ts';
 import type { FdReserve } from './fd-reserve.ts';
@@ -48,6 +58,8 @@ export function readWhole(blob: Uint8Array | SnapshotSource): Uint8Array {
 export interface SnapshotContent {
   json: Uint8Array[];
   blobs: Array<Uint8Array | SnapshotSource>;
+  /** Called once the file is written or has failed: the sources are read no more. */
+  written?: () => void;
 }
 
 /** A snapshot read back: the seq it was taken at, the parsed state and the bytes beside it. */
@@ -267,49 +279,74 @@ const DROP_PAUSE_MS = 10;
 export async function dropCoveredSegments(
   dir: string,
   dirFd: number,
+  reserve: FdReserve,
   segments: Map<number, number>,
   closedIndex: number,
   seq: number,
 ): Promise<void> {
   const dropped: string[] = [];
-  for (const index of [...segments.keys()].sort((a, b) => a - b)) {
-    if (index <= closedIndex && (segments.get(index) ?? 0) <= seq) {
-      segments.delete(index);
-      const path = join(dir, segmentName(index));
-      await rename(path, `${path}${DROPPED_SUFFIX}`);
-      dropped.push(`${path}${DROPPED_SUFFIX}`);
+  try {
+    for (const index of [...segments.keys()].sort((a, b) => a - b)) {
+      if (index <= closedIndex && (segments.get(index) ?? 0) <= seq) {
+        const path = join(dir, segmentName(index));
+        await rename(path, `${path}${DROPPED_SUFFIX}`);
+        segments.delete(index);
+        dropped.push(`${path}${DROPPED_SUFFIX}`);
+      }
+    }
+  } finally {
+    // Also after a failed rename: those already renamed go.
+    if (dropped.length > 0) {
+      await fsyncAsync(dirFd);
+      for (const path of dropped) await removeGradually(path, reserve);
+      await fsyncAsync(dirFd);
     }
   }
-  if (dropped.length === 0) return;
-  await fsyncAsync(dirFd);
-  for (const path of dropped) await removeGradually(path);
-  await fsyncAsync(dirFd);
 }
 
 /** Removes `path`, cutting it down DROP_STEP_BYTES at a time first when it is larger. */
-async function removeGradually(path: string): Promise<void> {
+async function removeGradually(path: string, reserve: FdReserve): Promise<void> {
+  let fd = -1;
   try {
-    const file = await open(path, 'r+');
-    try {
-      for (let size = (await file.stat()).size; size > DROP_STEP_BYTES; ) {
-        size -= DROP_STEP_BYTES;
-        await file.truncate(size);
-        await sleep(DROP_PAUSE_MS);
-      }
-    } finally {
-      await file.close();
+    fd = reserve.openSync(path, 'r+');
+    for (let size = fstatSync(fd).size; size > DROP_STEP_BYTES; ) {
+      size -= DROP_STEP_BYTES;
+      await ftruncateAsync(fd, size);
+      await sleep(DROP_PAUSE_MS);
     }
   } catch {
     // No descriptor to spare (or the file is gone): removed at once below, as before the steps.
+  } finally {
+    if (fd !== -1) {
+      closeSync(fd);
+      reserve.refill();
+    }
   }
   await unlink(path).catch((error: NodeJS.ErrnoException) => {
     if (error.code !== 'ENOENT') throw error;
   });
 }
 
-/** Removes what a crash left of dropped segments (on open, before any load). */
-export function removeDroppedSegments(dir: string): void {
+function ftruncateAsync(fd: number, length: number): Promise<void> {
+  return new Promise((resolve, reject) =>
+    ftruncate(fd, length, (error) => (error ? reject(error) : resolve())),
+  );
+}
+
+/** What a crash left of dropped segments: their names (on open, before any load). */
+const DROPPED_RE = /^segment-\d{12}\.wal\.dropped$/;
+
+/**
+ * Removes what a crash left of dropped segments (on open, before any load). One that cannot be
+ * removed is only logged: it holds nothing replay needs, so it must not stop the start.
+ */
+export function removeDroppedSegments(dir: string, logger: Logger): void {
   for (const name of readdirSync(dir)) {
-    if (name.endsWith(DROPPED_SUFFIX)) unlinkSync(join(dir, name));
+    if (!DROPPED_RE.test(name)) continue;
+    try {
+      unlinkSync(join(dir, name));
+    } catch (error) {
+      logger.warn({ err: (error as Error).message, file: name }, 'wal: a dropped segment stays');
+    }
   }
 }

@@ -143,3 +143,20 @@ test('a released capture keeps nothing more, and an empty table captures as empt
   const numbers = piece.subarray(0, capture.sources[0]!.read(piece)).slice();
   expect(numbers).not.toEqual(expected.blobs[0]!);
 });
+
+test('a read stops after a bounded number of runs when eviction scatters the age order', () => {
+  const random = randomFrom(7);
+  // Keys at their own bound, finishing at random: each evicts its own oldest, so slots are taken
+  // back out of age order.
+  const table = new RecordTable(20_000, TTL_MS, 7_000);
+  for (let i = 0; i < 60_000; i++) table.add({ ...record(random), keyId: `key_${random(3)}` });
+  const { sources, release } = table.captureColumns();
+  const idLengths = sources[3]!;
+  const piece = new Uint8Array(1 << 20);
+  const first = idLengths.read(piece);
+  release();
+  // One byte per row: a 1 MiB piece would take every row; scattered, a read stops at 4,096 runs.
+  expect(first).toBeGreaterThan(0);
+  expect(first).toBeLessThan(idLengths.byteLength);
+  expect(first).toBeLessThanOrEqual(4_096 * 2);
+});
