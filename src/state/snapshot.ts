@@ -81,21 +81,15 @@ class SteppedJson {
   }
 }
 
-/** A snapshot's content, and the end of what the record table keeps for it (see captureColumns). */
-export interface StateSnapshot extends SnapshotContent {
-  /** Called once the snapshot is written or has failed. */
-  release(): void;
-}
-
 /**
  * The state as a snapshot. Everything that changes in place (keys, in-flight records) is copied or
  * serialized before the first `await`, and the record columns are captured then (the table keeps
- * the rows it overwrites until `release`), so the snapshot is the state at the moment of the call
+ * the rows it overwrites until `written`), so the snapshot is the state at the moment of the call
  * (the log's seq then); what is only referenced afterwards never changes in place (bindings, a
  * finished record's answers and attempts, interned strings), and is serialized in steps so that no
  * request waits behind the whole of it.
  */
-export async function serializeState(state: GatewayState): Promise<StateSnapshot> {
+export async function serializeState(state: GatewayState): Promise<SnapshotContent> {
   const head = JSON.stringify({
     version: 2,
     keys: [...state.keys.values()],
@@ -103,9 +97,10 @@ export async function serializeState(state: GatewayState): Promise<StateSnapshot
   });
   const { meta, sources, release } = state.finished.captureColumns();
   try {
-    // Released once the file is written (`written`), not when the snapshot ends: removing the
-    // segments it covers takes longer, and each record evicted meanwhile would be kept for nothing.
-    return { ...(await serializeRest(state, head, meta, sources)), release, written: release };
+    // The log calls `written` once the file is written or the snapshot failed, not when it ends:
+    // removing the segments it covers takes longer, and each record evicted meanwhile would be
+    // kept for nothing.
+    return { ...(await serializeRest(state, head, meta, sources)), written: release };
   } catch (error) {
     release();
     throw error;

@@ -9,7 +9,7 @@ import { ignore } from '../util/promise.ts';
 import { type FsyncPolicy, WriteAheadLog } from '../wal/log.ts';
 import { GatewayState, type StateLimits } from './apply.ts';
 import { checkEvent, type Event } from './events.ts';
-import { restoreState, type StateSnapshot, serializeState } from './snapshot.ts';
+import { restoreState, serializeState } from './snapshot.ts';
 
 export interface StoreOptions {
   dataDir: string;
@@ -166,10 +166,8 @@ export class StateStore {
     const seq = this.wal.lastSeq;
     // Captured now, at `seq`; serialized in steps while the log goes on.
     const serializing = serializeState(this.state);
-    let content: StateSnapshot | undefined;
     try {
-      content = await serializing;
-      await this.wal.snapshot(content, seq);
+      await this.wal.snapshot(await serializing, seq);
     } catch (error) {
       // Tried again after as many records as the policy leaves between snapshots, not at every
       // commit: each attempt serializes the whole state on the event loop and rolls a segment.
@@ -178,8 +176,6 @@ export class StateStore {
         { err: (error as Error).message },
         'state: snapshot failed; the next one after snapshot_every_records more records',
       );
-    } finally {
-      content?.release();
     }
   }
 

@@ -101,19 +101,21 @@ export class WriteAheadLog {
   private async writeSnapshot(content: SnapshotContent, seq: number): Promise<void> {
     const { dir } = this.options;
     const files = this.files;
-    assert(seq <= this.commits.lastSeq, 'snapshot ahead of the log');
-    // Everything the snapshot covers must be in the log first; then the segment is closed between
-    // two batches (no write or fsync in flight on it), and appends go on in the next while the
-    // snapshot is written. Only segments the snapshot fully covers are removed.
-    await this.commits.flushThrough(seq);
-    files.assertWritable();
-    const oldIndex = await this.commits.rollSegmentSoon();
-    // A failed roll leaves the old segment current: removing it would remove the live log.
-    files.assertWritable();
+    let oldIndex: number;
     try {
+      assert(seq <= this.commits.lastSeq, 'snapshot ahead of the log');
+      // Everything the snapshot covers must be in the log first; then the segment is closed
+      // between two batches (no write or fsync in flight on it), and appends go on in the next
+      // while the snapshot is written. Only segments the snapshot fully covers are removed.
+      await this.commits.flushThrough(seq);
+      files.assertWritable();
+      oldIndex = await this.commits.rollSegmentSoon();
+      // A failed roll leaves the old segment current: removing it would remove the live log.
+      files.assertWritable();
       await writeSnapshotFile(dir, files.dirFd, files.reserve, content, seq);
     } finally {
-      // Durable (or failed): what it read from the live state may go before the segments do.
+      // Durable, or failed on any step: what it read from the live state may go (before the
+      // segments do, which takes longer).
       content.written?.();
     }
     this.recordsSinceSnapshot = this.commits.lastSeq - seq;

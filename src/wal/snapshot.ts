@@ -58,7 +58,10 @@ export function readWhole(blob: Uint8Array | SnapshotSource): Uint8Array {
 export interface SnapshotContent {
   json: Uint8Array[];
   blobs: Array<Uint8Array | SnapshotSource>;
-  /** Called once the file is written or has failed: the sources are read no more. */
+  /**
+   * Called once, when the file is written or the snapshot has failed: the sources are read no
+   * more.
+   */
   written?: () => void;
 }
 
@@ -75,26 +78,16 @@ function fdatasyncAsync(fd: number): Promise<void> {
   );
 }
 
-/** Writes all of `bytes` at `position` (the file's offset is left as it was). */
-async function writeAtAsync(fd: number, bytes: Uint8Array, position: number): Promise<void> {
-  let written = 0;
-  while (written < bytes.length) {
-    written += await new Promise<number>((resolve, reject) =>
-      write(fd, bytes, written, bytes.length - written, position + written, (error, done) =>
-        error ? reject(error) : resolve(done),
-      ),
-    );
-  }
-}
-
+/** Writes `length` bytes of `bytes` from `offset`, at `position` (null: the file's offset). */
 function writeAsync(
   fd: number,
   bytes: Uint8Array,
   offset: number,
   length: number,
+  position: number | null = null,
 ): Promise<number> {
   return new Promise((resolve, reject) =>
-    write(fd, bytes, offset, length, null, (error, written) =>
+    write(fd, bytes, offset, length, position, (error, written) =>
       error ? reject(error) : resolve(written),
     ),
   );
@@ -239,7 +232,9 @@ export async function writeSnapshotFile(
     }
     const header = Buffer.from(`${headerLine(crc).padEnd(headerBytes - 1)}\n`);
     assert(header.length === headerBytes, 'snapshot header longer than its line');
-    await writeAtAsync(fd, header, 0);
+    // Over the line reserved at the start (a positional write: the file's offset stays put).
+    for (let written = 0; written < header.length; )
+      written += await writeAsync(fd, header, written, header.length - written, written);
     // The last step, and the file's size and metadata: the rename below must find it whole.
     await fsyncAsync(fd);
   } catch (error) {

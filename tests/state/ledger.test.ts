@@ -48,9 +48,9 @@ function step(state: GatewayState, event: Event): void {
 
 /** The snapshot of `state` as plain values: its JSON parsed, and the record columns' bytes. */
 async function snapshotForm(state: GatewayState): Promise<{ state: unknown; blobs: Uint8Array[] }> {
-  const { json, blobs, release } = await serializeState(state);
+  const { json, blobs, written } = await serializeState(state);
   const bytes = blobs.map((blob) => readWhole(blob).slice());
-  release();
+  written?.();
   return { state: JSON.parse(Buffer.concat(json).toString()), blobs: bytes };
 }
 

@@ -119,7 +119,7 @@ test('live, replayed later, and snapshot + replay of the rest end with equal tab
     setSystemTime(new Date(T0_MS + 20 * 60_000));
     const restored = new GatewayState(limits);
     restoreState(restored, parsed(content), Date.now(), content.blobs.map(readWhole));
-    content.release();
+    content.written?.();
     applyAll(restored, events.slice(cut), T0_MS + 20 * 60_000);
     expect(view(restored)).toEqual(view(live));
   }
@@ -185,7 +185,7 @@ test(
     const content = await serializeState(state);
     const restored = new GatewayState(state.limits);
     restoreState(restored, parsed(content), T0_MS, content.blobs.map(readWhole));
-    content.release();
+    content.written?.();
     expect(view(restored)).toEqual(view(state));
     for (const table of [state, restored]) {
       table.idempotency.set('D', 'd1-000000', binding('Dd1'), T0_MS);

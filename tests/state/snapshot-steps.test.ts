@@ -71,7 +71,7 @@ test('a large snapshot gives the loop turns, and holds only the state of its cal
   // And it restores to the table it captured.
   const restored = new GatewayState(state.limits);
   restoreState(restored, snapshot, T0_MS, content.blobs.map(readWhole));
-  content.release();
+  content.written?.();
   expect(restored.binding('k1', 'idem-0', T0_MS)?.requestId).toBe('req-0');
   expect(restored.binding('k1', 'new-0', T0_MS)).toBeUndefined();
   expect(restored.idempotency.size).toBe(BINDINGS + 1);
