@@ -160,3 +160,26 @@ test('a read stops after a bounded number of runs when eviction scatters the age
   expect(first).toBeLessThan(idLengths.byteLength);
   expect(first).toBeLessThanOrEqual(4_096 * 2);
 });
+
+test('a flood while a snapshot is written keeps at most one row per captured record', () => {
+  const random = randomFrom(11);
+  const table = new RecordTable(2_000, TTL_MS);
+  for (let i = 0; i < 2_000; i++) table.add(record(random));
+  const { sources, release } = table.captureColumns();
+  // The capture (private): its kept rows are what a flood could grow.
+  const capture = (table as unknown as { captures: Array<{ keptCount: number; kept: Uint8Array }> })
+    .captures[0]!;
+  // Ten times the table, every slot overwritten ten times over, before a byte is read.
+  for (let i = 0; i < 20_000; i++) table.add(record(random));
+  expect(capture.keptCount).toBe(2_000);
+  // 177 bytes a row: the buffer grows to the captured records' rows and no further.
+  expect(capture.kept.length).toBeLessThanOrEqual(2_000 * 177);
+  expect(sources.reduce((sum, source) => sum + readAll(source).length, 0)).toBeGreaterThan(0);
+  release();
+});
+
+function readAll(source: SnapshotSource): Uint8Array {
+  const out = new Uint8Array(source.byteLength);
+  for (let at = 0; at < out.length; ) at += source.read(out.subarray(at));
+  return out;
+}
