@@ -211,6 +211,8 @@ export async function startTollgate(
     name?: string;
     /** Sections added to the config (an experiment's limits, say). */
     config?: Record<string, unknown>;
+    /** Another checkout to run (bench/ab.ts): its src/main.ts instead of this one's. */
+    root?: string;
   } = {},
 ): Promise<Tollgate> {
   const dir = tempDir(`tollgate-${fsync}`);
@@ -246,7 +248,12 @@ export async function startTollgate(
   );
   const service = await startService(
     options.name ?? `tollgate (fsync ${fsync})`,
-    pinned(CORE_GATEWAY, [BUN, ...(options.bunFlags ?? []), 'src/main.ts', 'serve']),
+    pinned(CORE_GATEWAY, [
+      BUN,
+      ...(options.bunFlags ?? []),
+      join(options.root ?? ROOT, 'src/main.ts'),
+      'serve',
+    ]),
     {
       env: {
         PORT: '0',
