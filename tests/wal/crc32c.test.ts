@@ -1,8 +1,20 @@
-// CRC-32C: published check values and the slicing-by-4 path against a plain bitwise reference;
-// frame encoding.
-import { describe, expect, test } from 'bun:test';
+// CRC-32C: published check values and the slicing-by-8 path against a plain bitwise reference;
+// frame encoding: frames carry CRC-32 (flagged), frames written before carry CRC-32C, and a log
+// holding both replays whole.
+import { afterAll, describe, expect, test } from 'bun:test';
+import { readFileSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
 import { crc32c } from '../../src/wal/crc32c.ts';
-import { decodeFrame, encodeFrame, encodeTextFrame } from '../../src/wal/frame.ts';
+import {
+  decodeFrame,
+  encodeFrame,
+  encodeTextFrame,
+  FRAME_HEADER_BYTES,
+} from '../../src/wal/frame.ts';
+import { openRecording, payloadOf, replayOnly, segmentFiles, tempDirs } from './support.ts';
+
+const dirs = tempDirs('tollgate-wal-crc-');
+afterAll(() => dirs.cleanup());
 
 const ENCODER = new TextEncoder();
 
@@ -14,6 +26,32 @@ function crc32cBitwise(bytes: Uint8Array, start = 0, end = bytes.length, seed = 
     for (let k = 0; k < 8; k++) crc = crc & 1 ? (crc >>> 1) ^ 0x82f63b78 : crc >>> 1;
   }
   return ~crc >>> 0;
+}
+
+/** The textbook bit-at-a-time CRC-32 (zlib's, reflected polynomial 0xedb88320). */
+function crc32Bitwise(bytes: Uint8Array): number {
+  let crc = 0xffffffff;
+  for (const byte of bytes) {
+    crc ^= byte;
+    for (let k = 0; k < 8; k++) crc = crc & 1 ? (crc >>> 1) ^ 0xedb88320 : crc >>> 1;
+  }
+  return ~crc >>> 0;
+}
+
+function u32(bytes: Uint8Array, offset: number): number {
+  return new DataView(bytes.buffer, bytes.byteOffset + offset, 4).getUint32(0, true);
+}
+
+/** A frame as gateways before the CRC-32 flag wrote it: plain length, CRC-32C. */
+function legacyFrame(seq: number, payload: Uint8Array): Uint8Array {
+  const frame = new Uint8Array(FRAME_HEADER_BYTES + payload.length);
+  const view = new DataView(frame.buffer);
+  view.setUint32(0, payload.length, true);
+  view.setUint32(8, seq % 2 ** 32, true);
+  view.setUint32(12, Math.floor(seq / 2 ** 32), true);
+  frame.set(payload, FRAME_HEADER_BYTES);
+  view.setUint32(4, crc32cBitwise(frame, 8), true);
+  return frame;
 }
 
 /** A seeded xorshift32 so a failure can be reproduced from its seed. */
@@ -111,4 +149,60 @@ describe('frames', () => {
       }
     },
   );
+});
+
+describe('frame checksums', () => {
+  test('a frame carries CRC-32 of its seq and payload, flagged in its length word', () => {
+    const payload = ENCODER.encode('{"check":"123456789"}');
+    const frame = encodeFrame(2 ** 32 + 5, payload);
+    expect(u32(frame, 0)).toBe(0x8000_0000 + payload.length);
+    expect(u32(frame, 4)).toBe(crc32Bitwise(frame.subarray(8)));
+    expect(crc32Bitwise(ENCODER.encode('123456789'))).toBe(0xcbf43926);
+  });
+
+  test('a frame written before the flag (CRC-32C) still decodes; damage is caught in both', () => {
+    const payload = ENCODER.encode('{"old":true}');
+    for (const frame of [legacyFrame(9, payload), encodeFrame(9, payload)]) {
+      const decoded = decodeFrame(frame, 0);
+      expect(decoded.kind).toBe('ok');
+      if (decoded.kind === 'ok') expect(decoded.payload).toEqual(payload);
+      for (const at of [4, 8, FRAME_HEADER_BYTES, frame.length - 1]) {
+        const damaged = frame.slice();
+        damaged[at]! ^= 0x01;
+        expect(decodeFrame(damaged, 0)).toEqual({ kind: 'corrupt', why: 'checksum mismatch' });
+      }
+      // The flag flipped: the other algorithm's checksum does not match.
+      const flipped = frame.slice();
+      flipped[3]! ^= 0x80;
+      expect(decodeFrame(flipped, 0)).toEqual({ kind: 'corrupt', why: 'checksum mismatch' });
+    }
+  });
+
+  test('a segment written before the flag replays, and appends after it replay too', async () => {
+    const dir = dirs.make();
+    const old = [0, 1, 2].map((i) =>
+      legacyFrame(i + 1, ENCODER.encode(JSON.stringify(payloadOf(i)))),
+    );
+    const name = 'segment-000000000001.wal';
+    writeFileSync(join(dir, name), Buffer.concat(old));
+    const { wal, replayed } = openRecording(dir, { fsync: 'off' });
+    expect(replayed.records.map((record) => record.seq)).toEqual([1, 2, 3]);
+    for (let i = 3; i < 6; i++) await wal.append(payloadOf(i));
+    await wal.close();
+    // Both kinds in the one segment the log went on appending to.
+    expect(segmentFiles(dir)).toEqual([name]);
+    const bytes = new Uint8Array(readFileSync(join(dir, name)));
+    const flags: boolean[] = [];
+    for (let offset = 0; offset < bytes.length; ) {
+      flags.push(u32(bytes, offset) >= 0x8000_0000);
+      const frame = decodeFrame(bytes, offset);
+      if (frame.kind !== 'ok') throw new Error(`frame at ${offset}: ${frame.kind}`);
+      offset = frame.nextOffset;
+    }
+    expect(flags).toEqual([false, false, false, true, true, true]);
+    const again = await replayOnly(dir, { fsync: 'off' });
+    expect(again.records).toEqual(
+      Array.from({ length: 6 }, (_, i) => ({ seq: i + 1, payload: payloadOf(i) })),
+    );
+  });
 });
