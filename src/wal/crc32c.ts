@@ -1,4 +1,5 @@
-// CRC-32C (Castagnoli), the checksum of every WAL frame; slicing-by-8 tables (a third faster than
+// CRC-32C (Castagnoli), the checksum of WAL frames written before frames carried CRC-32 (see
+// frame.ts): kept to read logs written by older gateways. Slicing-by-8 tables (a third faster than
 // by-4 here).
 const POLY = 0x82f63b78;
 /** Eight 256-entry tables, one after the other: table t at t * 256. */

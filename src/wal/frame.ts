@@ -5,7 +5,10 @@
 // is: Bun computes it natively, ~80 ns for a record, where the CRC-32C in JS that frames carried
 // before took 0.5–2 µs, about 1 µs of every request (two records; bench/README, issue 15). Frames
 // without the bit, written before, still read with CRC-32C: a log written by an older gateway
-// replays, and the segment it appends to may hold both.
+// replays, and the segment it appends to may hold both. (An older gateway cannot read the new
+// frames: README, "Operating".) What the trade costs: at a record's few hundred bytes CRC-32 is
+// sure to catch any 3 flipped bits and CRC-32C any 5; both catch every burst of up to 32 bits and
+// all but 2^-32 of random damage. A frame's checksum is there for a torn write, which both catch.
 import { crc32c } from './crc32c.ts';
 
 export const FRAME_HEADER_BYTES = 16;

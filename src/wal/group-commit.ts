@@ -2,7 +2,7 @@
 // more) share one write and one fsync; each append's promise says when its record is durable.
 import { assert } from '../util/assert.ts';
 import { ignore, nextTurn } from '../util/promise.ts';
-import { textFrameBytesMax, writeTextFrame } from './frame.ts';
+import { FRAME_PAYLOAD_BYTES_MAX, textFrameBytesMax, writeTextFrame } from './frame.ts';
 import type { SegmentFiles, WalOptions } from './segment.ts';
 
 /**
@@ -73,6 +73,14 @@ export class GroupCommit {
     this.files.assertWritable();
     assert(!this.files.closed, 'append after close');
     const json = JSON.stringify(payload);
+    // Replay takes a frame over FRAME_PAYLOAD_BYTES_MAX for garbage: such a record would be
+    // acknowledged and then refuse every start. No record is near it (bodies are never logged); one
+    // is a bug, stopped here before a byte of it is written.
+    assert(
+      json.length <= FRAME_PAYLOAD_BYTES_MAX / 3 ||
+        Buffer.byteLength(json) <= FRAME_PAYLOAD_BYTES_MAX,
+      'a log record over the frame size limit',
+    );
     this.seq++;
     this.pendingTexts.push(json);
     this.pendingBytesMax += textFrameBytesMax(json);

@@ -11,6 +11,7 @@ import {
   encodeTextFrame,
   FRAME_HEADER_BYTES,
 } from '../../src/wal/frame.ts';
+import { WalCorruptionError } from '../../src/wal/log.ts';
 import { openRecording, payloadOf, replayOnly, segmentFiles, tempDirs } from './support.ts';
 
 const dirs = tempDirs('tollgate-wal-crc-');
@@ -204,5 +205,27 @@ describe('frame checksums', () => {
     expect(again.records).toEqual(
       Array.from({ length: 6 }, (_, i) => ({ seq: i + 1, payload: payloadOf(i) })),
     );
+
+    // In such a segment a torn last frame is cut off, and damage to any other frame, of either
+    // kind, refuses the start.
+    const ends: number[] = [];
+    for (let offset = 0; offset < bytes.length; ) {
+      const frame = decodeFrame(bytes, offset);
+      if (frame.kind !== 'ok') throw new Error(`frame at ${offset}: ${frame.kind}`);
+      offset = frame.nextOffset;
+      ends.push(offset);
+    }
+    const torn = dirs.make();
+    writeFileSync(join(torn, name), bytes.subarray(0, ends[4]! + 20));
+    expect((await replayOnly(torn, { fsync: 'off' })).records.map((r) => r.seq)).toEqual([
+      1, 2, 3, 4, 5,
+    ]);
+    for (const frameIndex of [1, 4]) {
+      const damaged = dirs.make();
+      const copy = bytes.slice();
+      copy[ends[frameIndex - 1]! + FRAME_HEADER_BYTES + 2]! ^= 0x01;
+      writeFileSync(join(damaged, name), copy);
+      expect(() => openRecording(damaged, { fsync: 'off' })).toThrow(WalCorruptionError);
+    }
   });
 });

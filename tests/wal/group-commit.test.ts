@@ -4,8 +4,9 @@ import { readFileSync, symlinkSync, unlinkSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import pino from 'pino';
 import { StateStore } from '../../src/state/store.ts';
+import { AssertionError } from '../../src/util/assert.ts';
 import { GatewayError } from '../../src/util/errors.ts';
-import { decodeFrame } from '../../src/wal/frame.ts';
+import { decodeFrame, FRAME_PAYLOAD_BYTES_MAX } from '../../src/wal/frame.ts';
 import { type FsyncPolicy, WalUnavailableError, WriteAheadLog } from '../../src/wal/log.ts';
 import {
   openRecording,
@@ -154,6 +155,18 @@ describe('group commit', () => {
       },
     );
   }
+
+  test('an oversized record is refused before it is written; the log goes on', async () => {
+    const dir = dirs.make();
+    const { wal } = openRecording(dir, { fsync: 'always' });
+    await wal.append({ n: 1 });
+    // Under the limit in UTF-16 units, over it in UTF-8 bytes (3 per character).
+    const huge = { n: 2, text: '€'.repeat(FRAME_PAYLOAD_BYTES_MAX / 3 + 1) };
+    expect(() => wal.append(huge)).toThrow(AssertionError);
+    await wal.append({ n: 2 });
+    await wal.close();
+    expect(await replayOnly(dir)).toEqual({ snapshot: null, records: records(1, 2) });
+  });
 
   test('a reopened log continues the sequence', async () => {
     const dir = dirs.make();
