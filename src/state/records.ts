@@ -45,61 +45,72 @@ export interface RequestRecord {
 const SERVICES: readonly Service[] = ['chat', 'decision'];
 const STATUSES: readonly RequestStatus[] = ['in_progress', 'completed', 'cancelled', 'error'];
 
-// Numeric columns, one Float64Array slot each (µcr and counts are safe integers; -1 stands for
-// null).
+// The columns, one typed array each, a row per slot. Every byte of a row counts twice: the table's
+// typed arrays count as heap for JavaScriptCore's growth, so a row costs about its size again in
+// garbage allowed to pile up at peak (bench/README, issue 15: ~370 B of peak RSS per record with
+// the 177-byte rows of snapshots before layout 3; these rows are 134 bytes).
+
+// Numbers that can pass 2^31, Float64 (µcr and times are safe integers).
 const CREATED_MS = 0;
 const FINISHED_MS = 1;
 const HOLD_CREDITS = 2;
-const HOLD_TOKENS = 3;
-const CHARGE_CREDITS = 4;
-const CHARGE_TOKENS = 5;
-const BUDGET_HOLD = 6;
-const PROMPT_TOKENS = 7;
-const COMPLETION_TOKENS = 8;
-const TOTAL_TOKENS = 9;
-const HTTP_STATUS = 10;
-const NUMBERS = 11;
+const CHARGE_CREDITS = 3;
+const BUDGET_HOLD = 4;
+const NUMBERS = 5;
 
-// Small columns, one Int32Array slot each: service, stream, status, and indexes into `strings`.
-const SERVICE = 0;
-const STREAM = 1;
-const STATUS = 2;
-const KEY_ID = 3;
-const MODEL = 4;
-const ERROR_CODE = 5; // -1: none
-const SMALL = 6;
+// Counts, Int32: tokens and the HTTP status, -1 standing for null. A record with a count that is
+// not an Int32 from 0 (an upstream may report anything) keeps its six in `bigCounts` instead, and
+// COUNTS_ELSEWHERE in its first.
+const HOLD_TOKENS = 0;
+const CHARGE_TOKENS = 1;
+const PROMPT_TOKENS = 2;
+const COMPLETION_TOKENS = 3;
+const TOTAL_TOKENS = 4;
+const HTTP_STATUS = 5;
+const COUNTS = 6;
+const COUNTS_ELSEWHERE = -2;
 
-// The first deployment tried (for most requests the only one), one Int32Array slot each: provider,
-// upstream model and error code as positions in `strings` (-1: none), the outcome's index (-1: no
-// attempt). Its latency is the `attemptLatency` column. A request that tried several deployments
-// keeps its whole list in `attemptLists`: only a failover makes an object that outlives the
-// request.
+// Small columns, Int32: the flags (service in bit 0, stream in bit 1, status in bits 2–3), then
+// indexes into `strings`.
+const FLAGS = 0;
+const KEY_ID = 1;
+const MODEL = 2;
+const ERROR_CODE = 3; // -1: none
+const SMALL = 4;
+
+// The first deployment tried (for most requests the only one), Int32: provider, upstream model
+// and error code as positions in `strings` (-1: none), the outcome's index (-1: no attempt), the
+// latency in ms. A request that tried several deployments (or whose latency is no Int32) keeps
+// its whole list in `attemptLists`: only a failover makes an object that outlives the request.
 const ATTEMPT_PROVIDER = 0;
 const ATTEMPT_MODEL = 1;
 const ATTEMPT_OUTCOME = 2;
 const ATTEMPT_ERROR = 3;
-const ATTEMPT = 4;
+const ATTEMPT_LATENCY = 4;
+const ATTEMPT = 5;
 const OUTCOMES: readonly Attempt['outcome'][] = ['ok', 'error', 'cancelled'];
 
 /**
- * Ids are ASCII of at most this many bytes (ours are 28–33); any other id is kept aside as a
+ * Ids are ASCII of at most this many bytes (ours are 28 and 33); any other id is kept aside as a
  * string.
  */
-const ID_BYTES = 40;
+const ID_BYTES = 33;
 /** `idLengths` value of an id kept in `otherIds`. */
 const ID_ELSEWHERE = 255;
 
 const INITIAL_SLOTS = 1024;
 
 /** The columns of a snapshot, in the order of its blobs. */
-const COLUMNS = ['numbers', 'small', 'idBytes', 'idLengths', 'attempt', 'attemptLatency'] as const;
+const COLUMNS = ['numbers', 'counts', 'small', 'idBytes', 'idLengths', 'attempt'] as const;
 /** Bytes per record of each column, in COLUMNS order. */
-const COLUMN_BYTES = [NUMBERS * 8, SMALL * 4, ID_BYTES, 1, ATTEMPT * 4, 8] as const;
-/** Snapshots made before the attempt columns have only the first four (their attempts are JSON). */
-const COLUMNS_BEFORE_ATTEMPTS = 4;
+const COLUMN_BYTES = [NUMBERS * 8, COUNTS * 4, SMALL * 4, ID_BYTES, 1, ATTEMPT * 4] as const;
+/** The meta's `layout` of these columns; snapshots without one hold the layout of `V2` below. */
+const LAYOUT = 3;
 
 /** The JSON part of a snapshot of the table (the columns travel as bytes beside it). */
 export interface ColumnsMeta {
+  /** LAYOUT; absent in snapshots made before it (see V2). */
+  layout?: number;
   count: number;
   strings: string[];
   otherIds: Record<number, string>;
@@ -109,6 +120,8 @@ export interface ColumnsMeta {
    * in snapshots made before the attempt columns; absent in those made before failover).
    */
   attempts?: Record<number, Attempt[]>;
+  /** The six counts of records that keep them aside, by position (layout 3). */
+  bigCounts?: Record<number, Array<number | null>>;
   /**
    * The key ids holding records, in FairSlots' bucket order (absent in snapshots made before it).
    */
@@ -120,17 +133,19 @@ export class RecordTable {
   // front.
   private allocated: number;
   private numbers: Float64Array;
+  private counts: Int32Array;
   private small: Int32Array;
   private idBytes: Uint8Array;
   private idLengths: Uint8Array;
   private attempt: Int32Array;
-  private attemptLatency: Float64Array;
   /** Ids that are not short ASCII (never ours, but the event schema allows them), by slot. */
   private readonly otherIds = new Map<number, string>();
   /** Answers of completed decisions, by slot (chat records have none). */
   private readonly answers = new Map<number, Record<string, unknown>>();
   /** The deployments tried by requests that tried more than one, by slot (the event's array). */
   private readonly attemptLists = new Map<number, Attempt[]>();
+  /** The counts of records whose counts are not all Int32s from 0 (COUNTS_ELSEWHERE), by slot. */
+  private readonly bigCounts = new Map<number, BigCounts>();
   /**
    * Open addressing with linear probing: slot + 1 of the record whose id hashes here, 0 when empty.
    */
@@ -163,11 +178,11 @@ export class RecordTable {
     this.slots = new FairSlots(capacity, perKeyMax, (slot) => this.forget(slot));
     this.allocated = Math.min(capacity, INITIAL_SLOTS);
     this.numbers = new Float64Array(this.allocated * NUMBERS);
+    this.counts = new Int32Array(this.allocated * COUNTS);
     this.small = new Int32Array(this.allocated * SMALL);
     this.idBytes = new Uint8Array(this.allocated * ID_BYTES);
     this.idLengths = new Uint8Array(this.allocated);
     this.attempt = new Int32Array(this.allocated * ATTEMPT);
-    this.attemptLatency = new Float64Array(this.allocated);
     this.columnBytes = this.viewColumns();
     this.index = new Int32Array(indexSizeFor(this.allocated));
     this.indexMask = this.index.length - 1;
@@ -220,19 +235,15 @@ export class RecordTable {
     numbers[n + CREATED_MS] = record.createdAtMs;
     numbers[n + FINISHED_MS] = record.finishedAtMs ?? record.createdAtMs;
     numbers[n + HOLD_CREDITS] = record.hold.credits_micro;
-    numbers[n + HOLD_TOKENS] = record.hold.tokens;
     numbers[n + CHARGE_CREDITS] = record.charge.credits_micro;
-    numbers[n + CHARGE_TOKENS] = record.charge.tokens;
     numbers[n + BUDGET_HOLD] = record.budgetHoldMicro;
-    numbers[n + PROMPT_TOKENS] = record.usage === null ? -1 : record.usage.prompt_tokens;
-    numbers[n + COMPLETION_TOKENS] = record.usage === null ? -1 : record.usage.completion_tokens;
-    numbers[n + TOTAL_TOKENS] = record.usage === null ? -1 : record.usage.total_tokens;
-    numbers[n + HTTP_STATUS] = record.httpStatus ?? -1;
+    this.writeCounts(slot, record);
     const f = slot * SMALL;
     const small = this.small;
-    small[f + SERVICE] = SERVICES.indexOf(record.service);
-    small[f + STREAM] = record.stream ? 1 : 0;
-    small[f + STATUS] = STATUSES.indexOf(record.status);
+    small[f + FLAGS] =
+      SERVICES.indexOf(record.service) |
+      (record.stream ? 2 : 0) |
+      (STATUSES.indexOf(record.status) << 2);
     small[f + KEY_ID] = this.intern(record.keyId);
     small[f + MODEL] = this.intern(record.model);
     small[f + ERROR_CODE] = record.errorCode === null ? -1 : this.intern(record.errorCode);
@@ -252,15 +263,44 @@ export class RecordTable {
     this.otherIds.delete(slot);
     this.answers.delete(slot);
     this.attemptLists.delete(slot);
+    this.bigCounts.delete(slot);
+  }
+
+  /** The record's tokens and HTTP status: in the counts column when they fit, else aside. */
+  private writeCounts(slot: number, record: RequestRecord): void {
+    const { usage, httpStatus } = record;
+    const holdTokens = record.hold.tokens;
+    const chargeTokens = record.charge.tokens;
+    const c = slot * COUNTS;
+    const counts = this.counts;
+    if (
+      isCount(holdTokens) &&
+      isCount(chargeTokens) &&
+      (httpStatus === null || isCount(httpStatus)) &&
+      (usage === null ||
+        (isCount(usage.prompt_tokens) &&
+          isCount(usage.completion_tokens) &&
+          isCount(usage.total_tokens)))
+    ) {
+      counts[c + HOLD_TOKENS] = holdTokens;
+      counts[c + CHARGE_TOKENS] = chargeTokens;
+      counts[c + PROMPT_TOKENS] = usage === null ? -1 : usage.prompt_tokens;
+      counts[c + COMPLETION_TOKENS] = usage === null ? -1 : usage.completion_tokens;
+      counts[c + TOTAL_TOKENS] = usage === null ? -1 : usage.total_tokens;
+      counts[c + HTTP_STATUS] = httpStatus ?? -1;
+      return;
+    }
+    counts[c + HOLD_TOKENS] = COUNTS_ELSEWHERE;
+    this.bigCounts.set(slot, bigCountsOf(record));
   }
 
   /** One attempt goes to the columns, several to `attemptLists`; none (null or []) is null. */
   private writeAttempts(slot: number, tried: Attempt[] | null): void {
     const a = slot * ATTEMPT;
     const columns = this.attempt;
-    if (tried === null || tried.length !== 1) {
+    if (tried === null || tried.length !== 1 || !isCount(tried[0]!.latency_ms)) {
       columns[a + ATTEMPT_OUTCOME] = -1;
-      if (tried !== null && tried.length > 1) this.attemptLists.set(slot, tried);
+      if (tried !== null && tried.length > 0) this.attemptLists.set(slot, tried);
       return;
     }
     const only = tried[0]!;
@@ -268,14 +308,14 @@ export class RecordTable {
     columns[a + ATTEMPT_MODEL] = this.intern(only.upstream_model);
     columns[a + ATTEMPT_OUTCOME] = OUTCOMES.indexOf(only.outcome);
     columns[a + ATTEMPT_ERROR] = only.error_code === null ? -1 : this.intern(only.error_code);
-    this.attemptLatency[slot] = only.latency_ms;
+    columns[a + ATTEMPT_LATENCY] = only.latency_ms;
   }
 
   /** The attempts of `slot` (see writeAttempts) as fresh objects, or the kept list. */
   private readAttempts(slot: number): Attempt[] | null {
     const list = this.attemptLists.get(slot);
     if (list !== undefined) return list;
-    return attemptOf(this.attempt, slot * ATTEMPT, this.attemptLatency[slot]!, this.textAt);
+    return attemptOf(this.attempt, slot * ATTEMPT, this.textAt);
   }
 
   /**
@@ -291,6 +331,7 @@ export class RecordTable {
     const otherIds: Record<number, string> = {};
     const answers: Record<number, Record<string, unknown>> = {};
     const attempts: Record<number, Attempt[]> = {};
+    const bigCounts: Record<number, BigCounts> = {};
     const runs: number[] = [];
     let at = 0;
     // In age order, which follows the slots in runs (records go to the next slot until one is freed
@@ -300,7 +341,12 @@ export class RecordTable {
       let next = this.slots.newerThan(last);
       while (next === last + 1) next = this.slots.newerThan(++last);
       runs.push(first, last);
-      if (this.otherIds.size > 0 || this.answers.size > 0 || this.attemptLists.size > 0) {
+      if (
+        this.otherIds.size > 0 ||
+        this.answers.size > 0 ||
+        this.attemptLists.size > 0 ||
+        this.bigCounts.size > 0
+      ) {
         for (let slot = first; slot <= last; slot++) {
           const other = this.otherIds.get(slot);
           if (other !== undefined) otherIds[at + slot - first] = other;
@@ -308,6 +354,8 @@ export class RecordTable {
           if (answer !== undefined) answers[at + slot - first] = answer;
           const tried = this.attemptLists.get(slot);
           if (tried !== undefined) attempts[at + slot - first] = tried;
+          const big = this.bigCounts.get(slot);
+          if (big !== undefined) bigCounts[at + slot - first] = big;
         }
       }
       at += last - first + 1;
@@ -323,7 +371,16 @@ export class RecordTable {
     this.captures.push(capture);
     const owners = this.slots.ownerOrder().map((owner) => this.strings[owner]!);
     return {
-      meta: { count, strings: [...this.strings], otherIds, answers, attempts, owners },
+      meta: {
+        layout: LAYOUT,
+        count,
+        strings: [...this.strings],
+        otherIds,
+        answers,
+        attempts,
+        bigCounts,
+        owners,
+      },
       sources: COLUMNS.map((_, c) => capture.source(c)),
       release: () => {
         const index = this.captures.indexOf(capture);
@@ -343,8 +400,8 @@ export class RecordTable {
   /**
    * Adds the records of `serializeColumns` (its meta parsed back, its blobs in order), oldest
    * first, expired ones too (reads skip them; keeping them keeps the table the log's own, see
-   * FairSlots), and puts the keys' order back. One pass over the columns in their serialized
-   * order, kept whole (long) so that reading and its checks sit next to the layout they mirror.
+   * FairSlots), and puts the keys' order back. Snapshots made before layout 3 hold V2's columns:
+   * each row is read in its own layout and added in this one.
    */
   restoreColumns(raw: unknown, blobs: readonly Uint8Array[]): void {
     const snapshot = raw as Record<string, unknown>;
@@ -358,81 +415,105 @@ export class RecordTable {
       Array.isArray(strings) && strings.every((text) => typeof text === 'string'),
       'snapshot records: bad strings',
     );
+    const layout = snapshot.layout ?? 2;
+    assert(layout === 2 || layout === LAYOUT, `snapshot records: unknown layout ${layout}`);
     const column = <T extends Float64Array | Int32Array | Uint8Array>(
-      name: (typeof COLUMNS)[number],
+      at: number,
       Type: { new (b: ArrayBuffer): T; BYTES_PER_ELEMENT: number },
       width: number,
-    ): T | null => {
-      if (
-        COLUMNS.indexOf(name) >= COLUMNS_BEFORE_ATTEMPTS &&
-        blobs.length === COLUMNS_BEFORE_ATTEMPTS
-      )
-        return null;
-      const bytes = blobs[COLUMNS.indexOf(name)];
-      assert(bytes !== undefined, `snapshot records: ${name} missing`);
+    ): T => {
+      const bytes = blobs[at];
+      assert(bytes !== undefined, `snapshot records: column ${at} missing`);
       assert(
         bytes.length === count * width * Type.BYTES_PER_ELEMENT,
-        `snapshot records: ${name} has the wrong size`,
+        `snapshot records: column ${at} has the wrong size`,
       );
       // Copied into a fresh, aligned buffer of its own.
       return new Type(
         bytes.buffer.slice(bytes.byteOffset, bytes.byteOffset + bytes.length) as ArrayBuffer,
       );
     };
-    const numbers = column('numbers', Float64Array, NUMBERS)!;
-    const small = column('small', Int32Array, SMALL)!;
-    const idBytes = column('idBytes', Uint8Array, ID_BYTES)!;
-    const idLengths = column('idLengths', Uint8Array, 1)!;
-    const attempt = column('attempt', Int32Array, ATTEMPT);
-    const attemptLatency = column('attemptLatency', Float64Array, 1);
     const otherIds = (snapshot.otherIds ?? {}) as Record<string, unknown>;
     const answers = (snapshot.answers ?? {}) as Record<string, unknown>;
     const attempts = (snapshot.attempts ?? {}) as Record<string, unknown>;
+    const bigCounts = (snapshot.bigCounts ?? {}) as Record<string, unknown>;
     const text = (position: number): string => {
       assert(position >= 0 && position < strings.length, 'snapshot records: bad string position');
       return strings[position] as string;
     };
-    for (let row = 0; row < count; row++) {
-      const n = row * NUMBERS;
-      const f = row * SMALL;
+    const idOf = (idBytes: Uint8Array, idLengths: Uint8Array, width: number, row: number) => {
       const length = idLengths[row]!;
-      let id: string;
       if (length === ID_ELSEWHERE) {
-        id = otherIds[row] as string;
+        const id = otherIds[row];
         assert(typeof id === 'string', 'snapshot records: an id kept aside is missing');
-      } else {
-        assert(length <= ID_BYTES, 'snapshot records: bad id length');
-        id = String.fromCharCode.apply(
-          null,
-          idBytes.subarray(row * ID_BYTES, row * ID_BYTES + length) as unknown as number[],
-        );
+        return id;
       }
-      assert(
-        SERVICES[small[f + SERVICE]!] !== undefined && STATUSES[small[f + STATUS]!] !== undefined,
-        'snapshot records: bad service or status',
+      assert(length <= width, 'snapshot records: bad id length');
+      return String.fromCharCode.apply(
+        null,
+        idBytes.subarray(row * width, row * width + length) as unknown as number[],
       );
+    };
+    const answerOf = (row: number): Record<string, unknown> | null => {
       const answer = answers[row] ?? null;
       assert(
         answer === null || (typeof answer === 'object' && !Array.isArray(answer)),
         'snapshot records: bad answers',
       );
-      const tried =
-        attempts[row] ??
-        (attempt === null ? null : attemptOf(attempt, row * ATTEMPT, attemptLatency![row]!, text));
-      assert(tried === null || Array.isArray(tried), 'snapshot records: bad attempts');
-      this.add(
-        recordOf(
+      return answer as Record<string, unknown> | null;
+    };
+    const listOf = (row: number): Attempt[] | undefined => {
+      const tried = attempts[row];
+      assert(tried === undefined || Array.isArray(tried), 'snapshot records: bad attempts');
+      return tried as Attempt[] | undefined;
+    };
+    let recordAt: (row: number) => RequestRecord;
+    if (layout === LAYOUT) {
+      const numbers = column(0, Float64Array, NUMBERS);
+      const counts = column(1, Int32Array, COUNTS);
+      const small = column(2, Int32Array, SMALL);
+      const idBytes = column(3, Uint8Array, ID_BYTES);
+      const idLengths = column(4, Uint8Array, 1);
+      const attempt = column(5, Int32Array, ATTEMPT);
+      recordAt = (row) => {
+        const big = bigCounts[row];
+        assert(big === undefined || isBigCounts(big), 'snapshot records: bad counts kept aside');
+        const flags = small[row * SMALL + FLAGS]!;
+        assert(flags >= 0 && flags < 16, 'snapshot records: bad service or status');
+        return recordOf(
           numbers,
-          n,
+          counts,
           small,
-          f,
-          id,
+          row,
+          idOf(idBytes, idLengths, ID_BYTES, row),
           text,
-          answer as Record<string, unknown> | null,
-          tried as Attempt[] | null,
-        ),
-      );
+          answerOf(row),
+          listOf(row) ?? attemptOf(attempt, row * ATTEMPT, text),
+          big,
+        );
+      };
+    } else {
+      const numbers = column(0, Float64Array, V2.NUMBERS);
+      const small = column(1, Int32Array, V2.SMALL);
+      const idBytes = column(2, Uint8Array, V2.ID_BYTES);
+      const idLengths = column(3, Uint8Array, 1);
+      // Snapshots made before the attempt columns have only the first four (attempts are JSON).
+      const withAttempts = blobs.length > 4;
+      const attempt = withAttempts ? column(4, Int32Array, V2.ATTEMPT) : null;
+      const latency = withAttempts ? column(5, Float64Array, 1) : null;
+      recordAt = (row) =>
+        recordOfV2(
+          numbers,
+          small,
+          row,
+          idOf(idBytes, idLengths, V2.ID_BYTES, row),
+          text,
+          answerOf(row),
+          listOf(row) ??
+            (attempt === null ? null : attemptOfV2(attempt, row, latency![row]!, text)),
+        );
     }
+    for (let row = 0; row < count; row++) this.add(recordAt(row));
     const owners = snapshot.owners;
     if (Array.isArray(owners))
       this.slots.restoreOwnerOrder(
@@ -443,11 +524,11 @@ export class RecordTable {
   private grow(): void {
     const allocated = Math.min(this.capacity, this.allocated * 2);
     this.numbers = grown(this.numbers, allocated * NUMBERS);
+    this.counts = grown(this.counts, allocated * COUNTS);
     this.small = grown(this.small, allocated * SMALL);
     this.idBytes = grown(this.idBytes, allocated * ID_BYTES);
     this.idLengths = grown(this.idLengths, allocated);
     this.attempt = grown(this.attempt, allocated * ATTEMPT);
-    this.attemptLatency = grown(this.attemptLatency, allocated);
     this.columnBytes = this.viewColumns();
     this.allocated = allocated;
     // A larger hash table: every record is placed again.
@@ -459,14 +540,9 @@ export class RecordTable {
   }
 
   private viewColumns(): Uint8Array[] {
-    return [
-      this.numbers,
-      this.small,
-      this.idBytes,
-      this.idLengths,
-      this.attempt,
-      this.attemptLatency,
-    ].map((array) => new Uint8Array(array.buffer, array.byteOffset, array.byteLength));
+    return [this.numbers, this.counts, this.small, this.idBytes, this.idLengths, this.attempt].map(
+      (array) => new Uint8Array(array.buffer, array.byteOffset, array.byteLength),
+    );
   }
 
   private expired(slot: number, nowMs: number): boolean {
@@ -476,13 +552,14 @@ export class RecordTable {
   private read(slot: number, id: string): RequestRecord {
     return recordOf(
       this.numbers,
-      slot * NUMBERS,
+      this.counts,
       this.small,
-      slot * SMALL,
+      slot,
       id,
       this.textAt,
       this.answers.get(slot) ?? null,
       this.readAttempts(slot),
+      this.bigCounts.get(slot),
     );
   }
 
@@ -585,42 +662,101 @@ export class RecordTable {
   }
 }
 
-/** The record at row offsets `n` (numbers) and `f` (small columns), as a fresh object. */
+/** A record's six counts kept aside: tokens held, charged, prompt, completion, total; status. */
+type BigCounts = Array<number | null>;
+
+function bigCountsOf(record: RequestRecord): BigCounts {
+  const { usage } = record;
+  return [
+    record.hold.tokens,
+    record.charge.tokens,
+    usage === null ? null : usage.prompt_tokens,
+    usage === null ? null : usage.completion_tokens,
+    usage === null ? null : usage.total_tokens,
+    record.httpStatus,
+  ];
+}
+
+function isBigCounts(value: unknown): value is BigCounts {
+  return (
+    Array.isArray(value) &&
+    value.length === COUNTS &&
+    value.every((count, i) => typeof count === 'number' || (count === null && i >= PROMPT_TOKENS))
+  );
+}
+
+/** A count the counts column holds: an Int32 from 0. */
+function isCount(value: number): boolean {
+  return (value | 0) === value && value >= 0;
+}
+
+/** The record in `row` of the columns, as a fresh object; `big`: its counts kept aside, if so. */
 function recordOf(
   numbers: Float64Array,
-  n: number,
+  counts: Int32Array,
   small: Int32Array,
-  f: number,
+  row: number,
   id: string,
   text: (position: number) => string,
   answers: Record<string, unknown> | null,
   attempts: Attempt[] | null,
+  big: BigCounts | undefined,
 ): RequestRecord {
-  const promptTokens = numbers[n + PROMPT_TOKENS]!;
-  const httpStatus = numbers[n + HTTP_STATUS]!;
+  const n = row * NUMBERS;
+  const c = row * COUNTS;
+  const f = row * SMALL;
+  const flags = small[f + FLAGS]!;
+  const service = SERVICES[flags & 1]!;
+  const status = STATUSES[(flags >>> 2) & 3]!;
   const errorCode = small[f + ERROR_CODE]!;
-  return {
-    id,
-    keyId: text(small[f + KEY_ID]!),
-    service: SERVICES[small[f + SERVICE]!]!,
-    model: text(small[f + MODEL]!),
-    stream: small[f + STREAM] === 1,
-    status: STATUSES[small[f + STATUS]!]!,
-    createdAtMs: numbers[n + CREATED_MS]!,
-    finishedAtMs: numbers[n + FINISHED_MS]!,
-    hold: { credits_micro: numbers[n + HOLD_CREDITS]!, tokens: numbers[n + HOLD_TOKENS]! },
-    charge: { credits_micro: numbers[n + CHARGE_CREDITS]!, tokens: numbers[n + CHARGE_TOKENS]! },
-    budgetHoldMicro: numbers[n + BUDGET_HOLD]!,
-    usage:
+  let holdTokens: number;
+  let chargeTokens: number;
+  let usage: Usage | null;
+  let httpStatus: number | null;
+  if (counts[c + HOLD_TOKENS] === COUNTS_ELSEWHERE) {
+    assert(big !== undefined, 'records: counts kept aside are missing');
+    holdTokens = big[HOLD_TOKENS]!;
+    chargeTokens = big[CHARGE_TOKENS]!;
+    const promptTokens = big[PROMPT_TOKENS]!;
+    usage =
+      promptTokens === null
+        ? null
+        : {
+            prompt_tokens: promptTokens,
+            completion_tokens: big[COMPLETION_TOKENS]!,
+            total_tokens: big[TOTAL_TOKENS]!,
+          };
+    httpStatus = big[HTTP_STATUS]!;
+  } else {
+    holdTokens = counts[c + HOLD_TOKENS]!;
+    chargeTokens = counts[c + CHARGE_TOKENS]!;
+    const promptTokens = counts[c + PROMPT_TOKENS]!;
+    usage =
       promptTokens < 0
         ? null
         : {
             prompt_tokens: promptTokens,
-            completion_tokens: numbers[n + COMPLETION_TOKENS]!,
-            total_tokens: numbers[n + TOTAL_TOKENS]!,
-          },
+            completion_tokens: counts[c + COMPLETION_TOKENS]!,
+            total_tokens: counts[c + TOTAL_TOKENS]!,
+          };
+    const status = counts[c + HTTP_STATUS]!;
+    httpStatus = status < 0 ? null : status;
+  }
+  return {
+    id,
+    keyId: text(small[f + KEY_ID]!),
+    service,
+    model: text(small[f + MODEL]!),
+    stream: (flags & 2) !== 0,
+    status,
+    createdAtMs: numbers[n + CREATED_MS]!,
+    finishedAtMs: numbers[n + FINISHED_MS]!,
+    hold: { credits_micro: numbers[n + HOLD_CREDITS]!, tokens: holdTokens },
+    charge: { credits_micro: numbers[n + CHARGE_CREDITS]!, tokens: chargeTokens },
+    budgetHoldMicro: numbers[n + BUDGET_HOLD]!,
+    usage,
     errorCode: errorCode < 0 ? null : text(errorCode),
-    httpStatus: httpStatus < 0 ? null : httpStatus,
+    httpStatus,
     answers,
     attempts,
     // Only an in-flight request needs its key (an unfinished decision frees it); a finished one
@@ -633,7 +769,6 @@ function recordOf(
 function attemptOf(
   columns: Int32Array,
   a: number,
-  latencyMs: number,
   text: (position: number) => string,
 ): Attempt[] | null {
   const index = columns[a + ATTEMPT_OUTCOME]!;
@@ -645,6 +780,83 @@ function attemptOf(
     {
       provider: text(columns[a + ATTEMPT_PROVIDER]!),
       upstream_model: text(columns[a + ATTEMPT_MODEL]!),
+      outcome,
+      error_code: errorCode < 0 ? null : text(errorCode),
+      latency_ms: columns[a + ATTEMPT_LATENCY]!,
+    },
+  ];
+}
+
+/**
+ * The columns of snapshots made before layout 3, read on restore only: numbers (Float64: created,
+ * finished, hold credits, hold tokens, charge credits, charge tokens, budget hold, prompt,
+ * completion and total tokens, HTTP status), small (Int32: service, stream, status, key id, model,
+ * error code), 40-byte ids, their lengths, then (when present) the attempt (Int32: provider, model,
+ * outcome, error) and its latency (Float64).
+ */
+const V2 = { NUMBERS: 11, SMALL: 6, ID_BYTES: 40, ATTEMPT: 4 } as const;
+
+function recordOfV2(
+  numbers: Float64Array,
+  small: Int32Array,
+  row: number,
+  id: string,
+  text: (position: number) => string,
+  answers: Record<string, unknown> | null,
+  attempts: Attempt[] | null,
+): RequestRecord {
+  const n = row * V2.NUMBERS;
+  const f = row * V2.SMALL;
+  const service = SERVICES[small[f]!];
+  const status = STATUSES[small[f + 2]!];
+  assert(service !== undefined && status !== undefined, 'snapshot records: bad service or status');
+  const promptTokens = numbers[n + 7]!;
+  const httpStatus = numbers[n + 10]!;
+  const errorCode = small[f + 5]!;
+  return {
+    id,
+    keyId: text(small[f + 3]!),
+    service,
+    model: text(small[f + 4]!),
+    stream: small[f + 1] === 1,
+    status,
+    createdAtMs: numbers[n]!,
+    finishedAtMs: numbers[n + 1]!,
+    hold: { credits_micro: numbers[n + 2]!, tokens: numbers[n + 3]! },
+    charge: { credits_micro: numbers[n + 4]!, tokens: numbers[n + 5]! },
+    budgetHoldMicro: numbers[n + 6]!,
+    usage:
+      promptTokens < 0
+        ? null
+        : {
+            prompt_tokens: promptTokens,
+            completion_tokens: numbers[n + 8]!,
+            total_tokens: numbers[n + 9]!,
+          },
+    errorCode: errorCode < 0 ? null : text(errorCode),
+    httpStatus: httpStatus < 0 ? null : httpStatus,
+    answers,
+    attempts,
+    idempotencyKey: null,
+  };
+}
+
+function attemptOfV2(
+  columns: Int32Array,
+  row: number,
+  latencyMs: number,
+  text: (position: number) => string,
+): Attempt[] | null {
+  const a = row * V2.ATTEMPT;
+  const index = columns[a + 2]!;
+  if (index === -1) return null;
+  const outcome = OUTCOMES[index];
+  assert(outcome !== undefined, 'records: bad attempt outcome');
+  const errorCode = columns[a + 3]!;
+  return [
+    {
+      provider: text(columns[a]!),
+      upstream_model: text(columns[a + 1]!),
       outcome,
       error_code: errorCode < 0 ? null : text(errorCode),
       latency_ms: latencyMs,

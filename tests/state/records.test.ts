@@ -29,6 +29,94 @@ function record(id: string, overrides: Partial<RequestRecord> = {}): RequestReco
   };
 }
 
+/**
+ * The columns a snapshot made before layout 3 holds (177-byte rows: eleven Float64 numbers, six
+ * Int32, 40-byte ids, their lengths, then the first attempt and its Float64 latency), written here
+ * from the format's description, not by the table, so that a change to the table cannot follow it.
+ */
+function layout2Snapshot(
+  records: RequestRecord[],
+  withAttempts = true,
+): { meta: Record<string, unknown>; blobs: Uint8Array[] } {
+  const strings: string[] = [];
+  const position = (text: string) => {
+    const known = strings.indexOf(text);
+    if (known !== -1) return known;
+    strings.push(text);
+    return strings.length - 1;
+  };
+  const count = records.length;
+  const numbers = new Float64Array(count * 11);
+  const small = new Int32Array(count * 6);
+  const idBytes = new Uint8Array(count * 40);
+  const idLengths = new Uint8Array(count);
+  const attempt = new Int32Array(count * 4);
+  const latency = new Float64Array(count);
+  const otherIds: Record<number, string> = {};
+  const answers: Record<number, unknown> = {};
+  const attempts: Record<number, unknown> = {};
+  records.forEach((r, row) => {
+    numbers.set(
+      [
+        r.createdAtMs,
+        r.finishedAtMs ?? r.createdAtMs,
+        r.hold.credits_micro,
+        r.hold.tokens,
+        r.charge.credits_micro,
+        r.charge.tokens,
+        r.budgetHoldMicro,
+        r.usage?.prompt_tokens ?? -1,
+        r.usage?.completion_tokens ?? -1,
+        r.usage?.total_tokens ?? -1,
+        r.httpStatus ?? -1,
+      ],
+      row * 11,
+    );
+    small.set(
+      [
+        ['chat', 'decision'].indexOf(r.service),
+        r.stream ? 1 : 0,
+        ['in_progress', 'completed', 'cancelled', 'error'].indexOf(r.status),
+        position(r.keyId),
+        position(r.model),
+        r.errorCode === null ? -1 : position(r.errorCode),
+      ],
+      row * 6,
+    );
+    if (r.id.length > 40) {
+      idLengths[row] = 255;
+      otherIds[row] = r.id;
+    } else {
+      for (let i = 0; i < r.id.length; i++) idBytes[row * 40 + i] = r.id.charCodeAt(i);
+      idLengths[row] = r.id.length;
+    }
+    if (r.answers !== null) answers[row] = r.answers;
+    const tried = r.attempts;
+    if (withAttempts && tried?.length === 1) {
+      const only = tried[0]!;
+      attempt.set(
+        [
+          position(only.provider),
+          position(only.upstream_model),
+          ['ok', 'error', 'cancelled'].indexOf(only.outcome),
+          only.error_code === null ? -1 : position(only.error_code),
+        ],
+        row * 4,
+      );
+      latency[row] = only.latency_ms;
+    } else {
+      attempt[row * 4 + 2] = -1;
+      if (tried !== null && tried.length > 0 && (tried.length > 1 || !withAttempts))
+        attempts[row] = tried;
+    }
+  });
+  const columns = [numbers, small, idBytes, idLengths, ...(withAttempts ? [attempt, latency] : [])];
+  return {
+    meta: { count, strings, otherIds, answers, attempts },
+    blobs: columns.map((column) => new Uint8Array(column.buffer)),
+  };
+}
+
 describe('RecordTable', () => {
   test('a record reads back field for field, nulls included', () => {
     const table = new RecordTable(4, TTL_MS);
@@ -236,7 +324,10 @@ describe('RecordTable', () => {
 
   test('attempts read back as written: none, one (in the columns), several; a snapshot too', () => {
     const ok = { provider: 'a', upstream_model: 'up-a', outcome: 'ok' as const };
-    const one = [{ ...ok, error_code: null, latency_ms: 2 ** 40 }];
+    const one = [{ ...ok, error_code: null, latency_ms: 2 ** 31 - 1 }];
+    // A latency the Int32 column cannot hold keeps its list aside, exact.
+    const slow = [{ ...ok, error_code: null, latency_ms: 2 ** 40 }];
+    const fraction = [{ ...ok, error_code: null, latency_ms: 2.5 }];
     const several = [
       { ...ok, outcome: 'error' as const, error_code: 'upstream_error', latency_ms: 3 },
       { ...ok, provider: 'b', upstream_model: 'up-b', error_code: null, latency_ms: 4 },
@@ -248,6 +339,8 @@ describe('RecordTable', () => {
       record('one', { attempts: one }),
       record('several', { attempts: several }),
       record('cancelled', { attempts: cancelled }),
+      record('slow', { attempts: slow }),
+      record('fraction', { attempts: fraction }),
     ];
     for (const r of added) table.add(r);
     // An empty list is no attempt, read as null (the status view shows [] for both).
@@ -255,8 +348,9 @@ describe('RecordTable', () => {
     for (const r of added) expect(table.get(r.id, NOW_MS)).toEqual(r);
     expect(table.get('empty', NOW_MS)?.attempts).toBeNull();
     const { meta, blobs } = table.serializeColumns();
-    // Only the list of the request that failed over is JSON; the single attempts are columns.
-    expect(Object.values(meta.attempts ?? {})).toEqual([several]);
+    // Only the list of the request that failed over is JSON (and the single attempts whose latency
+    // is no Int32); the other single attempts are columns.
+    expect(Object.values(meta.attempts ?? {})).toEqual([several, slow, fraction]);
     const copy = new RecordTable(8, TTL_MS);
     copy.restoreColumns(JSON.parse(JSON.stringify(meta)), blobs);
     expect([...copy.values(NOW_MS)]).toEqual([...table.values(NOW_MS)]);
@@ -279,15 +373,82 @@ describe('RecordTable', () => {
         latency_ms: 7,
       },
     ];
-    const table = new RecordTable(4, TTL_MS);
-    table.add(record('old', { attempts: tried }));
-    table.add(record('older'));
-    const { meta, blobs } = table.serializeColumns();
-    const before = { ...meta, attempts: { 0: tried } };
+    const { meta, blobs } = layout2Snapshot(
+      [record('old', { attempts: tried }), record('older')],
+      false,
+    );
+    expect(blobs).toHaveLength(4);
     const copy = new RecordTable(4, TTL_MS);
-    copy.restoreColumns(JSON.parse(JSON.stringify(before)), blobs.slice(0, 4));
+    copy.restoreColumns(JSON.parse(JSON.stringify(meta)), blobs);
     expect(copy.get('old', NOW_MS)?.attempts).toEqual(tried);
     expect(copy.get('older', NOW_MS)?.attempts).toBeNull();
+  });
+
+  test('a snapshot in the layout before 3 (177-byte rows) restores every field', () => {
+    const ok = { provider: 'a', upstream_model: 'up-a', outcome: 'ok' as const, error_code: null };
+    const records = [
+      record('chatcmpl-ABCDEFGHIJKLMNOPQRSTUVWX', { attempts: [{ ...ok, latency_ms: 12 }] }),
+      record('dec_ABCDEFGHIJKLMNOPQRSTUVWX', {
+        service: 'decision',
+        stream: false,
+        status: 'error',
+        usage: null,
+        errorCode: 'upstream_timeout',
+        httpStatus: null,
+        hold: { credits_micro: 5, tokens: 2 ** 40 },
+        answers: { q: { type: 'score', score: 2 } },
+        attempts: [
+          { ...ok, outcome: 'error' as const, error_code: 'upstream_error', latency_ms: 3 },
+          { ...ok, provider: 'b', latency_ms: 2 ** 40 },
+        ],
+      }),
+      record(`x${'y'.repeat(45)}`, {
+        status: 'cancelled',
+        usage: { prompt_tokens: 2 ** 33, completion_tokens: 1, total_tokens: 2 ** 33 + 1 },
+        attempts: [{ ...ok, outcome: 'cancelled' as const, latency_ms: 2 ** 40 }],
+      }),
+      record('plain'),
+    ];
+    const { meta, blobs } = layout2Snapshot(records);
+    const copy = new RecordTable(8, TTL_MS);
+    copy.restoreColumns(JSON.parse(JSON.stringify(meta)), blobs);
+    expect([...copy.values(NOW_MS)]).toEqual(records);
+    // And on through a snapshot of the new layout.
+    const again = copy.serializeColumns();
+    expect(again.meta.layout).toBe(3);
+    const third = new RecordTable(8, TTL_MS);
+    third.restoreColumns(JSON.parse(JSON.stringify(again.meta)), again.blobs);
+    expect([...third.values(NOW_MS)]).toEqual(records);
+  });
+
+  test('counts that are no Int32 from 0 read back exact, and through a snapshot', () => {
+    const records = [
+      record('big', { hold: { credits_micro: 1, tokens: 2 ** 40 } }),
+      record('usage', {
+        usage: { prompt_tokens: 2 ** 31, completion_tokens: 0, total_tokens: 2 ** 31 },
+      }),
+      record('fraction', { charge: { credits_micro: 1, tokens: 0.5 } }),
+      record('negative', { usage: { prompt_tokens: -3, completion_tokens: 0, total_tokens: -3 } }),
+      record('status', { httpStatus: 2 ** 32, usage: null }),
+      record('max', {
+        hold: { credits_micro: 1, tokens: 2 ** 31 - 1 },
+        usage: { prompt_tokens: 0, completion_tokens: 2 ** 31 - 1, total_tokens: 2 ** 31 - 1 },
+      }),
+    ];
+    const table = new RecordTable(8, TTL_MS);
+    for (const r of records) table.add(r);
+    for (const r of records) expect(table.get(r.id, NOW_MS)).toEqual(r);
+    const { meta, blobs } = table.serializeColumns();
+    // Only the records whose counts do not fit keep them aside.
+    expect(Object.keys(meta.bigCounts ?? {})).toEqual(['0', '1', '2', '3', '4']);
+    const copy = new RecordTable(8, TTL_MS);
+    copy.restoreColumns(JSON.parse(JSON.stringify(meta)), blobs);
+    expect([...copy.values(NOW_MS)]).toEqual(records);
+    // A slot reused forgets the counts it kept aside.
+    const one = new RecordTable(1, TTL_MS);
+    one.add(records[0]!);
+    one.add(record('small'));
+    expect(one.serializeColumns().meta.bigCounts).toEqual({});
   });
 
   test('an id is added once; an unfinished record is refused', () => {
