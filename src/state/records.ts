@@ -116,8 +116,9 @@ export interface ColumnsMeta {
   otherIds: Record<number, string>;
   answers: Record<number, Record<string, unknown>>;
   /**
-   * Attempts by position: the lists of requests that tried several deployments (every request's
-   * in snapshots made before the attempt columns; absent in those made before failover).
+   * Attempts by position: the lists of requests that tried several deployments, or one whose
+   * latency is no Int32 (every request's in snapshots made before the attempt columns; absent in
+   * those made before failover).
    */
   attempts?: Record<number, Attempt[]>;
   /** The six counts of records that keep them aside, by position (layout 3). */
@@ -142,7 +143,10 @@ export class RecordTable {
   private readonly otherIds = new Map<number, string>();
   /** Answers of completed decisions, by slot (chat records have none). */
   private readonly answers = new Map<number, Record<string, unknown>>();
-  /** The deployments tried by requests that tried more than one, by slot (the event's array). */
+  /**
+   * The deployments tried by requests that tried more than one (or whose one latency is no Int32),
+   * by slot (the event's array).
+   */
   private readonly attemptLists = new Map<number, Attempt[]>();
   /** The counts of records whose counts are not all Int32s from 0 (COUNTS_ELSEWHERE), by slot. */
   private readonly bigCounts = new Map<number, BigCounts>();

@@ -264,6 +264,23 @@ describe('ledger', () => {
     step(state, keyCredited('k1', 10));
   });
 
+  test('a version 2 snapshot (records in layout 2) restores; another version refuses', async () => {
+    const state = new GatewayState(LIMITS);
+    step(state, keyCreated('k1', 1_000_000));
+    const { state: json, blobs } = await snapshotForm(state);
+    const form = json as { version: number; finished: Record<string, unknown> };
+    expect(form.version).toBe(3);
+    form.version = 2;
+    delete form.finished.layout;
+    const restored = new GatewayState(LIMITS);
+    restoreState(restored, form, NOW, blobs);
+    expect(ledgerOf(restored.keys.get('k1')!)).toEqual(ledgerOf(state.keys.get('k1')!));
+    form.version = 4;
+    expect(() => restoreState(new GatewayState(LIMITS), form, NOW, blobs)).toThrow(
+      'snapshot state version 4 is unknown',
+    );
+  });
+
   test('a long random history never breaks the invariant and never overdraws', () => {
     let seed = 12345;
     const random = (n: number) => {

@@ -407,7 +407,12 @@ describe('RecordTable', () => {
         usage: { prompt_tokens: 2 ** 33, completion_tokens: 1, total_tokens: 2 ** 33 + 1 },
         attempts: [{ ...ok, outcome: 'cancelled' as const, latency_ms: 2 ** 40 }],
       }),
-      record('plain'),
+      record('plain', {
+        hold: { credits_micro: 3, tokens: 17 },
+        charge: { credits_micro: 7, tokens: 11 },
+        budgetHoldMicro: 13,
+        httpStatus: 201,
+      }),
     ];
     const { meta, blobs } = layout2Snapshot(records);
     const copy = new RecordTable(8, TTL_MS);
@@ -419,6 +424,20 @@ describe('RecordTable', () => {
     const third = new RecordTable(8, TTL_MS);
     third.restoreColumns(JSON.parse(JSON.stringify(again.meta)), again.blobs);
     expect([...third.values(NOW_MS)]).toEqual(records);
+  });
+
+  test('a layout-3 snapshot with flags out of range is refused', () => {
+    const table = new RecordTable(2, TTL_MS);
+    table.add(record('a'));
+    const { meta, blobs } = table.serializeColumns();
+    const small = new Int32Array(blobs[2]!.slice().buffer);
+    small[0] = 16;
+    const copy = new RecordTable(2, TTL_MS);
+    const damaged = [...blobs];
+    damaged[2] = new Uint8Array(small.buffer);
+    expect(() => copy.restoreColumns(JSON.parse(JSON.stringify(meta)), damaged)).toThrow(
+      'bad service or status',
+    );
   });
 
   test('counts that are no Int32 from 0 read back exact, and through a snapshot', () => {
