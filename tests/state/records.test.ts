@@ -468,6 +468,14 @@ describe('RecordTable', () => {
     one.add(records[0]!);
     one.add(record('small'));
     expect(one.serializeColumns().meta.bigCounts).toEqual({});
+    // A flood of such records keeps no more aside than the table holds records.
+    const flooded = new RecordTable(100, TTL_MS);
+    for (let i = 0; i < 1_000; i++)
+      flooded.add(record(`flood-${i}`, { hold: { credits_micro: 1, tokens: 2 ** 40 + i } }));
+    const kept = flooded.serializeColumns().meta.bigCounts ?? {};
+    expect(Object.keys(kept)).toHaveLength(100);
+    expect(flooded.get('flood-999', NOW_MS)?.hold.tokens).toBe(2 ** 40 + 999);
+    expect(flooded.get('flood-899', NOW_MS)).toBeUndefined();
   });
 
   test('an id is added once; an unfinished record is refused', () => {
