@@ -319,7 +319,8 @@ export class RecordTable {
   private readAttempts(slot: number): Attempt[] | null {
     const list = this.attemptLists.get(slot);
     if (list !== undefined) return list;
-    return attemptOf(this.attempt, slot * ATTEMPT, this.textAt);
+    const a = slot * ATTEMPT;
+    return attemptOf(this.attempt, a, this.attempt[a + ATTEMPT_LATENCY]!, this.textAt);
   }
 
   /**
@@ -453,10 +454,7 @@ export class RecordTable {
         return id;
       }
       assert(length <= width, 'snapshot records: bad id length');
-      return String.fromCharCode.apply(
-        null,
-        idBytes.subarray(row * width, row * width + length) as unknown as number[],
-      );
+      return asciiAt(idBytes, row * width, length);
     };
     const answerOf = (row: number): Record<string, unknown> | null => {
       const answer = answers[row] ?? null;
@@ -492,7 +490,8 @@ export class RecordTable {
           idOf(idBytes, idLengths, ID_BYTES, row),
           text,
           answerOf(row),
-          listOf(row) ?? attemptOf(attempt, row * ATTEMPT, text),
+          listOf(row) ??
+            attemptOf(attempt, row * ATTEMPT, attempt[row * ATTEMPT + ATTEMPT_LATENCY]!, text),
           big,
         );
       };
@@ -514,7 +513,7 @@ export class RecordTable {
           text,
           answerOf(row),
           listOf(row) ??
-            (attempt === null ? null : attemptOfV2(attempt, row, latency![row]!, text)),
+            (attempt === null ? null : attemptOf(attempt, row * V2.ATTEMPT, latency![row]!, text)),
         );
     }
     for (let row = 0; row < count; row++) this.add(recordAt(row));
@@ -599,11 +598,7 @@ export class RecordTable {
   private readId(slot: number): string {
     const length = this.idLengths[slot]!;
     if (length === ID_ELSEWHERE) return this.otherIds.get(slot)!;
-    const base = slot * ID_BYTES;
-    return String.fromCharCode.apply(
-      null,
-      this.idBytes.subarray(base, base + length) as unknown as number[],
-    );
+    return asciiAt(this.idBytes, slot * ID_BYTES, length);
   }
 
   private idEquals(slot: number, id: string): boolean {
@@ -769,10 +764,15 @@ function recordOf(
   };
 }
 
-/** The one attempt at offset `a` of the attempt column, or null when the row has none there. */
+/**
+ * The one attempt at offset `a` of an attempt column, or null when the row has none there. Both
+ * layouts put provider, model, outcome and error first; the latency is layout 3's fifth field, or
+ * layout 2's column of its own.
+ */
 function attemptOf(
   columns: Int32Array,
   a: number,
+  latencyMs: number,
   text: (position: number) => string,
 ): Attempt[] | null {
   const index = columns[a + ATTEMPT_OUTCOME]!;
@@ -786,7 +786,7 @@ function attemptOf(
       upstream_model: text(columns[a + ATTEMPT_MODEL]!),
       outcome,
       error_code: errorCode < 0 ? null : text(errorCode),
-      latency_ms: columns[a + ATTEMPT_LATENCY]!,
+      latency_ms: latencyMs,
     },
   ];
 }
@@ -845,34 +845,19 @@ function recordOfV2(
   };
 }
 
-function attemptOfV2(
-  columns: Int32Array,
-  row: number,
-  latencyMs: number,
-  text: (position: number) => string,
-): Attempt[] | null {
-  const a = row * V2.ATTEMPT;
-  const index = columns[a + 2]!;
-  if (index === -1) return null;
-  const outcome = OUTCOMES[index];
-  assert(outcome !== undefined, 'records: bad attempt outcome');
-  const errorCode = columns[a + 3]!;
-  return [
-    {
-      provider: text(columns[a]!),
-      upstream_model: text(columns[a + 1]!),
-      outcome,
-      error_code: errorCode < 0 ? null : text(errorCode),
-      latency_ms: latencyMs,
-    },
-  ];
-}
-
 /** A power of two at least twice the slots, so probe runs stay short. */
 function indexSizeFor(slots: number): number {
   let size = 16;
   while (size < slots * 2) size *= 2;
   return size;
+}
+
+/** The `length` ASCII bytes of `bytes` from `start`, as a string. */
+function asciiAt(bytes: Uint8Array, start: number, length: number): string {
+  return String.fromCharCode.apply(
+    null,
+    bytes.subarray(start, start + length) as unknown as number[],
+  );
 }
 
 function isAscii(text: string): boolean {
