@@ -31,7 +31,7 @@ export class FdReserve {
    * code runs on one thread and opens nothing between the close and the open, and the sockets are
    * accepted on this same thread, so the freed number is the one this open gets.
    */
-  openSync(path: string, flags: string, mode?: number): number {
+  openSync(path: string, flags: string | number, mode?: number): number {
     for (;;) {
       try {
         return openSync(path, flags, mode);

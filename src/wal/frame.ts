@@ -96,3 +96,72 @@ export function decodeFrame(bytes: Uint8Array, offset: number): DecodedFrame {
     nextOffset: end,
   };
 }
+
+// Batch framing. A segment written since the segment header was introduced starts with
+// SEGMENT_HEADER and holds batches: [u32 BATCH_TAG][u32 checksum][u32 frames' bytes][u32 frame
+// count][frames], the checksum CRC-32 of everything after it. A batch is what one write() and one
+// fsync carry. Under fsync `always` the segment ahead of the writer is zero-filled in advance (no
+// journal commit per fsync: bench/README, issue 15), and in such a file the pages of the one batch
+// not yet synced can reach the disk in any order after a power cut: some of its frames whole, some
+// zeros. Its own checksum tells such a batch from damage to an acknowledged one; a frame's cannot.
+
+/** The first bytes of a segment of batches. Its first word is no frame's (implausible length). */
+export const SEGMENT_HEADER = new TextEncoder().encode('tollgate-wal-b1\n');
+export const SEGMENT_HEADER_BYTES = SEGMENT_HEADER.length;
+export const BATCH_HEADER_BYTES = 16;
+/** 'TGB1', little-endian: as a frame's length word, implausible. */
+const BATCH_TAG = 0x3142_4754;
+/** A batch over this can only be garbage; the writer splits none (see group-commit.ts). */
+export const BATCH_BYTES_MAX = 1024 * 1024 * 1024;
+
+/** Seals the batch at `offset` whose `frameCount` frames take `framesBytes` after its header. */
+export function sealBatch(
+  out: Uint8Array,
+  offset: number,
+  framesBytes: number,
+  frameCount: number,
+): number {
+  writeU32(out, offset, BATCH_TAG);
+  writeU32(out, offset + 8, framesBytes);
+  writeU32(out, offset + 12, frameCount);
+  const end = offset + BATCH_HEADER_BYTES + framesBytes;
+  writeU32(out, offset + 4, Bun.hash.crc32(out.subarray(offset + 8, end)));
+  return end;
+}
+
+export type DecodedBatch =
+  | { kind: 'ok'; framesStart: number; frameCount: number; nextOffset: number }
+  | { kind: 'incomplete' }
+  | { kind: 'corrupt'; why: string };
+
+const NO_BATCH: DecodedBatch = { kind: 'corrupt', why: 'no batch header' };
+
+/** Reads the batch header at `offset` and checks the batch; never throws on bad input. */
+export function decodeBatch(bytes: Uint8Array, offset: number): DecodedBatch {
+  if (bytes.length - offset < BATCH_HEADER_BYTES) return { kind: 'incomplete' };
+  // The tag first, byte by byte: replay tries every offset of a damaged segment.
+  if (
+    bytes[offset] !== (BATCH_TAG & 0xff) ||
+    bytes[offset + 1] !== ((BATCH_TAG >>> 8) & 0xff) ||
+    bytes[offset + 2] !== ((BATCH_TAG >>> 16) & 0xff) ||
+    bytes[offset + 3] !== BATCH_TAG >>> 24
+  )
+    return NO_BATCH;
+  const view = new DataView(bytes.buffer, bytes.byteOffset + offset, BATCH_HEADER_BYTES);
+  const framesBytes = view.getUint32(8, true);
+  const frameCount = view.getUint32(12, true);
+  if (
+    framesBytes > BATCH_BYTES_MAX ||
+    frameCount === 0 ||
+    frameCount * FRAME_HEADER_BYTES > framesBytes
+  )
+    return {
+      kind: 'corrupt',
+      why: `implausible batch of ${frameCount} frames in ${framesBytes} bytes`,
+    };
+  const end = offset + BATCH_HEADER_BYTES + framesBytes;
+  if (end > bytes.length) return { kind: 'incomplete' };
+  if (Bun.hash.crc32(bytes.subarray(offset + 8, end)) !== view.getUint32(4, true))
+    return { kind: 'corrupt', why: 'batch checksum mismatch' };
+  return { kind: 'ok', framesStart: offset + BATCH_HEADER_BYTES, frameCount, nextOffset: end };
+}

@@ -2,7 +2,16 @@
 // more) share one write and one fsync; each append's promise says when its record is durable.
 import { assert } from '../util/assert.ts';
 import { ignore, nextTurn } from '../util/promise.ts';
-import { FRAME_PAYLOAD_BYTES_MAX, textFrameBytesMax, writeTextFrame } from './frame.ts';
+import {
+  BATCH_BYTES_MAX,
+  BATCH_HEADER_BYTES,
+  FRAME_PAYLOAD_BYTES_MAX,
+  SEGMENT_HEADER,
+  SEGMENT_HEADER_BYTES,
+  sealBatch,
+  textFrameBytesMax,
+  writeTextFrame,
+} from './frame.ts';
 import type { SegmentFiles, WalOptions } from './segment.ts';
 
 /**
@@ -138,6 +147,8 @@ export class GroupCommit {
             await nextTurn();
           }
         }
+        // A prepared segment may have become ready since the last batch: this one goes there.
+        if (this.files.full) this.rollBetweenBatches();
         if (this.files.failure) throw this.files.failure;
         batch = this.pendingBatch;
         this.pendingBatch = null;
@@ -230,16 +241,28 @@ export class GroupCommit {
   }
 
   /**
-   * Frames `texts` (seqs from `firstSeq`) one after the other; the view is valid until the next
-   * batch.
+   * Frames `texts` (seqs from `firstSeq`) one after the other in one batch, after the segment
+   * header when the batch opens a segment; the view is valid until the next batch.
    */
   private frameBatch(texts: string[], firstSeq: number, bytesMax: number): Buffer {
+    const segmentStart = this.files.atSegmentStart;
+    const bytesNeeded = bytesMax + BATCH_HEADER_BYTES + (segmentStart ? SEGMENT_HEADER_BYTES : 0);
     const out =
-      bytesMax > this.writeBuffer.length ? Buffer.allocUnsafeSlow(bytesMax) : this.writeBuffer;
-    let offset = 0;
+      bytesNeeded > this.writeBuffer.length
+        ? Buffer.allocUnsafeSlow(bytesNeeded)
+        : this.writeBuffer;
+    let batchStart = 0;
+    if (segmentStart) {
+      out.set(SEGMENT_HEADER, 0);
+      batchStart = SEGMENT_HEADER_BYTES;
+    }
+    const framesStart = batchStart + BATCH_HEADER_BYTES;
+    let offset = framesStart;
     for (let i = 0; i < texts.length; i++)
       offset += writeTextFrame(out, offset, firstSeq + i, texts[i]!);
-    return out.subarray(0, offset);
+    // Replay takes a larger batch for garbage; a turn's records are nowhere near it.
+    assert(offset - framesStart <= BATCH_BYTES_MAX, 'a batch over the batch size limit');
+    return out.subarray(0, sealBatch(out, batchStart, offset - framesStart, texts.length));
   }
 
   /** Resolves when everything appended so far has been written (and fsynced under `always`). */

@@ -38,7 +38,7 @@ export class WriteAheadLog {
     try {
       replayed = replay(options.dir, options.logger, handlers);
       removeDroppedSegments(options.dir, options.logger);
-      files.openAfterReplay(replayed.segments);
+      files.openAfterReplay(replayed.segments, replayed.tail);
     } catch (error) {
       // A damaged log stops the start; an embedding process (the CLI, tests) must not keep our
       // descriptors.
@@ -78,6 +78,14 @@ export class WriteAheadLog {
     const durable = this.commits.append(payload);
     this.recordsSinceSnapshot++;
     return durable;
+  }
+
+  /**
+   * Resolves once no next segment is being prepared: under fsync `always`, one is then ready (or
+   * could not be made). Tests and benchmarks wait on it; the log never needs to.
+   */
+  prepared(): Promise<void> {
+    return this.files.prepared();
   }
 
   /** Resolves when everything appended so far has been written (and fsynced under `always`). */

@@ -1,11 +1,18 @@
 // Reading the log back on open: the snapshot, then every segment's records in seq order. A torn
-// tail (a crash mid-write) is cut off; any other damage refuses to start.
+// tail (a crash mid-write) is cut off; any other damage refuses to start. Segments hold batches of
+// frames (frame.ts) after a segment header, or, written by older gateways, bare frames.
 import { closeSync, fsyncSync, ftruncateSync, openSync, readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Logger } from '../util/log.ts';
 import { WalCorruptionError } from './errors.ts';
-import { decodeFrame, FRAME_HEADER_BYTES } from './frame.ts';
-import { segmentName } from './segment.ts';
+import {
+  decodeBatch,
+  decodeFrame,
+  FRAME_HEADER_BYTES,
+  SEGMENT_HEADER,
+  SEGMENT_HEADER_BYTES,
+} from './frame.ts';
+import { type SegmentTail, segmentName } from './segment.ts';
 import { readSnapshotFile } from './snapshot.ts';
 
 export interface ReplayHandlers {
@@ -25,6 +32,34 @@ export interface Replayed {
   recordsApplied: number;
   /** The segment files on disk by index, ascending, with the highest seq in each (0: none). */
   segments: Map<number, number>;
+  /** Where the last segment's data ends: appends go on from there. Null: no segment. */
+  tail: SegmentTail | null;
+}
+
+/**
+ * How a segment's bytes are laid out: batches after the header; batches whose segment header is
+ * torn (the header goes with the first batch, so all of it is that batch's); or bare frames.
+ */
+function dataStart(bytes: Uint8Array): number | 'frames' {
+  if (bytes.length >= SEGMENT_HEADER_BYTES) {
+    let header = true;
+    for (let i = 0; i < SEGMENT_HEADER_BYTES && header; i++)
+      header = bytes[i] === SEGMENT_HEADER[i];
+    if (header) return SEGMENT_HEADER_BYTES;
+  }
+  // A frame's length word is never 0. A first page lost to a power cut reads as zeros.
+  if (zerosIn(bytes, 0, Math.min(bytes.length, 4))) return 0;
+  if (bytes.length < SEGMENT_HEADER_BYTES) {
+    let prefix = true;
+    for (let i = 0; i < bytes.length && prefix; i++) prefix = bytes[i] === SEGMENT_HEADER[i];
+    if (prefix) return 0;
+  }
+  return 'frames';
+}
+
+function zerosIn(bytes: Uint8Array, from: number, to: number): boolean {
+  for (let i = from; i < to; i++) if (bytes[i] !== 0) return false;
+  return true;
 }
 
 const SEGMENT_RE = /^segment-(\d{12})\.wal$/;
@@ -58,15 +93,77 @@ class SegmentReader {
       seq: snapshotSeq,
       recordsApplied: 0,
       segments: new Map(),
+      tail: null,
     };
   }
 
   /** Applies the records of segment `index` past the snapshot; only the last may be torn. */
   read(index: number, isLast: boolean): void {
-    const replayed = this.replayed;
-    replayed.segments.set(index, 0);
+    this.replayed.segments.set(index, 0);
     const path = join(this.dir, segmentName(index));
     const bytes = new Uint8Array(readFileSync(path));
+    const start = dataStart(bytes);
+    const endBytes =
+      start === 'frames'
+        ? this.readFrames(index, path, bytes, isLast)
+        : this.readBatches(index, path, bytes, start, isLast);
+    if (isLast) this.replayed.tail = { index, endBytes, batched: start !== 'frames' };
+  }
+
+  /**
+   * A segment of batches. It ends at the first place no whole batch is: zeros from there on are
+   * the end (the segment is zero-filled ahead of the writer); anything else is the torn last batch
+   * (at most one is unsynced under fsync `always`), in the last segment only, and only when no
+   * whole batch follows it. Returns where the data ends.
+   */
+  private readBatches(
+    index: number,
+    path: string,
+    bytes: Uint8Array,
+    start: number,
+    isLast: boolean,
+  ): number {
+    let offset = start;
+    while (offset < bytes.length) {
+      const batch = decodeBatch(bytes, offset);
+      if (batch.kind !== 'ok') {
+        if (zerosIn(bytes, offset, bytes.length)) break;
+        const why = batch.kind === 'incomplete' ? 'incomplete batch' : batch.why;
+        if (!isLast || this.hasValidBatchAfter(bytes, offset + 1)) {
+          throw new WalCorruptionError(
+            `${path}: corrupt batch at offset ${offset} (${why}) ` +
+              `${isLast ? 'followed by valid records' : 'in a segment that is not the last'}; ` +
+              `refusing to start`,
+          );
+        }
+        this.truncateTornTail(path, offset, why, bytes.length);
+        break;
+      }
+      let frameOffset = batch.framesStart;
+      for (let i = 0; i < batch.frameCount; i++) {
+        const frame = decodeFrame(bytes, frameOffset);
+        // The batch's checksum held: a frame in it that does not is no torn write.
+        if (frame.kind !== 'ok' || frame.nextOffset > batch.nextOffset) {
+          throw new WalCorruptionError(
+            `${path}: bad frame at offset ${frameOffset} inside a whole batch; refusing to start`,
+          );
+        }
+        if (frame.seq > this.snapshotSeq) this.apply(path, frameOffset, frame.seq, frame.payload);
+        this.replayed.segments.set(index, frame.seq);
+        frameOffset = frame.nextOffset;
+      }
+      if (frameOffset !== batch.nextOffset) {
+        throw new WalCorruptionError(
+          `${path}: batch at offset ${offset} holds bytes after its frames; refusing to start`,
+        );
+      }
+      offset = batch.nextOffset;
+    }
+    return Math.min(offset, bytes.length);
+  }
+
+  /** A segment of bare frames (an older gateway's): a bad frame ends it, as torn or as damage. */
+  private readFrames(index: number, path: string, bytes: Uint8Array, isLast: boolean): number {
     let offset = 0;
     while (offset < bytes.length) {
       const frame = decodeFrame(bytes, offset);
@@ -82,9 +179,10 @@ class SegmentReader {
         break;
       }
       if (frame.seq > this.snapshotSeq) this.apply(path, offset, frame.seq, frame.payload);
-      replayed.segments.set(index, frame.seq);
+      this.replayed.segments.set(index, frame.seq);
       offset = frame.nextOffset;
     }
+    return Math.min(offset, bytes.length);
   }
 
   /** Hands one record to the owner; it must be the next seq, and JSON. */
@@ -122,6 +220,20 @@ class SegmentReader {
     } finally {
       closeSync(fd);
     }
+  }
+
+  /**
+   * After a bad batch: is there a whole batch further on with records not yet applied? Then this
+   * is not a torn tail. Frames inside the torn batch may be whole; only a batch counts.
+   */
+  private hasValidBatchAfter(bytes: Uint8Array, from: number): boolean {
+    for (let offset = from; offset + FRAME_HEADER_BYTES < bytes.length; offset++) {
+      const batch = decodeBatch(bytes, offset);
+      if (batch.kind !== 'ok') continue;
+      const first = decodeFrame(bytes, batch.framesStart);
+      if (first.kind === 'ok' && first.seq > this.replayed.seq) return true;
+    }
+    return false;
   }
 
   /**

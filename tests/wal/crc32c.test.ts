@@ -179,53 +179,62 @@ describe('frame checksums', () => {
     }
   });
 
-  test('a segment written before the flag replays, and appends after it replay too', async () => {
-    const dir = dirs.make();
-    const old = [0, 1, 2].map((i) =>
-      legacyFrame(i + 1, ENCODER.encode(JSON.stringify(payloadOf(i)))),
-    );
-    const name = 'segment-000000000001.wal';
-    writeFileSync(join(dir, name), Buffer.concat(old));
-    const { wal, replayed } = openRecording(dir, { fsync: 'off' });
-    expect(replayed.records.map((record) => record.seq)).toEqual([1, 2, 3]);
-    for (let i = 3; i < 6; i++) await wal.append(payloadOf(i));
-    await wal.close();
-    // Both kinds in the one segment the log went on appending to.
-    expect(segmentFiles(dir)).toEqual([name]);
-    const bytes = new Uint8Array(readFileSync(join(dir, name)));
-    const flags: boolean[] = [];
-    for (let offset = 0; offset < bytes.length; ) {
-      flags.push(u32(bytes, offset) >= 0x8000_0000);
-      const frame = decodeFrame(bytes, offset);
-      if (frame.kind !== 'ok') throw new Error(`frame at ${offset}: ${frame.kind}`);
-      offset = frame.nextOffset;
-    }
-    expect(flags).toEqual([false, false, false, true, true, true]);
-    const again = await replayOnly(dir, { fsync: 'off' });
-    expect(again.records).toEqual(
-      Array.from({ length: 6 }, (_, i) => ({ seq: i + 1, payload: payloadOf(i) })),
-    );
+  test(
+    'a segment of bare frames of both kinds (before batches) replays; appends go to a new ' +
+      'segment of batches',
+    async () => {
+      const dir = dirs.make();
+      // Gateways before the flag wrote CRC-32C frames; between the flag and batches, a segment
+      // they went on appending to held both kinds.
+      const bytes = new Uint8Array(
+        Buffer.concat([
+          ...[0, 1, 2].map((i) => legacyFrame(i + 1, ENCODER.encode(JSON.stringify(payloadOf(i))))),
+          ...[3, 4, 5].map((i) => encodeFrame(i + 1, ENCODER.encode(JSON.stringify(payloadOf(i))))),
+        ]),
+      );
+      const name = 'segment-000000000001.wal';
+      writeFileSync(join(dir, name), bytes);
+      const { wal, replayed } = openRecording(dir, { fsync: 'off' });
+      expect(replayed.records.map((record) => record.seq)).toEqual([1, 2, 3, 4, 5, 6]);
+      for (let i = 6; i < 9; i++) await wal.append(payloadOf(i));
+      await wal.close();
+      // The old segment is left as it was: a segment holds one format.
+      expect(segmentFiles(dir)).toEqual([name, 'segment-000000000002.wal']);
+      expect(new Uint8Array(readFileSync(join(dir, name)))).toEqual(bytes);
+      const again = await replayOnly(dir, { fsync: 'off' });
+      expect(again.records).toEqual(
+        Array.from({ length: 9 }, (_, i) => ({ seq: i + 1, payload: payloadOf(i) })),
+      );
+      const flags: boolean[] = [];
+      for (let offset = 0; offset < bytes.length; ) {
+        flags.push(u32(bytes, offset) >= 0x8000_0000);
+        const frame = decodeFrame(bytes, offset);
+        if (frame.kind !== 'ok') throw new Error(`frame at ${offset}: ${frame.kind}`);
+        offset = frame.nextOffset;
+      }
+      expect(flags).toEqual([false, false, false, true, true, true]);
 
-    // In such a segment a torn last frame is cut off, and damage to any other frame, of either
-    // kind, refuses the start.
-    const ends: number[] = [];
-    for (let offset = 0; offset < bytes.length; ) {
-      const frame = decodeFrame(bytes, offset);
-      if (frame.kind !== 'ok') throw new Error(`frame at ${offset}: ${frame.kind}`);
-      offset = frame.nextOffset;
-      ends.push(offset);
-    }
-    const torn = dirs.make();
-    writeFileSync(join(torn, name), bytes.subarray(0, ends[4]! + 20));
-    expect((await replayOnly(torn, { fsync: 'off' })).records.map((r) => r.seq)).toEqual([
-      1, 2, 3, 4, 5,
-    ]);
-    for (const frameIndex of [1, 4]) {
-      const damaged = dirs.make();
-      const copy = bytes.slice();
-      copy[ends[frameIndex - 1]! + FRAME_HEADER_BYTES + 2]! ^= 0x01;
-      writeFileSync(join(damaged, name), copy);
-      expect(() => openRecording(damaged, { fsync: 'off' })).toThrow(WalCorruptionError);
-    }
-  });
+      // In such a segment a torn last frame is cut off, and damage to any other frame, of either
+      // kind, refuses the start.
+      const ends: number[] = [];
+      for (let offset = 0; offset < bytes.length; ) {
+        const frame = decodeFrame(bytes, offset);
+        if (frame.kind !== 'ok') throw new Error(`frame at ${offset}: ${frame.kind}`);
+        offset = frame.nextOffset;
+        ends.push(offset);
+      }
+      const torn = dirs.make();
+      writeFileSync(join(torn, name), bytes.subarray(0, ends[4]! + 20));
+      expect((await replayOnly(torn, { fsync: 'off' })).records.map((r) => r.seq)).toEqual([
+        1, 2, 3, 4, 5,
+      ]);
+      for (const frameIndex of [1, 4]) {
+        const damaged = dirs.make();
+        const copy = bytes.slice();
+        copy[ends[frameIndex - 1]! + FRAME_HEADER_BYTES + 2]! ^= 0x01;
+        writeFileSync(join(damaged, name), copy);
+        expect(() => openRecording(damaged, { fsync: 'off' })).toThrow(WalCorruptionError);
+      }
+    },
+  );
 });

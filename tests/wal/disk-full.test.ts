@@ -131,6 +131,9 @@ describe('disk full', () => {
             },
           },
           limits: { shutdown_grace_ms: GRACE_MS, default_rate_limit_rpm: 100_000 },
+          // Segments too small to be prepared ahead: a prepared segment's zeros are space the
+          // disk already gave, and this test is about the write that finds none.
+          wal: { segment_bytes: 32 * 1024 },
         }),
       );
       const env = { DATA_DIR: dataDir, ADMIN_TOKEN, GATEWAY_CONFIG: configPath };

@@ -6,9 +6,10 @@ import pino from 'pino';
 import { StateStore } from '../../src/state/store.ts';
 import { AssertionError } from '../../src/util/assert.ts';
 import { GatewayError } from '../../src/util/errors.ts';
-import { decodeFrame, FRAME_PAYLOAD_BYTES_MAX } from '../../src/wal/frame.ts';
+import { FRAME_PAYLOAD_BYTES_MAX } from '../../src/wal/frame.ts';
 import { type FsyncPolicy, WalUnavailableError, WriteAheadLog } from '../../src/wal/log.ts';
 import {
+  batchRanges,
   openRecording,
   replayOnly,
   SILENT,
@@ -24,15 +25,7 @@ const POLICIES: FsyncPolicy[] = ['always', 'interval', 'off'];
 
 function countFrames(path: string): number {
   const bytes = new Uint8Array(readFileSync(path));
-  let count = 0;
-  let offset = 0;
-  while (offset < bytes.length) {
-    const frame = decodeFrame(bytes, offset);
-    if (frame.kind !== 'ok') break;
-    count++;
-    offset = frame.nextOffset;
-  }
-  return count;
+  return batchRanges(bytes).reduce((count, batch) => count + batch.frames.length, 0);
 }
 
 function records(from: number, to: number, payload: (i: number) => unknown = (i) => ({ n: i })) {

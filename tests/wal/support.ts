@@ -5,6 +5,14 @@ import { mkdtempSync, readdirSync, rmSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { createLogger, type Logger } from '../../src/util/log.ts';
+import {
+  BATCH_HEADER_BYTES,
+  decodeBatch,
+  decodeFrame,
+  SEGMENT_HEADER,
+  SEGMENT_HEADER_BYTES,
+  sealBatch,
+} from '../../src/wal/frame.ts';
 import { type FsyncPolicy, type WalOptions, WriteAheadLog } from '../../src/wal/log.ts';
 
 export const SILENT: Logger = createLogger('silent');
@@ -81,4 +89,58 @@ export function payloadOf(
   sizes: readonly number[] = [1, 57, 3, 130, 0, 250, 9],
 ): { i: number; pad: string } {
   return { i, pad: 'x'.repeat(sizes[i % sizes.length]!) };
+}
+
+export interface BatchRange {
+  /** [start, end) of the batch in the segment, its header included. */
+  start: number;
+  end: number;
+  /** Its frames, each whole (header and payload), and their seqs. */
+  frames: Uint8Array[];
+  seqs: number[];
+}
+
+/**
+ * The batches of a segment the log wrote (header, then batches, then zeros), read with the real
+ * decoders; throws when the segment is not clean.
+ */
+export function batchRanges(bytes: Uint8Array): BatchRange[] {
+  expect(bytes.subarray(0, SEGMENT_HEADER_BYTES)).toEqual(SEGMENT_HEADER);
+  const ranges: BatchRange[] = [];
+  let offset = SEGMENT_HEADER_BYTES;
+  while (offset < bytes.length) {
+    const batch = decodeBatch(bytes, offset);
+    if (batch.kind !== 'ok') {
+      if (bytes.subarray(offset).every((byte) => byte === 0)) break;
+      throw new Error(`segment is not clean at ${offset}: ${batch.kind}`);
+    }
+    const range: BatchRange = { start: offset, end: batch.nextOffset, frames: [], seqs: [] };
+    for (let at = batch.framesStart; at < batch.nextOffset; ) {
+      const frame = decodeFrame(bytes, at);
+      if (frame.kind !== 'ok') throw new Error(`bad frame at ${at} in a whole batch`);
+      range.frames.push(bytes.subarray(at, frame.nextOffset));
+      range.seqs.push(frame.seq);
+      at = frame.nextOffset;
+    }
+    ranges.push(range);
+    offset = batch.nextOffset;
+  }
+  return ranges;
+}
+
+/** The same records as a segment of bare frames, as gateways before batches wrote them. */
+export function bareFramesOf(bytes: Uint8Array): Uint8Array {
+  return new Uint8Array(Buffer.concat(batchRanges(bytes).flatMap((range) => range.frames)));
+}
+
+/** A segment of the given frames, one batch each, as the writer lays them out. */
+export function batchedSegment(frames: Uint8Array[]): Uint8Array {
+  const parts: Uint8Array[] = [SEGMENT_HEADER];
+  for (const frame of frames) {
+    const batch = new Uint8Array(BATCH_HEADER_BYTES + frame.length);
+    batch.set(frame, BATCH_HEADER_BYTES);
+    sealBatch(batch, 0, frame.length, 1);
+    parts.push(batch);
+  }
+  return new Uint8Array(Buffer.concat(parts));
 }

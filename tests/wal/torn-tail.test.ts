@@ -5,7 +5,16 @@ import { readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { decodeFrame, encodeFrame } from '../../src/wal/frame.ts';
 import { WalCorruptionError } from '../../src/wal/log.ts';
-import { openRecording, payloadOf, replayOnly, segmentFiles, tempDirs } from './support.ts';
+import {
+  bareFramesOf,
+  batchedSegment,
+  batchRanges,
+  openRecording,
+  payloadOf,
+  replayOnly,
+  segmentFiles,
+  tempDirs,
+} from './support.ts';
 
 const dirs = tempDirs('tollgate-wal-torn-');
 afterAll(() => dirs.cleanup());
@@ -13,8 +22,20 @@ afterAll(() => dirs.cleanup());
 const RECORD_COUNT = 6;
 const SEGMENT = 'segment-000000000001.wal';
 
-/** Byte ranges [start, end) of each frame in a segment, read with the real decoder. */
-function frameRanges(bytes: Uint8Array): Array<{ start: number; end: number; seq: number }> {
+type Format = 'batches' | 'bare frames';
+/** The writer's format, and the one gateways before batches wrote (still read). */
+const FORMATS: Format[] = ['batches', 'bare frames'];
+
+/**
+ * Byte ranges [start, end) of each unit a torn write cuts into (a batch, or a bare frame), with
+ * the last seq in it, read with the real decoders.
+ */
+function unitRanges(
+  bytes: Uint8Array,
+  format: Format,
+): Array<{ start: number; end: number; seq: number }> {
+  if (format === 'batches')
+    return batchRanges(bytes).map((r) => ({ start: r.start, end: r.end, seq: r.seqs.at(-1)! }));
   const ranges: Array<{ start: number; end: number; seq: number }> = [];
   let offset = 0;
   while (offset < bytes.length) {
@@ -26,18 +47,32 @@ function frameRanges(bytes: Uint8Array): Array<{ start: number; end: number; seq
   return ranges;
 }
 
+/** Rewrites every segment in `dir` as bare frames (an older gateway's log), for that format. */
+function toFormat(dir: string, format: Format): void {
+  if (format === 'batches') return;
+  for (const name of segmentFiles(dir)) {
+    const path = join(dir, name);
+    const bytes = new Uint8Array(readFileSync(path));
+    if (bytes.length > 0) writeFileSync(path, bareFramesOf(bytes));
+  }
+}
+
 /**
  * Writes `count` records with fsync off into a fresh dir, closes, and returns the dir and its one
- * segment's bytes.
+ * segment's bytes, in `format`.
  */
-async function writeFixture(count: number): Promise<{ dir: string; bytes: Uint8Array }> {
+async function writeFixture(
+  count: number,
+  format: Format,
+): Promise<{ dir: string; bytes: Uint8Array }> {
   const dir = dirs.make();
   const { wal, replayed } = openRecording(dir);
   expect(replayed).toEqual({ snapshot: null, records: [] });
-  // Each append awaited alone, so every record is its own write (and group commit plays no part).
+  // Each append awaited alone, so every record is its own batch (and group commit plays no part).
   for (let i = 0; i < count; i++) await wal.append(payloadOf(i));
   await wal.close();
   expect(segmentFiles(dir)).toEqual([SEGMENT]);
+  toFormat(dir, format);
   return { dir, bytes: new Uint8Array(readFileSync(join(dir, SEGMENT))) };
 }
 
@@ -63,10 +98,10 @@ function expectCorruption(open: () => unknown): WalCorruptionError {
   return caught as WalCorruptionError;
 }
 
-describe('torn tail', () => {
+describe.each(FORMATS)('torn tail (%s)', (format) => {
   test('the fixture replays whole', async () => {
-    const { dir, bytes } = await writeFixture(RECORD_COUNT);
-    expect(frameRanges(bytes).map((r) => r.seq)).toEqual([1, 2, 3, 4, 5, 6]);
+    const { dir, bytes } = await writeFixture(RECORD_COUNT, format);
+    expect(unitRanges(bytes, format).map((r) => r.seq)).toEqual([1, 2, 3, 4, 5, 6]);
     expect(await replayOnly(dir)).toEqual({
       snapshot: null,
       records: expectedRecords(RECORD_COUNT),
@@ -77,8 +112,8 @@ describe('torn tail', () => {
     '(a) truncation at every byte offset of the last record: prefix kept, file cut back, ' +
       'appends continue',
     async () => {
-      const { bytes } = await writeFixture(RECORD_COUNT);
-      const last = frameRanges(bytes).at(-1)!;
+      const { bytes } = await writeFixture(RECORD_COUNT, format);
+      const last = unitRanges(bytes, format).at(-1)!;
       // The last record is the biggest payload of the fixture, so this covers header and payload
       // cuts alike.
       expect(last.end - last.start).toBeGreaterThan(16 + 200);
@@ -113,8 +148,8 @@ describe('torn tail', () => {
   );
 
   test('(b) each byte of the last record flipped: exactly the longest valid prefix', async () => {
-    const { bytes } = await writeFixture(RECORD_COUNT);
-    const last = frameRanges(bytes).at(-1)!;
+    const { bytes } = await writeFixture(RECORD_COUNT, format);
+    const last = unitRanges(bytes, format).at(-1)!;
     for (let at = last.start; at < last.end; at++) {
       const damaged = bytes.slice();
       damaged[at] = damaged[at]! ^ 0xff;
@@ -132,8 +167,8 @@ describe('torn tail', () => {
   });
 
   test('(b) a clean cut exactly at a record boundary is not damage', async () => {
-    const { bytes } = await writeFixture(RECORD_COUNT);
-    const ranges = frameRanges(bytes);
+    const { bytes } = await writeFixture(RECORD_COUNT, format);
+    const ranges = unitRanges(bytes, format);
     for (const [index, range] of ranges.entries()) {
       const dir = dirWithSegment(bytes.subarray(0, range.end));
       expect(await replayOnly(dir)).toEqual({
@@ -148,8 +183,8 @@ describe('torn tail', () => {
     '(c) corruption in the middle refuses to start, names file and offset, and leaves the ' +
       'file alone',
     async () => {
-      const { bytes } = await writeFixture(5);
-      const second = frameRanges(bytes)[1]!;
+      const { bytes } = await writeFixture(5, format);
+      const second = unitRanges(bytes, format)[1]!;
       for (let at = second.start; at < second.end; at++) {
         const damaged = bytes.slice();
         damaged[at] = damaged[at]! ^ 0xff;
@@ -167,8 +202,8 @@ describe('torn tail', () => {
   test(
     '(c) a record cut out of the middle (length ' + 'pointing past the end) refuses to start',
     async () => {
-      const { bytes } = await writeFixture(5);
-      const ranges = frameRanges(bytes);
+      const { bytes } = await writeFixture(5, format);
+      const ranges = unitRanges(bytes, format);
       // Record 2's header followed directly by record 4 and 5: record 2's length now swallows
       // record 3.
       const spliced = new Uint8Array([
@@ -187,6 +222,7 @@ describe('torn tail', () => {
     const { wal } = openRecording(dir, { segmentBytes: 32 });
     for (let i = 0; i < 5; i++) await wal.append(payloadOf(i));
     await wal.close();
+    toFormat(dir, format);
     const segments = segmentFiles(dir);
     expect(segments.length).toBe(6);
     expect((await replayOnly(dir, { segmentBytes: 32 })).records).toEqual(expectedRecords(5));
@@ -195,7 +231,7 @@ describe('torn tail', () => {
     // here it is not.
     const firstPath = join(dir, segments[0]!);
     const original = new Uint8Array(readFileSync(firstPath));
-    const lastOfFirst = frameRanges(original).at(-1)!;
+    const lastOfFirst = unitRanges(original, format).at(-1)!;
     for (const at of [lastOfFirst.start, lastOfFirst.start + 5, lastOfFirst.end - 1]) {
       const damaged = original.slice();
       damaged[at] = damaged[at]! ^ 0xff;
@@ -224,6 +260,7 @@ describe('torn tail', () => {
       const { wal } = openRecording(dir, { segmentBytes: 32 });
       for (let i = 0; i < 3; i++) await wal.append(payloadOf(i, [100]));
       await wal.close();
+      toFormat(dir, format);
       const segments = segmentFiles(dir);
       const lastPath = join(dir, segments.at(-1)!);
       expect(statSync(lastPath).size).toBe(0);
@@ -239,7 +276,8 @@ describe('torn tail', () => {
   test('(e) a gap in sequence numbers refuses to start', () => {
     const frame = (seq: number) =>
       encodeFrame(seq, new TextEncoder().encode(JSON.stringify({ seq })));
-    const join3 = (...frames: Uint8Array[]) => new Uint8Array(frames.flatMap((f) => [...f]));
+    const join3 = (...frames: Uint8Array[]) =>
+      format === 'batches' ? batchedSegment(frames) : new Uint8Array(frames.flatMap((f) => [...f]));
 
     const gapDir = dirWithSegment(join3(frame(1), frame(2), frame(4), frame(5)));
     const gap = expectCorruption(() => openRecording(gapDir));

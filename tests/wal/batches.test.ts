@@ -1,0 +1,332 @@
+// Segments of batches, zero-filled ahead of the writer under fsync `always`: the zeros are the end
+// of the data, a power cut's torn last batch (its pages persisted in any order) is cut off whole,
+// and damage to acknowledged batches still refuses to start.
+import { afterAll, describe, expect, test } from 'bun:test';
+import { existsSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import { join } from 'node:path';
+import { encodeFrame, SEGMENT_HEADER_BYTES } from '../../src/wal/frame.ts';
+import { WalCorruptionError } from '../../src/wal/log.ts';
+import { PREPARED_SEGMENT_NAME } from '../../src/wal/segment.ts';
+import {
+  batchedSegment,
+  batchRanges,
+  openRecording,
+  payloadOf,
+  replayOnly,
+  segmentFiles,
+  tempDirs,
+} from './support.ts';
+
+const dirs = tempDirs('tollgate-wal-batches-');
+afterAll(() => dirs.cleanup());
+
+const SEGMENT = 'segment-000000000001.wal';
+const SECOND = 'segment-000000000002.wal';
+const PAGE_BYTES = 4096;
+
+function expectedRecords(from: number, to: number, payload = (i: number) => payloadOf(i)) {
+  return Array.from({ length: to - from + 1 }, (_, k) => ({
+    seq: from + k,
+    payload: payload(from + k - 1),
+  }));
+}
+
+function expectCorruption(open: () => unknown): WalCorruptionError {
+  let caught: unknown;
+  try {
+    open();
+  } catch (error) {
+    caught = error;
+  }
+  expect(caught).toBeInstanceOf(WalCorruptionError);
+  return caught as WalCorruptionError;
+}
+
+function dirWith(files: Record<string, Uint8Array>): string {
+  const dir = dirs.make();
+  for (const [name, bytes] of Object.entries(files)) writeFileSync(join(dir, name), bytes);
+  return dir;
+}
+
+function segmentBytes(dir: string, name = SEGMENT): Uint8Array {
+  return new Uint8Array(readFileSync(join(dir, name)));
+}
+
+function dataEnd(bytes: Uint8Array): number {
+  return batchRanges(bytes).at(-1)?.end ?? SEGMENT_HEADER_BYTES;
+}
+
+function zerosFrom(bytes: Uint8Array, offset: number): boolean {
+  return bytes.subarray(offset).every((byte) => byte === 0);
+}
+
+/**
+ * Five records in batches of their own, then `lastBatch` more in one batch (appended in one
+ * turn), written with fsync always once the next segment is prepared: they all go to that one, a
+ * file of zeros, and segment 1 stays empty.
+ */
+async function fixture(lastBatch: number, pad = 400) {
+  const dir = dirs.make();
+  const { wal } = openRecording(dir, { fsync: 'always' });
+  await wal.prepared();
+  const payload = (i: number) => payloadOf(i, [pad]);
+  for (let i = 0; i < 5; i++) await wal.append(payload(i));
+  await Promise.all(Array.from({ length: lastBatch }, (_, k) => wal.append(payload(5 + k))));
+  await wal.close();
+  expect(segmentFiles(dir)).toEqual([SEGMENT, SECOND]);
+  expect(statSync(join(dir, SEGMENT)).size).toBe(0);
+  const bytes = segmentBytes(dir, SECOND);
+  const ranges = batchRanges(bytes);
+  expect(ranges.map((range) => range.seqs.length)).toEqual([1, 1, 1, 1, 1, lastBatch]);
+  return { dir, bytes, ranges, payload };
+}
+
+describe('zero-filled segments', () => {
+  test(
+    'under fsync always the next segment is prepared as a file of zeros; a restart goes on after ' +
+      'the data, and the zeros are no record',
+    async () => {
+      const { dir, bytes, payload } = await fixture(3);
+      const end = dataEnd(bytes);
+      expect(bytes.length).toBe(1024 * 1024);
+      expect(zerosFrom(bytes, end)).toBe(true);
+
+      const { wal, replayed } = openRecording(dir, { fsync: 'always' });
+      expect(replayed.records).toEqual(expectedRecords(1, 8, payload));
+      expect(wal.lastSeq).toBe(8);
+      await wal.append(payload(8));
+      await wal.close();
+      // Appended right after the data, into the zeros, in the same segment.
+      expect(segmentFiles(dir)).toEqual([SEGMENT, SECOND]);
+      const after = segmentBytes(dir, SECOND);
+      expect(batchRanges(after).map((range) => range.seqs)).toEqual([
+        [1],
+        [2],
+        [3],
+        [4],
+        [5],
+        [6, 7, 8],
+        [9],
+      ]);
+      expect((await replayOnly(dir)).records).toEqual(expectedRecords(1, 9, payload));
+    },
+  );
+
+  test('fsync interval or off: nothing is zero-filled, the file ends at the data', async () => {
+    for (const fsync of ['interval', 'off'] as const) {
+      const dir = dirs.make();
+      const { wal } = openRecording(dir, { fsync });
+      for (let i = 0; i < 4; i++) await wal.append(payloadOf(i));
+      await wal.close();
+      const bytes = segmentBytes(dir);
+      expect({ fsync, size: bytes.length }).toEqual({ fsync, size: dataEnd(bytes) });
+    }
+  });
+
+  test(
+    'a power cut during the last batch: whatever subset of its pages reached the disk, replay ' +
+      'keeps exactly the batches before it, cuts it off, and the log goes on',
+    async () => {
+      const { bytes, ranges, payload } = await fixture(40);
+      const last = ranges.at(-1)!;
+      // The pages the last batch touches; the first also holds the end of the batch before it,
+      // which was synced and is there whatever happens.
+      const firstPage = Math.floor(last.start / PAGE_BYTES);
+      const lastPage = Math.floor((last.end - 1) / PAGE_BYTES);
+      const pages = lastPage - firstPage + 1;
+      expect(pages).toBeGreaterThanOrEqual(4);
+      for (let persisted = 0; persisted < 2 ** pages; persisted++) {
+        const image = bytes.slice();
+        for (let page = 0; page < pages; page++) {
+          if (persisted & (1 << page)) continue;
+          const from = Math.max(last.start, (firstPage + page) * PAGE_BYTES);
+          const to = Math.min(last.end, (firstPage + page + 1) * PAGE_BYTES);
+          image.fill(0, from, to);
+        }
+        const dir = dirWith({ [SEGMENT]: image });
+        const whole = persisted === 2 ** pages - 1;
+        const { wal, replayed } = openRecording(dir, { fsync: 'always' });
+        expect({ persisted, records: replayed.records }).toEqual({
+          persisted,
+          records: expectedRecords(1, whole ? 45 : 5, payload),
+        });
+        // Cut off, or all zeros already: nothing but zeros past the batches kept.
+        if (!whole) expect(zerosFrom(segmentBytes(dir), last.start)).toBe(true);
+        await wal.append({ after: persisted });
+        await wal.close();
+        // The next batch goes where the torn one began.
+        const after = batchRanges(segmentBytes(dir)).at(-1)!;
+        expect({ persisted, start: after.start }).toEqual({
+          persisted,
+          start: whole ? last.end : last.start,
+        });
+        const again = await replayOnly(dir);
+        expect(again.records.at(-1)).toEqual({
+          seq: whole ? 46 : 6,
+          payload: { after: persisted },
+        });
+      }
+    },
+  );
+
+  test(
+    'a torn first batch whose page with the segment header is lost is cut off whole; the next ' +
+      'batch writes the header again',
+    async () => {
+      const dir = dirs.make();
+      // Written under fsync off, so that the batch surely opens segment 1; the image below is what
+      // a power cut leaves of it in a zero-filled segment (or of any first batch).
+      const { wal } = openRecording(dir, { fsync: 'off' });
+      const payload = (i: number) => payloadOf(i, [300]);
+      await Promise.all(Array.from({ length: 30 }, (_, i) => wal.append(payload(i))));
+      await wal.close();
+      const bytes = segmentBytes(dir);
+      expect(batchRanges(bytes)[0]!.end).toBeGreaterThan(2 * PAGE_BYTES);
+      const image = bytes.slice();
+      image.fill(0, 0, PAGE_BYTES);
+      const torn = dirWith({ [SEGMENT]: image });
+      const opened = openRecording(torn, { fsync: 'always' });
+      expect(opened.replayed.records).toEqual([]);
+      expect(statSync(join(torn, SEGMENT)).size).toBe(0);
+      await opened.wal.append({ again: 1 });
+      await opened.wal.close();
+      expect(batchRanges(segmentBytes(torn)).map((range) => range.seqs)).toEqual([[1]]);
+      expect((await replayOnly(torn)).records).toEqual([{ seq: 1, payload: { again: 1 } }]);
+
+      // A segment cut inside its header is that batch torn too.
+      const cut = dirWith({ [SEGMENT]: bytes.subarray(0, 7) });
+      expect((await replayOnly(cut)).records).toEqual([]);
+      expect(statSync(join(cut, SEGMENT)).size).toBe(0);
+    },
+  );
+});
+
+describe('damage is still refused', () => {
+  test('zeros where an acknowledged batch was, followed by others, refuse to start', async () => {
+    const { bytes, ranges } = await fixture(3);
+    for (const victim of [1, 4]) {
+      const image = bytes.slice();
+      image.fill(0, ranges[victim]!.start, ranges[victim]!.end);
+      const dir = dirWith({ [SEGMENT]: image });
+      const error = expectCorruption(() => openRecording(dir));
+      expect(error.message).toContain(`offset ${ranges[victim]!.start}`);
+      // Refusing does not repair.
+      expect(segmentBytes(dir)).toEqual(image);
+    }
+    // The segment header's page lost under acknowledged batches.
+    const headless = bytes.slice();
+    headless.fill(0, 0, SEGMENT_HEADER_BYTES + 4);
+    expectCorruption(() => openRecording(dirWith({ [SEGMENT]: headless })));
+  });
+
+  test(
+    'a whole frame inside a torn last batch does not count as a valid record after the tear, ' +
+      'but a whole batch does',
+    () => {
+      const frame = (seq: number) => encodeFrame(seq, new TextEncoder().encode(`{"n":${seq}}`));
+      const clean = batchedSegment([frame(1), frame(2), frame(3)]);
+      const ranges = batchRanges(clean);
+      // Batch 2's header zeroed: its frame is whole, batch 3 after it is whole too: damage.
+      const image = clean.slice();
+      image.fill(0, ranges[1]!.start, ranges[1]!.start + 16);
+      expectCorruption(() => openRecording(dirWith({ [SEGMENT]: image })));
+      // Batch 3's header zeroed: only a frame follows the tear, no batch: a torn tail.
+      const tail = clean.slice();
+      tail.fill(0, ranges[2]!.start, ranges[2]!.start + 16);
+      const dir = dirWith({ [SEGMENT]: tail });
+      const { replayed } = openRecording(dir);
+      expect(replayed.records.map((record) => record.seq)).toEqual([1, 2]);
+      expect(statSync(join(dir, SEGMENT)).size).toBe(ranges[2]!.start);
+    },
+  );
+
+  test('a segment that is not the last may end in zeros, but not in anything else', async () => {
+    const frame = (seq: number) => encodeFrame(seq, new TextEncoder().encode(`{"n":${seq}}`));
+    const first = batchedSegment([frame(1), frame(2)]);
+    const second = batchedSegment([frame(3)]);
+    const padded = new Uint8Array(first.length + 10_000);
+    padded.set(first);
+    const ok = dirWith({ [SEGMENT]: padded, 'segment-000000000002.wal': second });
+    expect((await replayOnly(ok)).records.map((record) => record.seq)).toEqual([1, 2, 3]);
+    expect(segmentBytes(ok)).toEqual(padded);
+
+    padded[first.length + 5_000] = 1;
+    const bad = dirWith({ [SEGMENT]: padded, 'segment-000000000002.wal': second });
+    expect(expectCorruption(() => openRecording(bad)).message).toContain(join(bad, SEGMENT));
+  });
+
+  test('a batch whose checksum holds but whose frames do not is refused, not cut', () => {
+    const frame = encodeFrame(1, new TextEncoder().encode('{"n":1}'));
+    frame[20] = frame[20]! ^ 0x01; // the frame's own checksum no longer matches
+    const dir = dirWith({ [SEGMENT]: batchedSegment([frame]) });
+    expect(expectCorruption(() => openRecording(dir)).message).toContain('inside a whole batch');
+  });
+});
+
+describe('prepared segments', () => {
+  test(
+    'under load the log rolls onto prepared files of growing size; nothing is lost and no ' +
+      'descriptor leaks',
+    async () => {
+      const fdsBefore = readdirSync('/proc/self/fd').length;
+      const dir = dirs.make();
+      const { wal } = openRecording(dir, { fsync: 'always' });
+      const payload = (i: number) => payloadOf(i, [900, 2_000, 50]);
+      let n = 0;
+      while (n < 3_500) {
+        const batch = Array.from({ length: 25 }, () => wal.append(payload(n++)));
+        await Promise.all(batch);
+      }
+      await wal.close();
+      expect((await replayOnly(dir)).records).toEqual(expectedRecords(1, n, payload));
+      // Each prepared segment twice the last (1, 2 MiB, …); a batch may run past the zeros before
+      // the roll, never short of them.
+      const sizes = segmentFiles(dir).map((name) => statSync(join(dir, name)).size);
+      expect(sizes.length).toBeGreaterThanOrEqual(3);
+      for (let k = 1; k < sizes.length; k++)
+        expect(sizes[k]).toBeGreaterThanOrEqual(2 ** (k - 1) * 1024 * 1024);
+      // Open and closed right away, with a preparation in flight each time.
+      for (let i = 0; i < 10; i++)
+        await openRecording(dirs.make(), { fsync: 'always' }).wal.close();
+      expect(readdirSync('/proc/self/fd').length).toBe(fdsBefore);
+    },
+  );
+
+  test('records larger than the zeros left grow the segment; small ones roll too', async () => {
+    const dir = dirs.make();
+    // 200 KiB segments, prepared at that size: records of up to 150 KB run past the zeros.
+    const options = { fsync: 'always' as const, segmentBytes: 200 * 1024 };
+    const { wal } = openRecording(dir, options);
+    const sizes = [100_000, 10, 3_000, 70_000, 1, 500, 150_000, 20_000];
+    let n = 0;
+    for (let round = 0; round < 12; round++) {
+      const batch = Array.from({ length: 1 + (round % 4) }, () =>
+        wal.append(payloadOf(n++, sizes)),
+      );
+      await Promise.all(batch);
+      if (round % 3 === 0) await wal.prepared();
+    }
+    await wal.close();
+    expect(segmentFiles(dir).length).toBeGreaterThanOrEqual(4);
+    expect((await replayOnly(dir, options)).records).toEqual(
+      expectedRecords(1, n, (i) => payloadOf(i, sizes)),
+    );
+  });
+
+  test('a prepared segment a crash left behind is made again, never read', async () => {
+    for (const fsync of ['always', 'off'] as const) {
+      const dir = dirs.make();
+      const leftover = join(dir, PREPARED_SEGMENT_NAME);
+      writeFileSync(leftover, 'half written, not zeros');
+      const { wal, replayed } = openRecording(dir, { fsync });
+      expect(replayed.records).toEqual([]);
+      await wal.prepared();
+      await wal.append({ n: 1 });
+      await wal.close();
+      // Under always a new one, all zeros; under off none.
+      if (fsync === 'off') expect(existsSync(leftover)).toBe(false);
+      else expect(zerosFrom(new Uint8Array(readFileSync(leftover)), 0)).toBe(true);
+      expect((await replayOnly(dir, { fsync })).records).toEqual([{ seq: 1, payload: { n: 1 } }]);
+    }
+  });
+});
