@@ -36,8 +36,10 @@ export class FdReserve {
       try {
         return openSync(path, flags, mode);
       } catch (error) {
+        // Any other failure keeps the spares (popping one first lost it, open, for good).
+        if (!outOfDescriptors(error)) throw error;
         const spare = this.spare.pop();
-        if (!outOfDescriptors(error) || spare === undefined) throw error;
+        if (spare === undefined) throw error;
         closeSync(spare);
       }
     }

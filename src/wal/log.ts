@@ -136,6 +136,9 @@ export class WriteAheadLog {
     const syncing = this.files.stop();
     if (syncing) await syncing;
     await this.snapshotQueue;
+    // A snapshot that was queued may have rolled the segment meanwhile (a directory fsync).
+    const late = this.files.stop();
+    if (late) await late;
     this.files.close();
   }
 }

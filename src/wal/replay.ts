@@ -37,24 +37,17 @@ export interface Replayed {
 }
 
 /**
- * How a segment's bytes are laid out: batches after the header; batches whose segment header is
- * torn (the header goes with the first batch, so all of it is that batch's); or bare frames.
+ * How a segment's bytes are laid out: batches after the header; nothing yet, or the torn start of
+ * a new file's first write (the header goes with the first batch: a prefix of the header, 0 is
+ * returned); or bare frames, an older gateway's. A zero-filled segment's header was synced before
+ * it was renamed in (segment.ts), and a file that grows keeps its first page before its later
+ * ones, so a segment whose start is damaged any other way is read as bare frames, where damage
+ * refuses to start.
  */
 function dataStart(bytes: Uint8Array): number | 'frames' {
-  if (bytes.length >= SEGMENT_HEADER_BYTES) {
-    let header = true;
-    for (let i = 0; i < SEGMENT_HEADER_BYTES && header; i++)
-      header = bytes[i] === SEGMENT_HEADER[i];
-    if (header) return SEGMENT_HEADER_BYTES;
-  }
-  // A frame's length word is never 0. A first page lost to a power cut reads as zeros.
-  if (zerosIn(bytes, 0, Math.min(bytes.length, 4))) return 0;
-  if (bytes.length < SEGMENT_HEADER_BYTES) {
-    let prefix = true;
-    for (let i = 0; i < bytes.length && prefix; i++) prefix = bytes[i] === SEGMENT_HEADER[i];
-    if (prefix) return 0;
-  }
-  return 'frames';
+  const compared = Math.min(bytes.length, SEGMENT_HEADER_BYTES);
+  for (let i = 0; i < compared; i++) if (bytes[i] !== SEGMENT_HEADER[i]) return 'frames';
+  return compared === SEGMENT_HEADER_BYTES ? SEGMENT_HEADER_BYTES : 0;
 }
 
 function zerosIn(bytes: Uint8Array, from: number, to: number): boolean {
@@ -230,8 +223,13 @@ class SegmentReader {
     for (let offset = from; offset + FRAME_HEADER_BYTES < bytes.length; offset++) {
       const batch = decodeBatch(bytes, offset);
       if (batch.kind !== 'ok') continue;
-      const first = decodeFrame(bytes, batch.framesStart);
-      if (first.kind === 'ok' && first.seq > this.replayed.seq) return true;
+      // Any of its records (a batch may straddle the snapshot's seq).
+      for (let at = batch.framesStart; at < batch.nextOffset; ) {
+        const frame = decodeFrame(bytes, at);
+        if (frame.kind !== 'ok') break;
+        if (frame.seq > this.replayed.seq) return true;
+        at = frame.nextOffset;
+      }
     }
     return false;
   }

@@ -22,6 +22,7 @@ import type { Logger } from '../util/log.ts';
 import { ignore } from '../util/promise.ts';
 import { WalUnavailableError } from './errors.ts';
 import { FdReserve } from './fd-reserve.ts';
+import { SEGMENT_HEADER, SEGMENT_HEADER_BYTES } from './frame.ts';
 
 export type FsyncPolicy = 'always' | 'interval' | 'off';
 
@@ -58,41 +59,85 @@ export function fsyncAsync(fd: number): Promise<void> {
   );
 }
 
+/** Opens, fsyncs and closes the file at `path` (once, at start). */
+function syncFile(path: string): void {
+  const fd = openSync(path, 'r');
+  try {
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+}
+
 function fdatasyncAsync(fd: number): Promise<void> {
   return new Promise((resolve, reject) =>
     fdatasync(fd, (error) => (error ? reject(error) : resolve())),
   );
 }
 
+function writeAsync(fd: number, bytes: Uint8Array, length: number, position: number) {
+  return new Promise<number>((resolve, reject) =>
+    write(fd, bytes, 0, length, position, (error, count) =>
+      error ? reject(error) : resolve(count),
+    ),
+  );
+}
+
 /**
- * Writes `sizeBytes` of zeros to a new file at `path` and syncs it, off the event loop: a sync
- * every ZEROS_SYNC_BYTES, so that the disk is never busy with more of them at once than a batch
- * fsync can wait behind unnoticed (one sync of 16 MiB at the end doubled the commit p99).
+ * Writes a prepared segment to `path`: the segment header, then zeros up to `sizeBytes`, synced,
+ * off the event loop. The header is part of it, synced before the file is renamed in, so a power
+ * cut can never take it from a segment that holds records: replay tells a log's own segments from
+ * an older gateway's by it. A sync every ZEROS_SYNC_BYTES, so that the disk is never busy with
+ * more zeros at once than a batch fsync can wait behind unnoticed (one sync of 16 MiB at the end
+ * doubled the commit p99). A file that could not be made whole is removed: it holds disk space.
  */
-async function writeZerosFile(path: string, sizeBytes: number, reserve: FdReserve): Promise<void> {
+async function writePreparedSegment(
+  path: string,
+  sizeBytes: number,
+  reserve: FdReserve,
+): Promise<void> {
   zeros ??= new Uint8Array(ZEROS_BYTES);
   const bytes = zeros;
   const fd = reserve.openSync(path, 'w', 0o600);
   try {
-    let unsynced = 0;
-    for (let written = 0; written < sizeBytes; ) {
-      const length = Math.min(bytes.length, sizeBytes - written);
-      const count = await new Promise<number>((resolve, reject) =>
-        write(fd, bytes, 0, length, written, (error, count) =>
-          error ? reject(error) : resolve(count),
-        ),
+    let written = 0;
+    while (written < SEGMENT_HEADER_BYTES)
+      written += await writeAsync(
+        fd,
+        SEGMENT_HEADER.subarray(written),
+        SEGMENT_HEADER_BYTES - written,
+        written,
+      );
+    let unsynced = written;
+    while (written < sizeBytes) {
+      const count = await writeAsync(
+        fd,
+        bytes,
+        Math.min(bytes.length, sizeBytes - written),
+        written,
       );
       written += count;
       unsynced += count;
-      if (unsynced >= ZEROS_SYNC_BYTES || written >= sizeBytes) {
+      if (unsynced >= ZEROS_SYNC_BYTES) {
         await fdatasyncAsync(fd);
         unsynced = 0;
       }
     }
+    if (unsynced > 0) await fdatasyncAsync(fd);
+  } catch (error) {
+    rmSync(path, { force: true });
+    throw error;
   } finally {
     closeSync(fd);
     reserve.refill();
   }
+}
+
+/** Waits for both; then fails with the first's error, if any (neither is left running). */
+async function bothSettled(a: Promise<void>, b: Promise<void>): Promise<void> {
+  const [first, second] = await Promise.allSettled([a, b]);
+  if (first.status === 'rejected') throw first.reason;
+  if (second.status === 'rejected') throw second.reason;
 }
 
 /**
@@ -193,6 +238,12 @@ export class SegmentFiles {
     for (const [index, lastSeq] of segments) this.segments.set(index, lastSeq);
     // A prepared segment a crash left may be half written: made again.
     rmSync(join(this.options.dir, PREPARED_SEGMENT_NAME), { force: true });
+    // What a killed process wrote but never synced is in the page cache, and replay applied it:
+    // synced now, before any record that depends on it is acknowledged. (Else a power cut could
+    // keep later records and lose these; and in zero-filled space the one batch this process has
+    // unsynced would no longer be the only one.)
+    if (tail !== null && tail.endBytes > 0)
+      syncFile(join(this.options.dir, segmentName(tail.index)));
     if (tail === null) this.openSegment(1, 0, 'now');
     else if (tail.batched) this.openSegment(tail.index, tail.endBytes, 'now');
     else this.openSegment(tail.index + 1, 0, 'now');
@@ -221,7 +272,9 @@ export class SegmentFiles {
     if (syncDir === 'now') {
       fsyncSync(this.dirFd);
     } else {
-      const dirSync = fsyncAsync(this.dirFd);
+      const synced = fsyncAsync(this.dirFd);
+      // Two rolls with no batch between them: the next batch waits for both.
+      const dirSync = this.dirSync === null ? synced : bothSettled(this.dirSync, synced);
       // Awaited with the next batch's fsync (which fails the log if this did); handled here so that
       // a log closed before any batch does not leave a rejection unhandled.
       dirSync.catch(ignore);
@@ -257,7 +310,7 @@ export class SegmentFiles {
     const sizeBytes = Math.min(this.nextPreparedBytes, this.options.segmentBytes);
     if (sizeBytes < PREPARED_BYTES_MIN) return;
     const path = join(this.options.dir, PREPARED_SEGMENT_NAME);
-    this.preparing = writeZerosFile(path, sizeBytes, this.reserve)
+    this.preparing = writePreparedSegment(path, sizeBytes, this.reserve)
       .then(
         () => {
           this.preparedBytes = sizeBytes;
@@ -285,7 +338,8 @@ export class SegmentFiles {
       const dirSync = this.dirSync;
       if (dirSync === null) return fdatasyncAsync(this.fd);
       this.dirSync = null;
-      return Promise.all([fdatasyncAsync(this.fd), dirSync]).then(ignore);
+      // Both settle before the batch does: a failure closes the fds, never under a sync.
+      return bothSettled(fdatasyncAsync(this.fd), dirSync);
     }
     this.dirty = true;
     return null;
@@ -331,26 +385,43 @@ export class SegmentFiles {
       if (this.options.fsync === 'interval') fsyncSync(this.fd);
       // An interval fsync may still be running on this fd; closing it under that fsync would fail
       // it (EBADF) and with it the whole log.
-      this.fdsToCloseLater.push(this.fd);
+      // (After a roll that failed, there is no current fd.)
+      if (this.fd >= 0) this.fdsToCloseLater.push(this.fd);
       this.fd = -1;
       const next = this.segmentIndex + 1;
       const nextPath = join(this.options.dir, segmentName(next));
+      let endBytes = 0;
       if (existsSync(nextPath)) {
         // Not ours (replay found the segments, and the next was past them): opened as it is, and
         // never replaced by a rename.
         if (lstatSync(nextPath).isFile() && statSync(nextPath).size > 0)
           throw new Error(`${nextPath} exists and is not empty: not a segment this log made`);
       } else if (this.preparedBytes > 0) {
-        // The directory fsync (openSegment) makes the rename durable before a record in the new
-        // segment is acknowledged.
-        renameSync(join(this.options.dir, PREPARED_SEGMENT_NAME), nextPath);
         this.preparedBytes = 0;
+        // The directory fsync (openSegment) makes the rename durable before a record in the new
+        // segment is acknowledged. Its header is written: appends start after it.
+        if (this.renamePrepared(nextPath)) endBytes = SEGMENT_HEADER_BYTES;
       }
-      this.openSegment(next, 0, this.options.fsync === 'always' ? 'with-next-batch' : 'now');
+      const syncDir = this.options.fsync === 'always' ? 'with-next-batch' : 'now';
+      this.openSegment(next, endBytes, syncDir);
       this.prepareNext();
       this.closeLaterFds();
     } catch (error) {
       this.fail(error as Error);
+    }
+  }
+
+  /** Renames the prepared segment to `path`; false (a new file then) when it cannot. */
+  private renamePrepared(path: string): boolean {
+    try {
+      renameSync(join(this.options.dir, PREPARED_SEGMENT_NAME), path);
+      return true;
+    } catch (error) {
+      this.options.logger.warn(
+        { err: (error as Error).message },
+        'wal: the prepared segment could not be renamed in; the next is a new file',
+      );
+      return false;
     }
   }
 

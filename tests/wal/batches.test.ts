@@ -2,12 +2,27 @@
 // of the data, a power cut's torn last batch (its pages persisted in any order) is cut off whole,
 // and damage to acknowledged batches still refuses to start.
 import { afterAll, describe, expect, test } from 'bun:test';
-import { existsSync, readdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
+import {
+  copyFileSync,
+  existsSync,
+  mkdirSync,
+  readdirSync,
+  readFileSync,
+  statSync,
+  writeFileSync,
+} from 'node:fs';
 import { join } from 'node:path';
-import { encodeFrame, SEGMENT_HEADER_BYTES } from '../../src/wal/frame.ts';
+import {
+  BATCH_HEADER_BYTES,
+  encodeFrame,
+  SEGMENT_HEADER,
+  SEGMENT_HEADER_BYTES,
+  sealBatch,
+} from '../../src/wal/frame.ts';
 import { WalCorruptionError } from '../../src/wal/log.ts';
 import { PREPARED_SEGMENT_NAME } from '../../src/wal/segment.ts';
 import {
+  bareFramesOf,
   batchedSegment,
   batchRanges,
   openRecording,
@@ -170,30 +185,30 @@ describe('zero-filled segments', () => {
   );
 
   test(
-    'a torn first batch whose page with the segment header is lost is cut off whole; the next ' +
-      'batch writes the header again',
+    'a torn first batch of a prepared segment (its page with the header back to the header and ' +
+      'zeros) is cut off whole; a new file cut inside its header is that batch torn too',
     async () => {
       const dir = dirs.make();
-      // Written under fsync off, so that the batch surely opens segment 1; the image below is what
-      // a power cut leaves of it in a zero-filled segment (or of any first batch).
-      const { wal } = openRecording(dir, { fsync: 'off' });
+      const { wal } = openRecording(dir, { fsync: 'always' });
+      await wal.prepared();
       const payload = (i: number) => payloadOf(i, [300]);
       await Promise.all(Array.from({ length: 30 }, (_, i) => wal.append(payload(i))));
       await wal.close();
-      const bytes = segmentBytes(dir);
+      const bytes = segmentBytes(dir, SECOND);
       expect(batchRanges(bytes)[0]!.end).toBeGreaterThan(2 * PAGE_BYTES);
+      // The header was synced with the prepared file: a lost first page still holds it.
       const image = bytes.slice();
-      image.fill(0, 0, PAGE_BYTES);
+      image.fill(0, SEGMENT_HEADER_BYTES, PAGE_BYTES);
       const torn = dirWith({ [SEGMENT]: image });
       const opened = openRecording(torn, { fsync: 'always' });
       expect(opened.replayed.records).toEqual([]);
-      expect(statSync(join(torn, SEGMENT)).size).toBe(0);
+      expect(statSync(join(torn, SEGMENT)).size).toBe(SEGMENT_HEADER_BYTES);
       await opened.wal.append({ again: 1 });
       await opened.wal.close();
       expect(batchRanges(segmentBytes(torn)).map((range) => range.seqs)).toEqual([[1]]);
       expect((await replayOnly(torn)).records).toEqual([{ seq: 1, payload: { again: 1 } }]);
 
-      // A segment cut inside its header is that batch torn too.
+      // A new file's first write (header and batch) cut inside the header: nothing was there.
       const cut = dirWith({ [SEGMENT]: bytes.subarray(0, 7) });
       expect((await replayOnly(cut)).records).toEqual([]);
       expect(statSync(join(cut, SEGMENT)).size).toBe(0);
@@ -263,6 +278,73 @@ describe('damage is still refused', () => {
   });
 });
 
+describe('damage at the edges', () => {
+  test(
+    'damage before a batch that straddles the snapshot seq is refused, not cut off with the ' +
+      'records after the snapshot',
+    async () => {
+      const src = dirs.make();
+      const log = openRecording(src, { fsync: 'off' });
+      for (let i = 0; i < 10; i++) await log.wal.append({ n: i + 1 });
+      await log.wal.snapshot({ json: [Buffer.from('{"snap":true}')], blobs: [] }, 8);
+      await log.wal.close();
+      const frame = (seq: number) => encodeFrame(seq, new TextEncoder().encode(`{"n":${seq}}`));
+      // Batches [1-3], [4-6], [7-10]: the last holds 9 and 10, after the snapshot.
+      const segment = (batches: number[][]) => {
+        const parts: Uint8Array[] = [SEGMENT_HEADER];
+        for (const seqs of batches) {
+          const frames = Buffer.concat(seqs.map(frame));
+          const batch = new Uint8Array(BATCH_HEADER_BYTES + frames.length);
+          batch.set(frames, BATCH_HEADER_BYTES);
+          sealBatch(batch, 0, frames.length, seqs.length);
+          parts.push(batch);
+        }
+        return new Uint8Array(Buffer.concat(parts));
+      };
+      const clean = segment([
+        [1, 2, 3],
+        [4, 5, 6],
+        [7, 8, 9, 10],
+      ]);
+      const damaged = clean.slice();
+      damaged[batchRanges(clean)[1]!.start + 40]! ^= 0xff;
+      const dir = dirWith({ [SEGMENT]: damaged });
+      copyFileSync(join(src, 'snapshot.json'), join(dir, 'snapshot.json'));
+      expectCorruption(() => openRecording(dir));
+      expect(segmentBytes(dir)).toEqual(damaged);
+    },
+  );
+
+  test("an older gateway's segment with its start zeroed is refused, not emptied", async () => {
+    const src = dirs.make();
+    const log = openRecording(src, { fsync: 'off' });
+    for (let i = 0; i < 6; i++) await log.wal.append(payloadOf(i));
+    await log.wal.close();
+    const damaged = bareFramesOf(segmentBytes(src));
+    damaged.fill(0, 0, 4); // the first frame's length word
+    const dir = dirWith({ [SEGMENT]: damaged });
+    expectCorruption(() => openRecording(dir));
+    expect(segmentBytes(dir)).toEqual(damaged);
+  });
+
+  test('a log whose roll failed twice closes cleanly and releases every descriptor', async () => {
+    const fdsBefore = readdirSync('/proc/self/fd').length;
+    const dir = dirs.make();
+    const { wal } = openRecording(dir, { fsync: 'always', segmentBytes: 1 });
+    // The next segment cannot be opened (EISDIR).
+    mkdirSync(join(dir, SECOND));
+    const first = wal.append({ n: 1 });
+    // Appended while the first batch's fsync runs: pending when the roll after it fails.
+    await new Promise((resolve) => setImmediate(resolve));
+    const second = wal.append({ n: 2 });
+    const outcomes = await Promise.allSettled([first, second]);
+    expect(outcomes.map((o) => o.status)).toEqual(['fulfilled', 'rejected']);
+    expect(wal.failure).not.toBeNull();
+    await wal.close();
+    expect(readdirSync('/proc/self/fd').length).toBe(fdsBefore);
+  });
+});
+
 describe('prepared segments', () => {
   test(
     'under load the log rolls onto prepared files of growing size; nothing is lost and no ' +
@@ -313,7 +395,7 @@ describe('prepared segments', () => {
     );
   });
 
-  test('a prepared segment a crash left behind is made again, never read', async () => {
+  test('a prepared segment a crash left behind is removed on open, and made again', async () => {
     for (const fsync of ['always', 'off'] as const) {
       const dir = dirs.make();
       const leftover = join(dir, PREPARED_SEGMENT_NAME);
@@ -323,9 +405,13 @@ describe('prepared segments', () => {
       await wal.prepared();
       await wal.append({ n: 1 });
       await wal.close();
-      // Under always a new one, all zeros; under off none.
+      // Under always a new one, the header and zeros; under off none.
       if (fsync === 'off') expect(existsSync(leftover)).toBe(false);
-      else expect(zerosFrom(new Uint8Array(readFileSync(leftover)), 0)).toBe(true);
+      else {
+        const made = new Uint8Array(readFileSync(leftover));
+        expect(made.subarray(0, SEGMENT_HEADER_BYTES)).toEqual(SEGMENT_HEADER);
+        expect(zerosFrom(made, SEGMENT_HEADER_BYTES)).toBe(true);
+      }
       expect((await replayOnly(dir, { fsync })).records).toEqual([{ seq: 1, payload: { n: 1 } }]);
     }
   });
