@@ -41,8 +41,8 @@ export interface Replayed {
  * a new file's first write (the header goes with the first batch: a prefix of the header, 0 is
  * returned); or bare frames, an older gateway's. A zero-filled segment's header was synced before
  * it was renamed in (segment.ts), and a file that grows keeps its first page before its later
- * ones, so a segment whose start is damaged any other way is read as bare frames, where damage
- * refuses to start.
+ * ones (ext4's default data=ordered commits a size only after the data under it), so a segment
+ * whose start is damaged any other way is read as bare frames, where damage refuses to start.
  */
 function dataStart(bytes: Uint8Array): number | 'frames' {
   const compared = Math.min(bytes.length, SEGMENT_HEADER_BYTES);

@@ -69,6 +69,18 @@ function syncFile(path: string): void {
   }
 }
 
+/** Cuts the file at `path` back to `sizeBytes`, durably, if it is longer (once, at start). */
+function cutZeros(path: string, sizeBytes: number): void {
+  if (statSync(path).size <= sizeBytes) return;
+  const fd = openSync(path, 'r+');
+  try {
+    ftruncateSync(fd, sizeBytes);
+    fsyncSync(fd);
+  } finally {
+    closeSync(fd);
+  }
+}
+
 function fdatasyncAsync(fd: number): Promise<void> {
   return new Promise((resolve, reject) =>
     fdatasync(fd, (error) => (error ? reject(error) : resolve())),
@@ -125,7 +137,11 @@ async function writePreparedSegment(
     }
     if (unsynced > 0) await fdatasyncAsync(fd);
   } catch (error) {
-    rmSync(path, { force: true });
+    try {
+      rmSync(path, { force: true });
+    } catch {
+      // The next preparation overwrites it; the error that matters is the one above.
+    }
     throw error;
   } finally {
     closeSync(fd);
@@ -239,11 +255,18 @@ export class SegmentFiles {
     // A prepared segment a crash left may be half written: made again.
     rmSync(join(this.options.dir, PREPARED_SEGMENT_NAME), { force: true });
     // What a killed process wrote but never synced is in the page cache, and replay applied it:
-    // synced now, before any record that depends on it is acknowledged. (Else a power cut could
+    // synced now, before any record that depends on it is acknowledged. Else a power cut could
     // keep later records and lose these; and in zero-filled space the one batch this process has
-    // unsynced would no longer be the only one.)
-    if (tail !== null && tail.endBytes > 0)
-      syncFile(join(this.options.dir, segmentName(tail.index)));
+    // unsynced would no longer be the only one. Every segment, not only the last: under `off` a
+    // roll syncs nothing. (Empty ones hold nothing to sync.)
+    for (const index of segments.keys()) {
+      const path = join(this.options.dir, segmentName(index));
+      if (statSync(path).size > 0) syncFile(path);
+    }
+    // Under `interval` and `off` many batches are unsynced at once, and in zero-filled space their
+    // pages could reach the disk in any order: the zeros an `always` run prepared are cut off.
+    if (tail?.batched && this.options.fsync !== 'always')
+      cutZeros(join(this.options.dir, segmentName(tail.index)), tail.endBytes);
     if (tail === null) this.openSegment(1, 0, 'now');
     else if (tail.batched) this.openSegment(tail.index, tail.endBytes, 'now');
     else this.openSegment(tail.index + 1, 0, 'now');
@@ -379,6 +402,9 @@ export class SegmentFiles {
 
   /** Closes the current segment for the next one; call only between batches. */
   roll(): void {
+    // A failed log writes nothing more, and the segment with the failed batch stays the last: a
+    // torn tail is cut off only there.
+    if (this.failureError !== null) return;
     try {
       // Under `always` every batch in it was fsynced before it was acknowledged, and a roll comes
       // only between batches.

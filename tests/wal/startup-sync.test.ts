@@ -1,13 +1,16 @@
 // What a killed process wrote to the log but never synced is synced by the next one before it
-// acknowledges anything. Which files get synced is observed by wrapping node:fs (the module, not
-// ours: the wrappers call through), since a SIGKILL keeps the page cache and only a power cut would
-// show the difference.
+// acknowledges anything, and a failed log rolls no further. Which files get synced is observed by
+// wrapping node:fs (the module, not ours: the wrappers call through, or fail on request), since a
+// SIGKILL keeps the page cache and only a power cut would show the difference.
 import { afterAll, expect, mock, test } from 'bun:test';
 import * as fsNamespace from 'node:fs';
 import { join } from 'node:path';
 
 const realFs = { ...fsNamespace };
 const synced: string[] = [];
+/** How many of the next calls fail with EIO. */
+const inject = { fdatasyncFails: 0, ftruncateFails: 0 };
+const eio = () => Object.assign(new Error('EIO: injected'), { code: 'EIO' });
 function note(fd: number): void {
   try {
     synced.push(realFs.readlinkSync(`/proc/self/fd/${fd}`));
@@ -31,7 +34,18 @@ mock.module('node:fs', () => ({
   },
   fdatasync: (fd: number, callback: (error: Error | null) => void) => {
     note(fd);
+    if (inject.fdatasyncFails > 0) {
+      inject.fdatasyncFails--;
+      return realFs.fdatasync(fd, () => callback(eio()));
+    }
     return realFs.fdatasync(fd, callback);
+  },
+  ftruncateSync: (fd: number, length?: number) => {
+    if (inject.ftruncateFails > 0) {
+      inject.ftruncateFails--;
+      throw eio();
+    }
+    return realFs.ftruncateSync(fd, length);
   },
 }));
 
@@ -66,3 +80,39 @@ for (const format of ['batches', 'bare frames'] as const) {
     expect(syncedBeforeAck).toContain(first);
   });
 }
+
+for (const segmentBytes of [1, 300]) {
+  test(`every segment a killed process left under off (${segmentBytes} B segments)`, async () => {
+    const dir = dirs.make();
+    // Under off a roll syncs nothing: every segment may be unsynced, and the last may be empty.
+    const a = openRecording(dir, { fsync: 'off', segmentBytes });
+    for (let i = 0; i < 4; i++) await a.wal.append(payloadOf(i, [200]));
+    await a.wal.close();
+    const written = segmentFiles(dir).filter((name) => realFs.statSync(join(dir, name)).size > 0);
+    expect(written.length).toBeGreaterThan(1);
+    synced.length = 0;
+    const b = openRecording(dir, { fsync: 'always', segmentBytes });
+    expect(b.replayed.records.length).toBe(4);
+    await b.wal.append(payloadOf(4));
+    const syncedBeforeAck = [...synced];
+    await b.wal.close();
+    for (const name of written) expect(syncedBeforeAck).toContain(join(dir, name));
+  });
+}
+
+test('a failed log rolls no further: the segment of its failed batch stays the last', async () => {
+  const dir = dirs.make();
+  const { wal } = openRecording(dir, { fsync: 'always', segmentBytes: 1 });
+  await wal.append({ n: 1 });
+  const before = segmentFiles(dir);
+  // The batch's fsync fails, and so does cutting it off: its bytes stay, unsynced.
+  inject.fdatasyncFails = 1;
+  inject.ftruncateFails = 1;
+  const second = wal.append({ n: 2 });
+  await new Promise((resolve) => setImmediate(resolve));
+  const third = wal.append({ n: 3 });
+  const outcomes = await Promise.allSettled([second, third]);
+  expect(outcomes.map((outcome) => outcome.status)).toEqual(['rejected', 'rejected']);
+  await wal.close();
+  expect(segmentFiles(dir)).toEqual(before);
+});
