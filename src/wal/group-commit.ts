@@ -119,13 +119,23 @@ export class GroupCommit {
   };
 
   private startFlushLoop(): void {
-    this.flushing = this.flushLoop().finally(() => {
-      this.flushing = null;
-      // A waiter resolved by the loop runs before this callback; what it appended after the loop's
-      // last check is still pending, and nothing else would ever write it.
-      if (this.pendingTexts.length > 0) this.scheduleFlush();
-    });
+    // `then` with two handlers made once, not `finally`: finally makes two closures and a promise
+    // of its own per call, and a loop starts once per batch (under light load, per request).
+    this.flushing = this.flushLoop().then(this.flushLoopEnded, this.flushLoopFailed);
   }
+
+  private readonly flushLoopEnded = (): void => {
+    this.flushing = null;
+    // A waiter resolved by the loop runs before this callback; what it appended after the loop's
+    // last check is still pending, and nothing else would ever write it.
+    if (this.pendingTexts.length > 0) this.scheduleFlush();
+  };
+
+  /** As `finally` would: the same end, and the loop's failure still rejects `flushing`. */
+  private readonly flushLoopFailed = (error: unknown): never => {
+    this.flushLoopEnded();
+    throw error;
+  };
 
   private async flushLoop(): Promise<void> {
     while (this.pendingTexts.length > 0) {
