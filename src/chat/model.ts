@@ -130,18 +130,29 @@ function firstError(check: TypeCheck<TSchema>, value: unknown, prefix: string): 
   return invalid(`${param ?? 'body'} ${problem.problem}`, param);
 }
 
-/** Joins the text parts of a content value; every other part type is dropped. */
-function contentText(content: string | Array<{ type: string }>, param: string): string {
+/**
+ * Joins the text parts of the content of message `at`; every other part type is dropped.
+ */
+function contentText(content: string | Array<{ type: string }>, at: number): string {
   if (typeof content === 'string') return content;
   let text = '';
   for (let i = 0; i < content.length; i++) {
     const part = content[i]!;
     if (part.type !== 'text') continue;
-    if (!TextPartCheck.Check(part))
-      throw invalid(`${param}[${i}].text must be a string`, `${param}[${i}].text`);
+    if (!TextPartCheck.Check(part)) {
+      const param = `${messageParam(at)}.content[${i}].text`;
+      throw invalid(`${param} must be a string`, param);
+    }
     text += part.text;
   }
   return text;
+}
+
+/**
+ * The name of message `at` in an error (`messages[2]`): made only for an error, never per message.
+ */
+function messageParam(at: number): string {
+  return `messages[${at}]`;
 }
 
 function servedBySimulator(config: Config, model: ModelConfig): boolean {
@@ -194,7 +205,8 @@ export function validateChatRequest(json: unknown, config: Config): ChatRequest 
   const toolChoice = body.tool_choice ?? null;
   checkToolChoice(toolChoice, tools);
   // Shape is settled; now the model (404), then what the model can do (400).
-  const { modelId, model } = resolveModel(config, body.model);
+  const modelId = resolveModelId(config, body.model);
+  const model = config.models[modelId]!;
   if (tools && !model.tools) {
     throw new GatewayError(
       'unsupported_parameter',
@@ -226,13 +238,16 @@ function readMessages(raws: ChatRequestBody['messages'], messagesMax: number): P
     throw invalid(`messages: at most ${messagesMax} messages`, 'messages');
   }
   const messages: ProviderMessage[] = [];
-  const toolCallIds = new Set<string>();
+  // The ids of the tool calls made so far; made with the first (most requests have none).
+  let toolCallIds: Set<string> | null = null;
   for (let i = 0; i < raws.length; i++) {
     const raw = raws[i]!;
-    const param = `messages[${i}]`;
     const check = MessageChecks.get(raw.role);
-    if (!check) throw invalid(`${param}.role ${ROLES_MUST_BE}`, `${param}.role`);
-    if (!check.Check(raw)) throw firstError(check, raw, param);
+    if (!check) {
+      const param = messageParam(i);
+      throw invalid(`${param}.role ${ROLES_MUST_BE}`, `${param}.role`);
+    }
+    if (!check.Check(raw)) throw firstError(check, raw, messageParam(i));
     switch (raw.role) {
       case 'system':
       case 'developer':
@@ -240,46 +255,50 @@ function readMessages(raws: ChatRequestBody['messages'], messagesMax: number): P
         const message = raw as Static<typeof UserMessageSchema>;
         messages.push({
           role: raw.role === 'user' ? 'user' : 'system',
-          content: contentText(message.content, `${param}.content`),
+          content: contentText(message.content, i),
         });
         break;
       }
-      case 'assistant':
-        messages.push(
-          assistantMessage(raw as Static<typeof AssistantMessageSchema>, param, toolCallIds),
-        );
+      case 'assistant': {
+        const message = assistantMessage(raw as Static<typeof AssistantMessageSchema>, i);
+        if (message.role === 'assistant' && message.tool_calls) {
+          toolCallIds ??= new Set<string>();
+          for (const call of message.tool_calls) toolCallIds.add(call.id);
+        }
+        messages.push(message);
         break;
+      }
       case 'tool':
-        messages.push(toolMessage(raw as Static<typeof ToolMessageSchema>, param, toolCallIds));
+        messages.push(toolMessage(raw as Static<typeof ToolMessageSchema>, i, toolCallIds));
         break;
     }
   }
   return messages;
 }
 
-/** An assistant turn: its text, its tool calls (their ids go to `toolCallIds`), or both. */
+/** An assistant turn: its text, its tool calls, or both. */
 function assistantMessage(
   message: Static<typeof AssistantMessageSchema>,
-  param: string,
-  toolCallIds: Set<string>,
+  at: number,
 ): ProviderMessage {
   const calls = message.tool_calls && message.tool_calls.length > 0 ? message.tool_calls : null;
   const hasContent = message.content !== undefined && message.content !== null;
-  if (!hasContent && !calls)
+  if (!hasContent && !calls) {
+    const param = messageParam(at);
     throw invalid(
       `${param}: an assistant message needs content, tool_calls, or both`,
       `${param}.content`,
     );
+  }
   // Copied field by field: whatever else the client put in a call is not passed on.
   const toolCalls: ToolCall[] | undefined = calls?.map((call) => ({
     id: call.id,
     type: 'function',
     function: { name: call.function.name, arguments: call.function.arguments },
   }));
-  for (const call of calls ?? []) toolCallIds.add(call.id);
   return {
     role: 'assistant',
-    content: hasContent ? contentText(message.content!, `${param}.content`) : null,
+    content: hasContent ? contentText(message.content!, at) : null,
     ...(toolCalls ? { tool_calls: toolCalls } : {}),
   };
 }
@@ -287,10 +306,11 @@ function assistantMessage(
 /** A tool result; it must answer a call of an earlier assistant message. */
 function toolMessage(
   message: Static<typeof ToolMessageSchema>,
-  param: string,
-  toolCallIds: Set<string>,
+  at: number,
+  toolCallIds: Set<string> | null,
 ): ProviderMessage {
-  if (!toolCallIds.has(message.tool_call_id)) {
+  if (!toolCallIds?.has(message.tool_call_id)) {
+    const param = messageParam(at);
     throw invalid(
       `${param}.tool_call_id: no earlier assistant tool ` +
         `call has id ${JSON.stringify(message.tool_call_id)}`,
@@ -299,7 +319,7 @@ function toolMessage(
   }
   return {
     role: 'tool',
-    content: contentText(message.content, `${param}.content`),
+    content: contentText(message.content, at),
     tool_call_id: message.tool_call_id,
   };
 }
@@ -345,14 +365,16 @@ function checkToolChoice(toolChoice: ToolChoice | null, tools: ToolDefinition[] 
   }
 }
 
-/** The catalogue's model for `name`, an alias resolved; 404 when there is none. */
-function resolveModel(config: Config, name: string): { modelId: string; model: ModelConfig } {
+/**
+ * The catalogue's id for model `name`, an alias resolved; 404 when there is no such model. The id
+ * alone, not an object with the model: `config.models[id]` is then there for the caller.
+ */
+function resolveModelId(config: Config, name: string): string {
   // Own keys only: a model named "__proto__" or "constructor" is just an unknown model.
   const modelId = Object.hasOwn(config.aliases, name) ? config.aliases[name]! : name;
-  const model = Object.hasOwn(config.models, modelId) ? config.models[modelId] : undefined;
-  if (!model)
+  if (!Object.hasOwn(config.models, modelId) || !config.models[modelId])
     throw new GatewayError('model_not_found', `The model ${JSON.stringify(name)} does not exist.`, {
       param: null,
     });
-  return { modelId, model };
+  return modelId;
 }
