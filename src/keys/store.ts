@@ -149,10 +149,23 @@ export function authenticate(
 export function bearerToken(authorization: string | null): string | null {
   if (!authorization) return null;
   // The scheme is case-insensitive (RFC 9110); the token is whatever follows one or more spaces.
-  if (authorization.length < 8 || authorization.slice(0, 7).toLowerCase() !== 'bearer ')
-    return null;
+  if (authorization.length < 8 || !startsWithBearer(authorization)) return null;
   const token = authorization.slice(7).trim();
   return token.length > 0 && token.length <= 512 ? token : null;
+}
+
+const BEARER = 'bearer ';
+
+/**
+ * Whether `text` starts with `bearer ` in any case, read in place: every request is authenticated,
+ * and a slice and its lower-case copy would be two strings each time. Setting bit 0x20 folds only
+ * an ASCII capital onto its small letter, and no other character lower-cases to one of these (only
+ * the Kelvin sign and İ lower-case to ASCII, to `k` and `i`), so this is `toLowerCase()`'s answer.
+ */
+function startsWithBearer(text: string): boolean {
+  for (let i = 0; i < BEARER.length - 1; i++)
+    if ((text.charCodeAt(i) | 0x20) !== BEARER.charCodeAt(i)) return false;
+  return text.charCodeAt(BEARER.length - 1) === 32 /* ' ' */;
 }
 
 function invalidKey(
