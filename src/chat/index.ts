@@ -3,7 +3,7 @@ import type { Server } from 'bun';
 import { Elysia } from 'elysia';
 import type { Gateway } from '../gateway.ts';
 import { errorResponse } from '../http/errors.ts';
-import { readRequest, refusalResponse } from '../http/intake.ts';
+import { readRequest, refusalResponse, requestAccount } from '../http/intake.ts';
 import { describeRoute } from '../http/openapi.ts';
 import { liftIdle, type NativeRoutes, nativePost, settleIdle } from '../http/routes.ts';
 import { parseIdempotencyKey } from '../idempotency/store.ts';
@@ -33,7 +33,8 @@ async function completions(
   const requestId = newChatRequestId();
   const idHeader = { 'x-request-id': requestId };
   try {
-    const { text, account } = await readRequest(gateway, request, 'chat');
+    const text = await readRequest(gateway, request, 'chat');
+    const account = requestAccount(gateway, request, 'chat');
     const json = parseJsonBody(text, gateway.config.limits.max_body_json_values);
     const chat = validateChatRequest(json, gateway.config);
     const idempotencyKey = parseIdempotencyKey(request.headers.get('idempotency-key'));

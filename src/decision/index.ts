@@ -4,7 +4,7 @@ import { Elysia } from 'elysia';
 import { OFFLOAD_BODY_CHARS } from '../billing/offload.ts';
 import type { Gateway } from '../gateway.ts';
 import { errorResponse } from '../http/errors.ts';
-import { readRequest, refusalResponse } from '../http/intake.ts';
+import { readRequest, refusalResponse, requestAccount } from '../http/intake.ts';
 import { describeRoute } from '../http/openapi.ts';
 import { type NativeRoutes, nativePost } from '../http/routes.ts';
 import { parseIdempotencyKey } from '../idempotency/store.ts';
@@ -35,7 +35,8 @@ async function decide(gateway: Gateway, request: Request): Promise<Response> {
   const requestId = newDecisionRequestId();
   const idHeader = { 'x-request-id': requestId };
   try {
-    const { text, account } = await readRequest(gateway, request, 'decision');
+    const text = await readRequest(gateway, request, 'decision');
+    const account = requestAccount(gateway, request, 'decision');
     const { decision, prepared } = await prepareDecision(gateway, request, text, account);
     const admission = admitDecision(
       gateway,

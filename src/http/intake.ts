@@ -24,14 +24,16 @@ export interface IntakeContext {
 const NAMES: Record<Service, string> = { chat: 'gateway', decision: 'decision service' };
 
 /**
- * Refuses at once when the gateway is draining or its log has failed; else reads the body (within
- * max_body_bytes and the read deadline) and authenticates the key for `service`.
+ * Refuses at once (throws) when the gateway is draining or its log has failed; else reads the body
+ * (within max_body_bytes and the read deadline). The key is authenticated next, by `requestAccount`
+ * once the body is in: a body refused (413, 400) is refused before its key is looked at. Not an
+ * async function: the read is the body's own promise, and every request comes through here.
  */
-export async function readRequest(
+export function readRequest(
   ctx: IntakeContext,
   request: Request,
   service: Service,
-): Promise<{ text: string; account: KeyAccount }> {
+): Promise<string> {
   if (ctx.draining) {
     throw new GatewayError(
       'service_unavailable',
@@ -45,9 +47,12 @@ export async function readRequest(
     );
   }
   const { limits } = ctx.config;
-  const text = await readBodyText(request, limits.max_body_bytes, limits.request_read_timeout_ms);
-  const account = authenticate(ctx.store, request.headers.get('authorization'), service);
-  return { text, account };
+  return readBodyText(request, limits.max_body_bytes, limits.request_read_timeout_ms);
+}
+
+/** The account of the request's key for `service` (after `readRequest`), or its 401. */
+export function requestAccount(ctx: IntakeContext, request: Request, service: Service): KeyAccount {
+  return authenticate(ctx.store, request.headers.get('authorization'), service);
 }
 
 /**
