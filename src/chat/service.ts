@@ -6,7 +6,13 @@ import type { Config } from '../config/model.ts';
 import type { Delta, ProviderRequest, ToolCall } from '../providers/provider.ts';
 import type { Router } from '../providers/router.ts';
 import type { Completion, RunPolicy, RunResult } from '../requests/actor.ts';
-import { type Admission, type AdmitContext, admit, type Reservation } from '../requests/admit.ts';
+import {
+  type Admission,
+  type AdmitCommand,
+  type AdmitContext,
+  admit,
+  type Reservation,
+} from '../requests/admit.ts';
 import type { KeyAccount } from '../state/apply.ts';
 import type { Usage } from '../state/events.ts';
 import type { RunSignal } from '../util/abort.ts';
@@ -43,17 +49,37 @@ export function admitChat(
   promptTokens: number,
   clientSignal: AbortSignal | null,
 ): ChatAdmission {
-  const admission = admit(gateway, {
-    service: 'chat',
-    requestId,
-    account,
-    model: chat.modelId,
-    stream: chat.stream,
-    idempotency,
-    clientSignal,
-    reserve: (current) => reserveChat(chat, promptTokens, current),
-  });
-  return { ...admission, providerRequest: providerRequestFor(chat, promptTokens) };
+  const admission = admit(
+    gateway,
+    new ChatAdmitCommand(requestId, account, chat, idempotency, promptTokens, clientSignal),
+  ) as ChatAdmission;
+  // The admission is the chat's own from here: its provider request goes on it, not on a copy of
+  // it with one field more (an object per request).
+  admission.providerRequest = providerRequestFor(chat, promptTokens);
+  return admission;
+}
+
+/** A chat request's admission: `reserve` is a method, so no closure per request. */
+class ChatAdmitCommand implements AdmitCommand {
+  readonly service = 'chat';
+  readonly model: string;
+  readonly stream: boolean;
+
+  constructor(
+    readonly requestId: string,
+    readonly account: KeyAccount,
+    private readonly chat: ChatRequest,
+    readonly idempotency: Idempotency | null,
+    private readonly promptTokens: number,
+    readonly clientSignal: AbortSignal | null,
+  ) {
+    this.model = chat.modelId;
+    this.stream = chat.stream;
+  }
+
+  reserve(current: KeyAccount): Reservation {
+    return reserveChat(this.chat, this.promptTokens, current);
+  }
 }
 
 /**
