@@ -325,11 +325,20 @@ function policyFor(config: Config, stream: boolean): RunPolicy {
   return stream ? made.stream : made.whole;
 }
 
+/** What a chat run's work needs: handed to the actor with the work, so no closure per request. */
+interface ChatRun {
+  gateway: ChatContext;
+  admission: ChatAdmission;
+  chat: ChatRequest;
+  sink: ChatSink | null;
+  answer: Answer;
+}
+
 /**
  * Runs an admitted chat request (the actor owns its life; this supplies the work), then ends the
  * sink (a stream; null for a collected answer) with what the caller gets.
  */
-export async function runChat(
+export function runChat(
   gateway: ChatContext,
   admission: ChatAdmission,
   chat: ChatRequest,
@@ -342,23 +351,31 @@ export async function runChat(
       ? { keyId: actor.init.keyId, limit: outputCapTokens, logger: gateway.logger }
       : null,
   );
-  const result = await actor.run(
-    () => chatWork(gateway, admission, chat, sink, answer),
+  const running = actor.run(
+    chatWork,
+    { gateway, admission, chat, sink, answer },
     policyFor(gateway.config, chat.stream),
   );
+  // A collected answer has no counts queued to discard (only a stream's are) and no sink to end:
+  // its run's result is the caller's as it is, without an async step of its own.
+  return sink === null ? running : endStream(running, answer, sink);
+}
+
+/** A stream's run is over: its queued counts go, and its sink ends with what the caller gets. */
+async function endStream(
+  running: Promise<ChatResult>,
+  answer: Answer,
+  sink: ChatSink,
+): Promise<ChatResult> {
+  const result = await running;
   answer.discard();
-  sink?.end(result);
+  sink.end(result);
   return result;
 }
 
 /** The chat work: the provider's answer relayed or collected, then counted and priced. */
-async function chatWork(
-  gateway: ChatContext,
-  admission: ChatAdmission,
-  chat: ChatRequest,
-  sink: ChatSink | null,
-  answer: Answer,
-): Promise<Completion<ChatAnswer>> {
+async function chatWork(run: ChatRun): Promise<Completion<ChatAnswer>> {
+  const { gateway, admission, chat, sink, answer } = run;
   const { actor, providerRequest } = admission;
   if (sink !== null) await relay(gateway, admission, chat, sink, answer);
   else {

@@ -212,6 +212,7 @@ export function runDecision(
 ): Promise<RunResult<DecisionSuccess>> {
   return admission.actor.run(
     () => decisionWork(gateway, admission, decision),
+    null,
     policyFor(gateway.config),
   );
 }

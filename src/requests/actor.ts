@@ -219,10 +219,12 @@ export class RequestActor {
    * Runs `work` (the service's part: turn the provider's deltas into its answer) as this request's
    * whole life: the time limit, the abort reasons mapped to a terminal state, and the finish, which
    * settles or releases the hold whatever happened. Resolves with what the caller gets, once the
-   * end is durable.
+   * end is durable. `work` is called with `context` and this actor: a service passes a module
+   * function and its inputs, not a closure made per request.
    */
-  async run<T>(
-    work: (actor: RequestActor) => Promise<Completion<T>>,
+  async run<T, C>(
+    work: (context: C, actor: RequestActor) => Promise<Completion<T>>,
+    context: C,
     policy: RunPolicy,
   ): Promise<RunResult<T>> {
     let timer: ReturnType<typeof setTimeout> | undefined;
@@ -235,7 +237,7 @@ export class RequestActor {
       // billed to the key.
       if (this.init.idempotent) await this.startCommit;
       timer = setTimeout(abortOnTimer, policy.deadlineMs, this, policy.deadlineKind);
-      const done = await work(this);
+      const done = await work(context, this);
       // An abort that came while the work was finishing wins: the caller has gone or asked to stop.
       if (this.aborts.aborted) throw this.aborts.reason;
       value = done.value;
