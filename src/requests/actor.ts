@@ -255,7 +255,24 @@ export class RequestActor {
     } finally {
       clearTimeout(timer);
     }
-    if (!(await this.finish(outcome))) return { ok: false, error: notRecordedError() };
+    // The finish, here rather than in an async method of its own (a generator, a promise and a
+    // scope per request): the hold is settled (charge) or released whatever happened. A failing
+    // log is logged, not thrown, and the caller must then not answer as if the end were durable
+    // (§8: 503 instead of a 200); a broken invariant in beginFinish is thrown.
+    this.beginFinish(outcome);
+    let durable = false;
+    try {
+      await this.commitFinish(outcome);
+      durable = true;
+    } catch (error) {
+      this.logger.error(
+        { err: (error as Error).message },
+        'request: could not record the terminal state',
+      );
+    } finally {
+      this.endFinish(outcome);
+    }
+    if (!durable) return { ok: false, error: notRecordedError() };
     return outcome.error === null
       ? { ok: true, value: value as T }
       : { ok: false, error: outcome.error };
@@ -289,40 +306,36 @@ export class RequestActor {
     };
   }
 
-  /**
-   * Moves to the terminal state and commits it: the hold is settled (charge) or released. Called
-   * exactly once, by `run`. Resolves with whether the finish is durable: a failing log is logged,
-   * not thrown, and the caller must then not answer as if it were (§8: 503 instead of a 200).
-   */
-  private async finish(outcome: Outcome): Promise<boolean> {
+  /** Moves to the terminal state; exactly once, by `run`. */
+  private beginFinish(outcome: Outcome): void {
     if (this.finishing) throw new AssertionError(`finish twice for ${this.id}`);
     this.finishing = true;
     this.transition(outcome.status);
-    let durable = false;
-    try {
-      await commands.finish(this.store, this.id, {
-        status: outcome.status as TerminalStatus,
-        errorCode: outcome.error?.code ?? null,
-        httpStatus: outcome.httpStatus,
-        usage: outcome.usage,
-        charge: outcome.charge,
-        budgetSpendMicro: outcome.budgetSpendMicro,
-        answers: outcome.answers,
-        attempts: this.attempts,
-        atMs: Date.now(),
-      });
-      durable = true;
-    } catch (error) {
-      this.logger.error(
-        { err: (error as Error).message },
-        'request: could not record the terminal state',
-      );
-    } finally {
-      this.over = true;
-      this.onSettled(this, outcome);
-      this.done?.resolve();
-    }
-    return durable;
+  }
+
+  /**
+   * Commits the terminal state: the hold is settled (charge) or released. Resolves when durable;
+   * throws or rejects when the log cannot make it so.
+   */
+  private commitFinish(outcome: Outcome): Promise<void> {
+    return commands.finish(this.store, this.id, {
+      status: outcome.status as TerminalStatus,
+      errorCode: outcome.error?.code ?? null,
+      httpStatus: outcome.httpStatus,
+      usage: outcome.usage,
+      charge: outcome.charge,
+      budgetSpendMicro: outcome.budgetSpendMicro,
+      answers: outcome.answers,
+      attempts: this.attempts,
+      atMs: Date.now(),
+    });
+  }
+
+  /** The end is durable, or will never be: the request is over for everyone waiting on it. */
+  private endFinish(outcome: Outcome): void {
+    this.over = true;
+    this.onSettled(this, outcome);
+    this.done?.resolve();
   }
 }
 
