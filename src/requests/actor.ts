@@ -27,7 +27,11 @@ export class AbortReason extends Error {
   }
 }
 
-export interface Outcome {
+/**
+ * How a run ended: what the caller sees (`error`) and, being a `commands.Finish` itself, what is
+ * committed (one object per request for both).
+ */
+export interface Outcome extends commands.Finish {
   status: TerminalStatus;
   /** The error the caller sees (null when completed). */
   error: GatewayError | null;
@@ -244,11 +248,14 @@ export class RequestActor {
       outcome = {
         status: 'completed',
         error: null,
+        errorCode: null,
         usage: done.usage,
         charge: done.charge,
         budgetSpendMicro: done.budgetSpendMicro,
         answers: done.answers,
         httpStatus: 200,
+        attempts: this.attempts,
+        atMs: 0,
       };
     } catch (thrown) {
       outcome = this.failure(thrown, policy);
@@ -298,11 +305,14 @@ export class RequestActor {
     return {
       status,
       error,
+      errorCode: error.code,
       usage: null,
       charge: { credits_micro: keep ? this.init.hold.credits_micro : 0, tokens: 0 },
       budgetSpendMicro: 0,
       answers: null,
       httpStatus: error.status,
+      attempts: this.attempts,
+      atMs: 0,
     };
   }
 
@@ -318,17 +328,9 @@ export class RequestActor {
    * throws or rejects when the log cannot make it so.
    */
   private commitFinish(outcome: Outcome): Promise<void> {
-    return commands.finish(this.store, this.id, {
-      status: outcome.status as TerminalStatus,
-      errorCode: outcome.error?.code ?? null,
-      httpStatus: outcome.httpStatus,
-      usage: outcome.usage,
-      charge: outcome.charge,
-      budgetSpendMicro: outcome.budgetSpendMicro,
-      answers: outcome.answers,
-      attempts: this.attempts,
-      atMs: Date.now(),
-    });
+    // Timed as the commit is made, as before the outcome doubled as the finish.
+    outcome.atMs = Date.now();
+    return commands.finish(this.store, this.id, outcome);
   }
 
   /** The end is durable, or will never be: the request is over for everyone waiting on it. */
