@@ -31,7 +31,6 @@ async function completions(
   server?: Server<unknown>,
 ): Promise<Response> {
   const requestId = newChatRequestId();
-  const idHeader = { 'x-request-id': requestId };
   try {
     const text = await readRequest(gateway, request, 'chat');
     const account = requestAccount(gateway, request, 'chat');
@@ -64,7 +63,10 @@ async function completions(
     );
     if (chat.stream) return streamResponse(gateway, request, server, admission, chat);
     const result = await runChat(gateway, admission, chat, null);
-    if (!result.ok) return errorResponse(result.error, idHeader, holdKept(gateway, requestId));
+    if (!result.ok) {
+      const headers = { 'x-request-id': requestId };
+      return errorResponse(result.error, headers, holdKept(gateway, requestId));
+    }
     const { value } = result;
     const body = completionBody(
       requestId,
