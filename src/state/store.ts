@@ -121,7 +121,10 @@ export class StateStore {
         const start = this.unlogged.get(event.request_id);
         if (!start) continue;
         this.unlogged.delete(event.request_id);
-        record = [...start, ...record];
+        // The start's array is the store's own (see applyUnlogged): it takes the record's events
+        // after its own, rather than both being copied into a third per request.
+        for (const later of record) start.push(later);
+        record = start;
       }
     }
     // A failed log throws or rejects with the store's own 503 (the `unavailable` option), so no
@@ -134,6 +137,8 @@ export class StateStore {
   /**
    * Applies the start of `requestId` now and logs it with the request's finish (see `unlogged`).
    * Same checks as `commit`; the caller must commit the request's `request.finished` later.
+   * `events` is the store's from here on (the finish's record is appended to it): a caller keeps no
+   * reference to it.
    */
   applyUnlogged(requestId: string, events: Event[]): void {
     if (this.wal.failure) throw unavailableError();
