@@ -101,9 +101,13 @@ function finishedEvent(requestId: string, end: Finish): RequestFinished {
     charge: end.charge,
     budget_spend_micro: end.budgetSpendMicro,
     answers: end.answers,
-    ...(end.attempts !== undefined && end.attempts.length > 0
-      ? { attempts: end.attempts as Attempt[] }
-      : {}),
+    // Left undefined when there are none: JSON.stringify then writes no field, as the record was
+    // without one before (the schema's Optional checks undefined as absent), and no second object
+    // is spread into this one.
+    attempts:
+      end.attempts !== undefined && end.attempts.length > 0
+        ? (end.attempts as Attempt[])
+        : undefined,
     at_ms: end.atMs,
   };
 }
