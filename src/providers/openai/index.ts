@@ -161,9 +161,7 @@ function completionToDeltas(completion: unknown, name: string): Delta[] {
   const choices = completion.choices;
   if (!Array.isArray(choices) || choices.length === 0)
     throw invalid(name, 'answered without choices');
-  const choice: unknown =
-    choices.find((c: unknown) => isRecord(c) && (c.index === undefined || c.index === 0)) ??
-    choices[0];
+  const choice = firstChoice(choices);
   if (!isRecord(choice) || !isRecord(choice.message))
     throw invalid(name, 'answered without a message');
   const message = choice.message;
@@ -179,14 +177,16 @@ function completionToDeltas(completion: unknown, name: string): Delta[] {
       throw invalid(name, 'answered with tool_calls that is not an array');
     if (toolCalls.length > TOOL_CALLS_MAX)
       throw invalid(name, `made more than ${TOOL_CALLS_MAX} tool calls`);
-    toolCalls.forEach((call: unknown, index: number) => {
+    // Loops, not find and forEach: a callback would make a closure and a scope per answer.
+    for (let index = 0; index < toolCalls.length; index++) {
+      const call: unknown = toolCalls[index];
       if (!isRecord(call) || !isRecord(call.function) || typeof call.function.name !== 'string') {
         throw invalid(name, 'answered with a malformed tool call');
       }
       const id = typeof call.id === 'string' && call.id.length > 0 ? call.id : newToolCallId();
       const args = argumentsText(call.function.arguments, name);
       deltas.push({ type: 'tool_call', index, id, name: call.function.name, arguments: args });
-    });
+    }
   }
   const hasToolCalls = Array.isArray(toolCalls) && toolCalls.length > 0;
   const reason =
@@ -197,6 +197,13 @@ function completionToDeltas(completion: unknown, name: string): Delta[] {
         : 'stop';
   deltas.push({ type: 'finish', reason, usage: readUsage(completion.usage, name) });
   return deltas;
+}
+
+/** The choice of index 0 (or without an index), else the first: the one answer asked for. */
+function firstChoice(choices: unknown[]): unknown {
+  for (const choice of choices)
+    if (isRecord(choice) && (choice.index === undefined || choice.index === 0)) return choice;
+  return choices[0];
 }
 
 function requestBody(request: ProviderRequest): Record<string, unknown> {
