@@ -348,6 +348,8 @@ function parseStatusLine(text: string, end: number): number {
 
 /** The field name from `start` to `end` in lower case, or null when it is not a token. */
 function fieldName(text: string, start: number, end: number): string | null {
+  const common = commonFieldName(text, start, end);
+  if (common !== null) return common;
   let upper = false;
   for (let i = start; i < end; i++) {
     const c = text.charCodeAt(i);
@@ -356,6 +358,40 @@ function fieldName(text: string, start: number, end: number): string | null {
   }
   const name = text.slice(start, end);
   return upper ? name.toLowerCase() : name;
+}
+
+/**
+ * Field names most answers carry, in lower case. A name that is one of them (in any case) is
+ * returned as this constant: no slice of the head and no lower-cased copy per field per answer.
+ */
+const COMMON_FIELD_NAMES = [
+  'content-type',
+  'content-length',
+  'date',
+  'connection',
+  'keep-alive',
+  'transfer-encoding',
+  'content-encoding',
+  'server',
+  'vary',
+  'cache-control',
+];
+
+/** The constant of COMMON_FIELD_NAMES the name from `start` to `end` is, in any case; or null. */
+function commonFieldName(text: string, start: number, end: number): string | null {
+  const length = end - start;
+  for (const name of COMMON_FIELD_NAMES) {
+    if (name.length !== length) continue;
+    let i = 0;
+    while (i < length) {
+      const c = text.charCodeAt(start + i);
+      // Only A-Z fold: nothing else may stand for a lower-case letter or a '-'.
+      if ((c >= 65 && c <= 90 ? c + 32 : c) !== name.charCodeAt(i)) break;
+      i++;
+    }
+    if (i === length) return name;
+  }
+  return null;
 }
 
 function isWhitespace(c: number): boolean {
@@ -440,6 +476,9 @@ function parseContentLength(value: string): number {
 }
 
 function hasToken(list: string, token: string): boolean {
+  // Most answers have no Connection field (an empty list) or one token: no split, no array.
+  if (list.length === 0) return false;
+  if (list.indexOf(',') === -1) return list.trim() === token;
   for (const part of list.split(',')) if (part.trim() === token) return true;
   return false;
 }
