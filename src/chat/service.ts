@@ -163,7 +163,7 @@ export interface ChatSink {
 
 export interface ChatAnswer {
   content: string | null;
-  toolCalls: ToolCall[];
+  toolCalls: readonly ToolCall[];
   finishReason: PublicFinishReason;
   usage: Usage;
 }
@@ -178,8 +178,12 @@ export type ChatResult = RunResult<ChatAnswer>;
 class Answer {
   private readonly textParts = new TextBuilder();
   sawText = false;
-  private readonly calls: ToolCall[] = [];
-  private readonly callArguments: TextBuilder[] = [];
+  /**
+   * The tool calls and their arguments as they build up: made with the first call (most answers
+   * have none, and then cost no arrays).
+   */
+  private calls: ToolCall[] | null = null;
+  private callArguments: TextBuilder[] | null = null;
   finish: Extract<Delta, { type: 'finish' }> | null = null;
   /**
    * A stream keeps its text (and each tool call's name and arguments) only to count it, should the
@@ -187,7 +191,7 @@ class Answer {
    * a client that stops reading, or an answer of 16 MiB, does not hold all of it here.
    */
   private readonly streamedText: StreamedText | null;
-  private readonly streamedCalls: StreamedText[] = [];
+  private streamedCalls: StreamedText[] | null = null;
 
   constructor(
     private readonly streamed: {
@@ -209,11 +213,13 @@ class Answer {
    * The tool calls with their arguments joined (call once, at the end; a stream's arguments were
    * relayed, not kept).
    */
-  toolCalls(): ToolCall[] {
+  toolCalls(): readonly ToolCall[] {
+    const calls = this.calls;
+    if (calls === null) return NO_TOOL_CALLS;
     if (this.streamed === null)
-      for (let i = 0; i < this.calls.length; i++)
-        this.calls[i]!.function.arguments = this.callArguments[i]!.build();
-    return this.calls;
+      for (let i = 0; i < calls.length; i++)
+        calls[i]!.function.arguments = this.callArguments![i]!.build();
+    return calls;
   }
 
   /**
@@ -237,7 +243,8 @@ class Answer {
 
   private async countStreamed(): Promise<number> {
     let total = await this.streamedText!.tokens();
-    for (const call of this.streamedCalls) total += await call.tokens();
+    if (this.streamedCalls !== null)
+      for (const call of this.streamedCalls) total += await call.tokens();
     return total;
   }
 
@@ -246,7 +253,7 @@ class Answer {
    */
   discard(): void {
     this.streamedText?.discard();
-    for (const call of this.streamedCalls) call.discard();
+    if (this.streamedCalls !== null) for (const call of this.streamedCalls) call.discard();
   }
 
   /**
@@ -262,21 +269,22 @@ class Answer {
         this.sawText = true;
         return sink?.text(delta.text);
       case 'tool_call': {
-        let args = this.callArguments[delta.index];
+        let args = this.callArguments?.[delta.index];
         if (!args) {
-          if (delta.index !== this.calls.length || delta.id === null || delta.name === null) {
+          const calls = (this.calls ??= []);
+          if (delta.index !== calls.length || delta.id === null || delta.name === null) {
             throw new GatewayError(
               'upstream_invalid_response',
               'The provider sent a malformed tool call.',
             );
           }
-          this.calls.push({
+          calls.push({
             id: delta.id,
             type: 'function',
             function: { name: delta.name, arguments: '' },
           });
           args = new TextBuilder();
-          this.callArguments.push(args);
+          (this.callArguments ??= []).push(args);
           if (this.streamed !== null) {
             const counted = new StreamedText(
               this.streamed.keyId,
@@ -284,10 +292,10 @@ class Answer {
               this.streamed.logger,
             );
             counted.append(delta.name);
-            this.streamedCalls.push(counted);
+            (this.streamedCalls ??= []).push(counted);
           }
         }
-        if (this.streamed !== null) this.streamedCalls[delta.index]!.append(delta.arguments);
+        if (this.streamed !== null) this.streamedCalls![delta.index]!.append(delta.arguments);
         else args.append(delta.arguments);
         return sink?.toolCall(delta.index, delta.id, delta.name, delta.arguments);
       }
@@ -297,6 +305,9 @@ class Answer {
     }
   }
 }
+
+/** The tool calls of an answer that made none: one shared, frozen list. */
+const NO_TOOL_CALLS: readonly ToolCall[] = Object.freeze([]);
 
 /** The run policies of a config: made once, not per request. */
 const policies = new WeakMap<Config, { stream: RunPolicy; whole: RunPolicy }>();

@@ -14,7 +14,7 @@ export function completionBody(
   createdS: number,
   model: string,
   content: string | null,
-  toolCalls: ToolCall[],
+  toolCalls: readonly ToolCall[],
   finishReason: PublicFinishReason,
   usage: Usage,
 ): Record<string, unknown> {
