@@ -5,24 +5,26 @@ const TEXT_PIECES_PER_GROUP = 256;
 
 /**
  * Many small strings joined with little overhead: pieces are joined in groups, so neither a rope of
- * millions of nodes (`+=`) nor an array of millions of strings is ever held.
+ * millions of nodes (`+=`) nor an array of millions of strings is ever held. Its arrays are made on
+ * need: most texts are one piece (a whole answer), and never fill a group.
  */
 export class TextBuilder {
-  private readonly groups: string[] = [];
-  private readonly pieces: string[] = [];
+  private groups: string[] | null = null;
+  private pieces: string[] | null = null;
 
   append(text: string): void {
     if (text.length === 0) return;
-    this.pieces.push(text);
-    if (this.pieces.length === TEXT_PIECES_PER_GROUP) {
-      this.groups.push(this.pieces.join(''));
-      this.pieces.length = 0;
+    const pieces = (this.pieces ??= []);
+    pieces.push(text);
+    if (pieces.length === TEXT_PIECES_PER_GROUP) {
+      (this.groups ??= []).push(pieces.join(''));
+      pieces.length = 0;
     }
   }
 
   build(): string {
-    if (this.groups.length === 0)
-      return this.pieces.length === 1 ? this.pieces[0]! : this.pieces.join('');
-    return this.groups.join('') + this.pieces.join('');
+    const pieces = this.pieces;
+    const tail = pieces === null ? '' : pieces.length === 1 ? pieces[0]! : pieces.join('');
+    return this.groups === null ? tail : this.groups.join('') + tail;
   }
 }
