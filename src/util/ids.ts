@@ -25,30 +25,40 @@ const ALPHABET_CODES = Uint8Array.from(ALPHABET, (char) => char.charCodeAt(0));
 const CODES = Buffer.alloc(64);
 
 export function randomBase62(length: number): string {
-  assert(length <= CODES.length, 'id longer than the code buffer');
-  let filled = 0;
-  while (filled < length) {
+  return prefixedBase62('', length);
+}
+
+/**
+ * `prefix` (ASCII) and `length` random base62 characters, decoded as one string: a request id is
+ * made per request, and the prefix joined afterwards would be a second string (a rope) each time.
+ */
+function prefixedBase62(prefix: string, length: number): string {
+  const total = prefix.length + length;
+  assert(total <= CODES.length, 'id longer than the code buffer');
+  for (let i = 0; i < prefix.length; i++) CODES[i] = prefix.charCodeAt(i);
+  let filled = prefix.length;
+  while (filled < total) {
     const byte = randomByte();
     // 248 = 62 * 4: bytes at or above it would favour the first letters.
     if (byte < 248) CODES[filled++] = ALPHABET_CODES[byte % 62]!;
   }
-  return CODES.toString('latin1', 0, length);
+  return CODES.toString('latin1', 0, total);
 }
 
 export function newChatRequestId(): string {
-  return `chatcmpl-${randomBase62(24)}`;
+  return prefixedBase62('chatcmpl-', 24);
 }
 
 export function newDecisionRequestId(): string {
-  return `dec_${randomBase62(24)}`;
+  return prefixedBase62('dec_', 24);
 }
 
 export function newKeyId(): string {
-  return `key_${randomBase62(16)}`;
+  return prefixedBase62('key_', 16);
 }
 
 export function newToolCallId(): string {
-  return `call_${randomBase62(24)}`;
+  return prefixedBase62('call_', 24);
 }
 
 export function sha256Hex(text: string): string {
