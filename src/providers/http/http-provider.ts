@@ -17,7 +17,7 @@ import {
   oversizedBody,
   parseJson,
 } from './answer.ts';
-import { HttpClient } from './client.ts';
+import { HttpClient, type ResponseHead } from './client.ts';
 import { DELTAS_PER_TURN_MAX, UpstreamCall } from './upstream-call.ts';
 
 export interface HttpProviderOptions {
@@ -190,7 +190,7 @@ export class HttpProvider implements Provider {
    * error.
    */
   private async open(call: UpstreamCall, request: ProviderRequest): Promise<'sse' | 'json'> {
-    const head = await call.send(this.client, this.requestText(request));
+    const head = await this.send(call, request);
     if (head.status < 200 || head.status > 299)
       throw await this.errorFromResponse(head.status, call);
     const encoding = head.headers.get('content-encoding');
@@ -214,8 +214,11 @@ export class HttpProvider implements Provider {
     return this.dialect.completion(parseJson(text, this.name), this.name);
   }
 
-  /** The whole request: head, the per-call fields, and the body. */
-  private requestText(request: ProviderRequest): { text: string; bytes: number } {
+  /**
+   * Sends the whole request on `call`: head, the per-call fields, and the body (its text and size
+   * handed on as they are, not in an object made to carry them).
+   */
+  private send(call: UpstreamCall, request: ProviderRequest): Promise<ResponseHead> {
     const body = JSON.stringify(this.dialect.body(request));
     const target = this.dialect.path(request);
     let head = `${this.requestLineStart}${target} HTTP/1.1\r\n${this.requestFields}`;
@@ -235,7 +238,7 @@ export class HttpProvider implements Provider {
     head += `content-length: ${bodyBytes}\r\n\r\n`;
     // The head is ASCII (checked above, at config load, and by the dialects' paths), so its length
     // is its size in bytes.
-    return { text: head + body, bytes: head.length + bodyBytes };
+    return call.send(this.client, head + body, head.length + bodyBytes);
   }
 
   private async *relaySse(call: UpstreamCall): AsyncGenerator<Delta> {

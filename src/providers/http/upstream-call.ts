@@ -66,8 +66,9 @@ export class UpstreamCall implements ExchangeHandler {
     this.wake(this.signal.reason);
   }
 
-  async send(client: HttpClient, request: { text: string; bytes: number }): Promise<ResponseHead> {
-    this.exchange = client.request(request.text, request.bytes, this);
+  /** Sends `text` (`bytes` long in UTF-8: the request line, fields, empty line and body). */
+  async send(client: HttpClient, text: string, bytes: number): Promise<ResponseHead> {
+    this.exchange = client.request(text, bytes, this);
     while (this.head === null) {
       this.throwIfFailed();
       await this.wait();
