@@ -206,6 +206,8 @@ export interface Exposition {
 
 export class Metrics {
   private readonly finished = new Tally<FinishedLabels>();
+  /** The finished tally's keys by service, status and code (see finishedKey). */
+  private readonly finishedKeys = new Map<Service, Map<string, Map<string, string>>>();
   private readonly refused = new Tally<RefusedLabels>();
   private readonly chargedMicro = new Tally<{ service: string }>();
   private readonly ttft = new TtftHistogram();
@@ -296,11 +298,25 @@ export class Metrics {
     chargedMicro: number,
   ): void {
     const codeLabel = code ?? '';
-    const key = `${service}\u0000${status}\u0000${codeLabel}`;
+    const key = this.finishedKey(service, status, codeLabel);
     if (!this.finished.add(key, 1))
       this.finished.start(key, { service, status, code: codeLabel }, 1);
     if (chargedMicro > 0 && !this.chargedMicro.add(service, chargedMicro))
       this.chargedMicro.start(service, { service }, chargedMicro);
+  }
+
+  /**
+   * The finished tally's key of these labels, made once per label set (a few dozen: services,
+   * statuses and error codes are fixed lists): joining them per request made two strings each time.
+   */
+  private finishedKey(service: Service, status: string, code: string): string {
+    let byStatus = this.finishedKeys.get(service);
+    if (byStatus === undefined) this.finishedKeys.set(service, (byStatus = new Map()));
+    let byCode = byStatus.get(status);
+    if (byCode === undefined) byStatus.set(status, (byCode = new Map()));
+    let key = byCode.get(code);
+    if (key === undefined) byCode.set(code, (key = `${service}\u0000${status}\u0000${code}`));
+    return key;
   }
 
   requestRefused(service: Service, code: string): void {
