@@ -79,6 +79,11 @@ export interface Dialect {
 /** Only the error code of a failed call is read, so its body is cut off early. */
 const ERROR_BODY_BYTES_MAX = 64 * 1024;
 
+/** A 2xx answer: anything else is an error, read by errorFromResponse. */
+function isSuccess(head: ResponseHead): boolean {
+  return head.status >= 200 && head.status <= 299;
+}
+
 export class HttpProvider implements Provider {
   readonly name: string;
   private readonly client: HttpClient;
@@ -137,7 +142,9 @@ export class HttpProvider implements Provider {
     signal.throwIfAborted();
     const call = new UpstreamCall(this.name, this.timeoutMs, signal);
     try {
-      if ((await this.open(call, request)) === 'sse') {
+      const head = await this.send(call, request);
+      if (!isSuccess(head)) throw await this.errorFromResponse(head.status, call);
+      if (this.bodyKind(call, head) === 'sse') {
         yield* this.relaySse(call);
       } else {
         for (const delta of await this.readCompletion(call)) {
@@ -159,7 +166,9 @@ export class HttpProvider implements Provider {
     const call = new UpstreamCall(this.name, this.timeoutMs, signal);
     try {
       let deltas: Delta[];
-      if ((await this.open(call, request)) === 'sse') {
+      const head = await this.send(call, request);
+      if (!isSuccess(head)) throw await this.errorFromResponse(head.status, call);
+      if (this.bodyKind(call, head) === 'sse') {
         // A server that streams although asked not to: its events, folded into the deltas a JSON
         // answer gives, so what is kept grows with the content, not with the number of events.
         const collector = new DeltaCollector();
@@ -186,13 +195,11 @@ export class HttpProvider implements Provider {
   }
 
   /**
-   * Sends the request and judges the answer's head: an event stream, a JSON completion, or an
-   * error.
+   * Judges the head of a successful answer: an event stream or a JSON completion, else it throws.
+   * Not async (an error status is read by the caller, with errorFromResponse, before this): an
+   * async step of its own would cost a generator, a promise, a scope and a function per call.
    */
-  private async open(call: UpstreamCall, request: ProviderRequest): Promise<'sse' | 'json'> {
-    const head = await this.send(call, request);
-    if (head.status < 200 || head.status > 299)
-      throw await this.errorFromResponse(head.status, call);
+  private bodyKind(call: UpstreamCall, head: ResponseHead): 'sse' | 'json' {
     const encoding = head.headers.get('content-encoding');
     if (encoding !== undefined && encoding.toLowerCase() !== 'identity')
       throw invalid(this.name, 'answered with a compressed body');
