@@ -95,13 +95,15 @@ export class Router {
     attempts: Attempt[],
   ): AsyncGenerator<Delta> {
     const route = this.route(modelId);
-    const tried: DeploymentState[] = [];
+    const tried = triedList(route);
+    let attemptsMade = 0;
     let failure: unknown = null;
-    while (tried.length < this.maxAttempts) {
+    while (attemptsMade < this.maxAttempts) {
       signal.throwIfAborted();
-      const deployment = this.pick(route, tried);
+      const deployment = this.pick(route, tried, attemptsMade);
       if (deployment === null) break;
-      tried.push(deployment);
+      tried?.push(deployment);
+      attemptsMade++;
       const attempt = this.begin(deployment, attempts);
       const startedMs = performance.now();
       let handedOn = false;
@@ -139,13 +141,15 @@ export class Router {
     attempts: Attempt[],
   ): Promise<Delta[]> {
     const route = this.route(modelId);
-    const tried: DeploymentState[] = [];
+    const tried = triedList(route);
+    let attemptsMade = 0;
     let failure: unknown = null;
-    while (tried.length < this.maxAttempts) {
+    while (attemptsMade < this.maxAttempts) {
       signal.throwIfAborted();
-      const deployment = this.pick(route, tried);
+      const deployment = this.pick(route, tried, attemptsMade);
       if (deployment === null) break;
-      tried.push(deployment);
+      tried?.push(deployment);
+      attemptsMade++;
       const attempt = this.begin(deployment, attempts);
       const startedMs = performance.now();
       const call = forDeployment(request, deployment);
@@ -173,19 +177,23 @@ export class Router {
    * is the call's first attempt, the one whose cooldown ends first: a call is never refused without
    * trying (a model with one deployment keeps answering while it recovers).
    */
-  private pick(route: Route, tried: readonly DeploymentState[]): DeploymentState | null {
+  private pick(
+    route: Route,
+    tried: readonly DeploymentState[] | null,
+    attemptsMade: number,
+  ): DeploymentState | null {
     const nowMs = Date.now();
     const { deployments } = route;
-    if (deployments.length === 1) {
+    if (tried === null) {
       const only = deployments[0]!;
-      return tried.length === 0 ? this.claim(only, nowMs) : null;
+      return attemptsMade === 0 ? this.claim(only, nowMs) : null;
     }
     let total = 0;
     for (const deployment of deployments) {
       if (!tried.includes(deployment) && deployment.available(nowMs)) total += deployment.weight;
     }
     if (total === 0) {
-      if (tried.length > 0) return null;
+      if (attemptsMade > 0) return null;
       let soonest = deployments[0]!;
       for (const deployment of deployments) {
         if (deployment.ejectedUntilMs < soonest.ejectedUntilMs) soonest = deployment;
@@ -258,6 +266,14 @@ export class Router {
     }
     deployment.attemptsByOutcome[attempt.outcome]++;
   }
+}
+
+/**
+ * The deployments a call has tried, for a route with a choice; null for a route of one (most), for
+ * which the count of attempts made says all: no list per call.
+ */
+function triedList(route: Route): DeploymentState[] | null {
+  return route.deployments.length === 1 ? null : [];
 }
 
 /**
