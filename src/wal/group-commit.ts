@@ -30,6 +30,11 @@ export class GroupCommit {
   private seq: number;
   /** JSON of the records appended but not yet written, in seq order; framed only when written. */
   private pendingTexts: string[] = [];
+  /**
+   * The list the pending texts go to while a batch is framed from the other: the two take turns,
+   * so a batch makes no list of its own.
+   */
+  private spareTexts: string[] = [];
   /** The most bytes their frames can take. */
   private pendingBytesMax = 0;
   /**
@@ -243,10 +248,16 @@ export class GroupCommit {
     // append() bumps seq and queues its text in one step, so the batch ends at the current seq.
     const batchLastSeq = this.seq;
     const bytesMax = this.pendingBytesMax;
-    this.pendingTexts = [];
+    this.pendingTexts = this.spareTexts;
     this.pendingBytesMax = 0;
-    const batch = this.frameBatch(texts, batchLastSeq - texts.length + 1, bytesMax);
-    this.files.write(batch, batchLastSeq);
+    try {
+      const batch = this.frameBatch(texts, batchLastSeq - texts.length + 1, bytesMax);
+      this.files.write(batch, batchLastSeq);
+    } finally {
+      // Written or failed, these records are no longer pending (as when the list was dropped).
+      texts.length = 0;
+      this.spareTexts = texts;
+    }
     return batchLastSeq;
   }
 
