@@ -3,7 +3,14 @@
 import { AssertionError, assert } from '../util/assert.ts';
 import { IdMap } from '../util/id-map.ts';
 import { BindingTable, type IdempotencyBinding } from './bindings.ts';
-import type { Event, RequestFinished, RequestRecorded, RequestStarted, Service } from './events.ts';
+import type {
+  Amount,
+  Event,
+  RequestFinished,
+  RequestRecorded,
+  RequestStarted,
+  Service,
+} from './events.ts';
 import { RecordTable, type RequestRecord } from './records.ts';
 import { DAY_MS, UsageTable } from './usage.ts';
 
@@ -15,6 +22,12 @@ export { DAY_MS };
  * freed"). A chat key stays bound to its original, whatever its end: the retry learns of it (409).
  */
 const KEY_FREED_WITHOUT_ANSWER: Record<Service, boolean> = { chat: false, decision: true };
+
+/**
+ * The charge of a request in flight: one shared, frozen value (a record's charge is replaced at its
+ * finish, never changed in place), not an object per request.
+ */
+const NOTHING_CHARGED: Amount = Object.freeze({ credits_micro: 0, tokens: 0 });
 
 export interface KeyAccount {
   id: string;
@@ -161,7 +174,7 @@ export class GatewayState {
       createdAtMs: event.at_ms,
       finishedAtMs: null,
       hold: event.hold,
-      charge: { credits_micro: 0, tokens: 0 },
+      charge: NOTHING_CHARGED,
       budgetHoldMicro: event.budget_hold_micro,
       usage: null,
       errorCode: null,
