@@ -27,8 +27,11 @@ export interface RunSignal {
 export class RunAbort implements RunSignal {
   aborted = false;
   reason: unknown = undefined;
-  /** Most requests have one or two (the upstream call, a stream's sink): an array made on need. */
-  private listeners: RunAbortListener[] | null = null;
+  /**
+   * Most requests have one or two (the upstream call, a stream's sink): one is kept as it is, an
+   * array is made for the second.
+   */
+  private listeners: RunAbortListener | RunAbortListener[] | null = null;
 
   throwIfAborted(): void {
     if (this.aborted) throw this.reason;
@@ -37,13 +40,19 @@ export class RunAbort implements RunSignal {
   addEventListener(type: 'abort', listener: RunAbortListener): void {
     if (type !== 'abort' || this.aborted) return;
     const listeners = this.listeners;
-    if (listeners === null) this.listeners = [listener];
-    else if (!listeners.includes(listener)) listeners.push(listener);
+    if (listeners === null) this.listeners = listener;
+    else if (!Array.isArray(listeners)) {
+      if (listeners !== listener) this.listeners = [listeners, listener];
+    } else if (!listeners.includes(listener)) listeners.push(listener);
   }
 
   removeEventListener(type: 'abort', listener: RunAbortListener): void {
     const listeners = this.listeners;
     if (type !== 'abort' || listeners === null) return;
+    if (!Array.isArray(listeners)) {
+      if (listeners === listener) this.listeners = null;
+      return;
+    }
     const at = listeners.indexOf(listener);
     if (at !== -1) listeners.splice(at, 1);
   }
@@ -55,18 +64,27 @@ export class RunAbort implements RunSignal {
     this.reason = reason;
     const listeners = this.listeners;
     if (listeners === null) return true;
+    if (!Array.isArray(listeners)) {
+      this.listeners = null;
+      dispatch(listeners);
+      return true;
+    }
     // As the DOM dispatches: over the list as it was, skipping a listener an earlier one removed
     // (none can be added now: the signal is aborted).
     for (const listener of listeners.slice()) {
-      if (!listeners.includes(listener)) continue;
-      try {
-        if (typeof listener === 'function') listener();
-        else listener.handleEvent();
-      } catch (error) {
-        reportError(error);
-      }
+      if (listeners.includes(listener)) dispatch(listener);
     }
     this.listeners = null;
     return true;
+  }
+}
+
+/** Calls one abort listener; one that throws is reported and does not stop the others. */
+function dispatch(listener: RunAbortListener): void {
+  try {
+    if (typeof listener === 'function') listener();
+    else listener.handleEvent();
+  } catch (error) {
+    reportError(error);
   }
 }
