@@ -2,7 +2,7 @@
 // hold.
 
 import * as commands from '../state/commands.ts';
-import type { Amount, Attempt, RequestStatus, Service, Usage } from '../state/events.ts';
+import type { Amount, Attempt, RequestStatus, Usage } from '../state/events.ts';
 import type { StateStore } from '../state/store.ts';
 import { RunAbort, type RunSignal } from '../util/abort.ts';
 import { AssertionError } from '../util/assert.ts';
@@ -67,13 +67,11 @@ export interface RunPolicy {
   keepsHold(error: GatewayError): boolean;
 }
 
-export interface ActorInit {
-  id: string;
-  keyId: string;
-  service: Service;
-  model: string;
-  stream: boolean;
-  hold: Amount;
+/**
+ * What an actor starts from: the placement of its hold (admission hands the same object to
+ * `commands.placeHold`, not a copy of it), and whether it is bound to an Idempotency-Key.
+ */
+export interface ActorInit extends commands.HoldPlacement {
   /** Bound to an Idempotency-Key: the provider is not called before that binding is durable. */
   idempotent: boolean;
 }
@@ -125,7 +123,7 @@ export class RequestActor {
    */
   get logger(): Logger {
     this.childLogger ??= this.rootLogger.child({
-      requestId: this.init.id,
+      requestId: this.init.requestId,
       keyId: this.init.keyId,
       model: this.init.model,
     });
@@ -133,7 +131,7 @@ export class RequestActor {
   }
 
   get id(): string {
-    return this.init.id;
+    return this.init.requestId;
   }
 
   get status(): RequestStatus {

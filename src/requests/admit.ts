@@ -9,7 +9,7 @@ import type { Amount, RequestStatus, Service } from '../state/events.ts';
 import type { StateStore } from '../state/store.ts';
 import { GatewayError } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
-import { type Outcome, RequestActor } from './actor.ts';
+import { type ActorInit, type Outcome, RequestActor } from './actor.ts';
 import type { ActorRegistry } from './registry.ts';
 
 /** What admission uses of the gateway (the Gateway satisfies it). */
@@ -97,7 +97,8 @@ export function admit(ctx: AdmitContext, command: AdmitCommand): Admission {
       "The gateway is at its limit of requests in flight for this key's share; retry shortly.",
     );
   }
-  const durable = placeHold(store, {
+  // The placement of the hold is the actor's init as well: one object for both.
+  const init: ActorInit = {
     requestId,
     keyId: account.id,
     service,
@@ -109,21 +110,10 @@ export function admit(ctx: AdmitContext, command: AdmitCommand): Admission {
       ? { ...idempotency, expiresAtMs: nowMs + config.idempotency_ttl_s * 1000 }
       : null,
     atMs: nowMs,
-  });
-  const actor = new RequestActor(
-    {
-      id: requestId,
-      keyId: account.id,
-      service,
-      model: command.model,
-      stream: command.stream,
-      hold,
-      idempotent: idempotency !== null,
-    },
-    store,
-    settledBy(ctx),
-    ctx.logger,
-  );
+    idempotent: idempotency !== null,
+  };
+  const durable = placeHold(store, init);
+  const actor = new RequestActor(init, store, settledBy(ctx), ctx.logger);
   actor.started(durable);
   registry.add(actor);
   if (command.clientSignal) actor.listenTo(command.clientSignal);
