@@ -117,7 +117,10 @@ export class HttpExchange {
 class Connection implements ResponseSink {
   socket: Socket<Connection> | null = null;
   exchange: HttpExchange | null = null;
+  /** The current exchange's parser; null while the connection carries none. */
   parser: ResponseParser | null = null;
+  /** The one parser this connection uses, reset for each exchange (not one per request). */
+  private ownParser: ResponseParser | null = null;
   /** Taken from the idle pool (a stale one may close under the request). */
   reused = false;
   closed = false;
@@ -133,7 +136,9 @@ class Connection implements ResponseSink {
   start(exchange: HttpExchange): void {
     this.exchange = exchange;
     exchange.connection = this;
-    this.parser = new ResponseParser(this);
+    const parser = (this.ownParser ??= new ResponseParser(this));
+    parser.reset();
+    this.parser = parser;
     this.startedAtMs = performance.now();
     const socket = this.socket!;
     const written = socket.write(exchange.requestText);

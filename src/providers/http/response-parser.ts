@@ -68,6 +68,18 @@ export class ResponseParser {
     private readonly headBytesMax = HEAD_BYTES_MAX_DEFAULT,
   ) {}
 
+  /** Ready for the answer to the connection's next request, as if new. */
+  reset(): void {
+    this.state = State.Head;
+    this.headParts = null;
+    this.headBytes = 0;
+    this.remaining = 0;
+    this.line = '';
+    this.trailerBytes = 0;
+    this.reusable = false;
+    this.received = false;
+  }
+
   /** Any byte of a response arrived. */
   get started(): boolean {
     return this.received;
