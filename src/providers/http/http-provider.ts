@@ -101,6 +101,9 @@ export class HttpProvider implements Provider {
    */
   private readonly configuredKeyField: string = '';
   private readonly logger: Logger;
+  /** The last call's target and its request line with the fixed fields (see headStart). */
+  private lastTarget: string | null = null;
+  private lastHeadStart = '';
 
   constructor(
     name: string,
@@ -227,8 +230,7 @@ export class HttpProvider implements Provider {
    */
   private send(call: UpstreamCall, request: ProviderRequest): Promise<ResponseHead> {
     const body = JSON.stringify(this.dialect.body(request));
-    const target = this.dialect.path(request);
-    let head = `${this.requestLineStart}${target} HTTP/1.1\r\n${this.requestFields}`;
+    let head = this.headStart(this.dialect.path(request));
     // Read per call, so a rotated key in the environment takes effect without a restart.
     const key = this.apiKeyEnv === undefined ? undefined : process.env[this.apiKeyEnv];
     if (key) {
@@ -242,10 +244,22 @@ export class HttpProvider implements Provider {
       head += this.configuredKeyField;
     }
     const bodyBytes = Buffer.byteLength(body);
-    head += `content-length: ${bodyBytes}\r\n\r\n`;
+    const text = `${head}content-length: ${bodyBytes}\r\n\r\n${body}`;
     // The head is ASCII (checked above, at config load, and by the dialects' paths), so its length
     // is its size in bytes.
-    return call.send(this.client, head + body, head.length + bodyBytes);
+    return call.send(this.client, text, text.length - body.length + bodyBytes);
+  }
+
+  /**
+   * The request line for `target` and the fixed fields: kept for the last target, which for most
+   * dialects is the same on every call (a new string for it each time would be garbage per call).
+   */
+  private headStart(target: string): string {
+    if (target !== this.lastTarget) {
+      this.lastTarget = target;
+      this.lastHeadStart = `${this.requestLineStart}${target} HTTP/1.1\r\n${this.requestFields}`;
+    }
+    return this.lastHeadStart;
   }
 
   private async *relaySse(call: UpstreamCall): AsyncGenerator<Delta> {
