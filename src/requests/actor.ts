@@ -76,9 +76,12 @@ export interface ActorInit extends commands.HoldPlacement {
   idempotent: boolean;
 }
 
-/** A timer's callback (setTimeout passes the actor and kind): no closure per request. */
-export function abortOnTimer(actor: RequestActor, kind: AbortKind): void {
-  actor.abort(kind);
+/**
+ * The run's deadline (setTimeout passes the actor): no closure per request, and one argument, not
+ * two (Bun keeps two or more in an array of their own per timer).
+ */
+function abortOnDeadline(actor: RequestActor): void {
+  actor.abortAtDeadline();
 }
 
 const LEGAL: Record<RequestStatus, readonly RequestStatus[]> = {
@@ -109,6 +112,8 @@ export class RequestActor {
   /** The same, for readers that only wait for it (never rejects). */
   private startSettled: Promise<void> = RESOLVED;
   private childLogger: Logger | null = null;
+  /** The abort the run's deadline fires (its policy's), set when the run starts its timer. */
+  private deadlineKind: AbortKind = 'upstream_timeout';
 
   constructor(
     readonly init: ActorInit,
@@ -211,6 +216,11 @@ export class RequestActor {
     return this.aborts.abort(new AbortReason(kind));
   }
 
+  /** The run's time limit passed (its timer's callback). */
+  abortAtDeadline(): void {
+    this.abort(this.deadlineKind);
+  }
+
   /** The abort that ended the run, if one did. */
   get abortKind(): AbortKind | null {
     const reason = this.aborts.reason;
@@ -238,7 +248,8 @@ export class RequestActor {
       // The deadline starts after that wait: a slow disk is the gateway's, never a provider timeout
       // billed to the key.
       if (this.init.idempotent) await this.startCommit;
-      timer = setTimeout(abortOnTimer, policy.deadlineMs, this, policy.deadlineKind);
+      this.deadlineKind = policy.deadlineKind;
+      timer = setTimeout(abortOnDeadline, policy.deadlineMs, this);
       const done = await work(context, this);
       // An abort that came while the work was finishing wins: the caller has gone or asked to stop.
       if (this.aborts.aborted) throw this.aborts.reason;
