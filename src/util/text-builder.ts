@@ -6,15 +6,25 @@ const TEXT_PIECES_PER_GROUP = 256;
 /**
  * Many small strings joined with little overhead: pieces are joined in groups, so neither a rope of
  * millions of nodes (`+=`) nor an array of millions of strings is ever held. Its arrays are made on
- * need: most texts are one piece (a whole answer), and never fill a group.
+ * need: most texts are one piece (a whole answer), kept as it is, and never fill a group.
  */
 export class TextBuilder {
   private groups: string[] | null = null;
+  /** The pieces since the last group; null while there is at most one, kept in `first`. */
   private pieces: string[] | null = null;
+  private first: string | null = null;
 
   append(text: string): void {
     if (text.length === 0) return;
-    const pieces = (this.pieces ??= []);
+    let pieces = this.pieces;
+    if (pieces === null) {
+      if (this.first === null) {
+        this.first = text;
+        return;
+      }
+      pieces = this.pieces = [this.first];
+      this.first = null;
+    }
     pieces.push(text);
     if (pieces.length === TEXT_PIECES_PER_GROUP) {
       (this.groups ??= []).push(pieces.join(''));
@@ -24,7 +34,9 @@ export class TextBuilder {
 
   build(): string {
     const pieces = this.pieces;
-    const tail = pieces === null ? '' : pieces.length === 1 ? pieces[0]! : pieces.join('');
+    let tail: string;
+    if (pieces === null) tail = this.first ?? '';
+    else tail = pieces.length === 1 ? pieces[0]! : pieces.join('');
     return this.groups === null ? tail : this.groups.join('') + tail;
   }
 }
