@@ -1,7 +1,7 @@
 // Reading the log back on open: the snapshot, then every segment's records in seq order. A torn
 // tail (a crash mid-write) is cut off; any other damage refuses to start. Segments hold batches of
 // frames (frame.ts) after a segment header, or, written by older gateways, bare frames.
-import { closeSync, fsyncSync, ftruncateSync, openSync, readdirSync, readFileSync } from 'node:fs';
+import { readdirSync, readFileSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Logger } from '../util/log.ts';
 import { WalCorruptionError } from './errors.ts';
@@ -12,7 +12,7 @@ import {
   SEGMENT_HEADER,
   SEGMENT_HEADER_BYTES,
 } from './frame.ts';
-import { type SegmentTail, segmentName } from './segment.ts';
+import { type SegmentTail, segmentName, truncateDurably } from './segment.ts';
 import { readSnapshotFile } from './snapshot.ts';
 
 export interface ReplayHandlers {
@@ -206,13 +206,7 @@ class SegmentReader {
       { file: path, offset, why, droppedBytes: sizeBytes - offset },
       'wal: torn tail truncated',
     );
-    const fd = openSync(path, 'r+');
-    try {
-      ftruncateSync(fd, offset);
-      fsyncSync(fd);
-    } finally {
-      closeSync(fd);
-    }
+    truncateDurably(path, offset);
   }
 
   /**

@@ -69,9 +69,8 @@ function syncFile(path: string): void {
   }
 }
 
-/** Cuts the file at `path` back to `sizeBytes`, durably, if it is longer (once, at start). */
-function cutZeros(path: string, sizeBytes: number): void {
-  if (statSync(path).size <= sizeBytes) return;
+/** Cuts the file at `path` back to `sizeBytes`, durably (replay's torn tails; zeros at start). */
+export function truncateDurably(path: string, sizeBytes: number): void {
   const fd = openSync(path, 'r+');
   try {
     ftruncateSync(fd, sizeBytes);
@@ -265,8 +264,10 @@ export class SegmentFiles {
     }
     // Under `interval` and `off` many batches are unsynced at once, and in zero-filled space their
     // pages could reach the disk in any order: the zeros an `always` run prepared are cut off.
-    if (tail?.batched && this.options.fsync !== 'always')
-      cutZeros(join(this.options.dir, segmentName(tail.index)), tail.endBytes);
+    if (tail?.batched && this.options.fsync !== 'always') {
+      const path = join(this.options.dir, segmentName(tail.index));
+      if (statSync(path).size > tail.endBytes) truncateDurably(path, tail.endBytes);
+    }
     if (tail === null) this.openSegment(1, 0, 'now');
     else if (tail.batched) this.openSegment(tail.index, tail.endBytes, 'now');
     else this.openSegment(tail.index + 1, 0, 'now');

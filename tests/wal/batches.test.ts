@@ -13,23 +13,18 @@ import {
   writeFileSync,
 } from 'node:fs';
 import { join } from 'node:path';
-import {
-  BATCH_HEADER_BYTES,
-  encodeFrame,
-  SEGMENT_HEADER,
-  SEGMENT_HEADER_BYTES,
-  sealBatch,
-} from '../../src/wal/frame.ts';
-import { WalCorruptionError } from '../../src/wal/log.ts';
+import { encodeFrame, SEGMENT_HEADER, SEGMENT_HEADER_BYTES } from '../../src/wal/frame.ts';
 import { PREPARED_SEGMENT_NAME } from '../../src/wal/segment.ts';
 import {
   bareFramesOf,
   batchedSegment,
   batchRanges,
+  expectCorruption,
   openRecording,
   payloadOf,
   replayOnly,
   segmentFiles,
+  segmentOfBatches,
   tempDirs,
 } from './support.ts';
 
@@ -45,17 +40,6 @@ function expectedRecords(from: number, to: number, payload = (i: number) => payl
     seq: from + k,
     payload: payload(from + k - 1),
   }));
-}
-
-function expectCorruption(open: () => unknown): WalCorruptionError {
-  let caught: unknown;
-  try {
-    open();
-  } catch (error) {
-    caught = error;
-  }
-  expect(caught).toBeInstanceOf(WalCorruptionError);
-  return caught as WalCorruptionError;
 }
 
 function dirWith(files: Record<string, Uint8Array>): string {
@@ -327,17 +311,8 @@ describe('damage at the edges', () => {
       await log.wal.close();
       const frame = (seq: number) => encodeFrame(seq, new TextEncoder().encode(`{"n":${seq}}`));
       // Batches [1-3], [4-6], [7-10]: the last holds 9 and 10, after the snapshot.
-      const segment = (batches: number[][]) => {
-        const parts: Uint8Array[] = [SEGMENT_HEADER];
-        for (const seqs of batches) {
-          const frames = Buffer.concat(seqs.map(frame));
-          const batch = new Uint8Array(BATCH_HEADER_BYTES + frames.length);
-          batch.set(frames, BATCH_HEADER_BYTES);
-          sealBatch(batch, 0, frames.length, seqs.length);
-          parts.push(batch);
-        }
-        return new Uint8Array(Buffer.concat(parts));
-      };
+      const segment = (batches: number[][]) =>
+        segmentOfBatches(batches.map((seqs) => seqs.map(frame)));
       const clean = segment([
         [1, 2, 3],
         [4, 5, 6],

@@ -13,7 +13,12 @@ import {
   SEGMENT_HEADER_BYTES,
   sealBatch,
 } from '../../src/wal/frame.ts';
-import { type FsyncPolicy, type WalOptions, WriteAheadLog } from '../../src/wal/log.ts';
+import {
+  type FsyncPolicy,
+  WalCorruptionError,
+  type WalOptions,
+  WriteAheadLog,
+} from '../../src/wal/log.ts';
 
 export const SILENT: Logger = createLogger('silent');
 
@@ -135,12 +140,30 @@ export function bareFramesOf(bytes: Uint8Array): Uint8Array {
 
 /** A segment of the given frames, one batch each, as the writer lays them out. */
 export function batchedSegment(frames: Uint8Array[]): Uint8Array {
+  return segmentOfBatches(frames.map((frame) => [frame]));
+}
+
+/** A segment of batches of the given frames, as the writer lays them out. */
+export function segmentOfBatches(batches: Uint8Array[][]): Uint8Array {
   const parts: Uint8Array[] = [SEGMENT_HEADER];
-  for (const frame of frames) {
-    const batch = new Uint8Array(BATCH_HEADER_BYTES + frame.length);
-    batch.set(frame, BATCH_HEADER_BYTES);
-    sealBatch(batch, 0, frame.length, 1);
+  for (const frames of batches) {
+    const joined = Buffer.concat(frames);
+    const batch = new Uint8Array(BATCH_HEADER_BYTES + joined.length);
+    batch.set(joined, BATCH_HEADER_BYTES);
+    sealBatch(batch, 0, joined.length, frames.length);
     parts.push(batch);
   }
   return new Uint8Array(Buffer.concat(parts));
+}
+
+/** Runs `open`, which must refuse to start; returns the error. */
+export function expectCorruption(open: () => unknown): WalCorruptionError {
+  let caught: unknown;
+  try {
+    open();
+  } catch (error) {
+    caught = error;
+  }
+  expect(caught).toBeInstanceOf(WalCorruptionError);
+  return caught as WalCorruptionError;
 }

@@ -4,11 +4,11 @@ import { afterAll, describe, expect, test } from 'bun:test';
 import { readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { decodeFrame, encodeFrame } from '../../src/wal/frame.ts';
-import { WalCorruptionError } from '../../src/wal/log.ts';
 import {
   bareFramesOf,
   batchedSegment,
   batchRanges,
+  expectCorruption,
   openRecording,
   payloadOf,
   replayOnly,
@@ -85,17 +85,6 @@ function dirWithSegment(bytes: Uint8Array, name = SEGMENT): string {
   const dir = dirs.make();
   writeFileSync(join(dir, name), bytes);
   return dir;
-}
-
-function expectCorruption(open: () => unknown): WalCorruptionError {
-  let caught: unknown;
-  try {
-    open();
-  } catch (error) {
-    caught = error;
-  }
-  expect(caught).toBeInstanceOf(WalCorruptionError);
-  return caught as WalCorruptionError;
 }
 
 describe.each(FORMATS)('torn tail (%s)', (format) => {
