@@ -391,6 +391,10 @@ describe('prepared segments', () => {
     // 200 KiB segments, prepared at that size: records of up to 150 KB run past the zeros.
     const options = { fsync: 'always' as const, segmentBytes: 200 * 1024 };
     const { wal } = openRecording(dir, options);
+    const preparedBytes = () => statSync(join(dir, PREPARED_SEGMENT_NAME)).size;
+    // The zeros held ahead are bounded by the segment size, the first and every later one.
+    await wal.prepared();
+    expect(preparedBytes()).toBe(200 * 1024);
     const sizes = [100_000, 10, 3_000, 70_000, 1, 500, 150_000, 20_000];
     let n = 0;
     for (let round = 0; round < 12; round++) {
@@ -401,6 +405,7 @@ describe('prepared segments', () => {
       if (round % 3 === 0) await wal.prepared();
     }
     await wal.close();
+    expect(preparedBytes()).toBeLessThanOrEqual(200 * 1024);
     expect(segmentFiles(dir).length).toBeGreaterThanOrEqual(4);
     expect((await replayOnly(dir, options)).records).toEqual(
       expectedRecords(1, n, (i) => payloadOf(i, sizes)),
