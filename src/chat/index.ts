@@ -48,7 +48,7 @@ async function completions(
       json,
       idempotencyKey,
       COMPLETIONS_PATH,
-      request.signal,
+      request,
     );
     const { idempotency, promptTokens } =
       measuring instanceof Promise ? await measuring : measuring;
@@ -59,7 +59,7 @@ async function completions(
       chat,
       idempotency,
       promptTokens,
-      request.signal,
+      request,
     );
     if (chat.stream) return streamResponse(gateway, request, server, admission, chat);
     const result = await runChat(gateway, admission, chat, null);

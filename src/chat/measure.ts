@@ -11,6 +11,7 @@ import { countPromptTokensInline, rememberPromptTextTokens } from '../billing/to
 import { requestFingerprint } from '../idempotency/fingerprint.ts';
 import { statusUrl } from '../requests/admit.ts';
 import type { KeyAccount } from '../state/apply.ts';
+import type { ClientConnection } from '../util/abort.ts';
 import type { ChatRequest } from './model.ts';
 
 export interface ChatMeasure {
@@ -32,7 +33,7 @@ export function measureChat(
   json: unknown,
   idempotencyKey: string | null,
   path: string,
-  signal: AbortSignal | null,
+  client: ClientConnection | null,
 ): ChatMeasure | Promise<ChatMeasure> {
   const limit = chat.model.context_window;
   const small = body.length <= OFFLOAD_BODY_CHARS;
@@ -53,7 +54,7 @@ export function measureChat(
     fingerprint,
     toolsJson,
     path,
-    signal,
+    client?.signal ?? null,
   );
 }
 

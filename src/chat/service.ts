@@ -15,7 +15,7 @@ import {
 } from '../requests/admit.ts';
 import type { KeyAccount } from '../state/apply.ts';
 import type { Usage } from '../state/events.ts';
-import type { RunSignal } from '../util/abort.ts';
+import type { ClientConnection, RunSignal } from '../util/abort.ts';
 import { GatewayError } from '../util/errors.ts';
 import { TextBuilder } from '../util/text-builder.ts';
 import type { ChatRequest } from './model.ts';
@@ -47,11 +47,11 @@ export function admitChat(
   chat: ChatRequest,
   idempotency: Idempotency | null,
   promptTokens: number,
-  clientSignal: AbortSignal | null,
+  client: ClientConnection | null,
 ): ChatAdmission {
   const admission = admit(
     gateway,
-    new ChatAdmitCommand(requestId, account, chat, idempotency, promptTokens, clientSignal),
+    new ChatAdmitCommand(requestId, account, chat, idempotency, promptTokens, client),
   ) as ChatAdmission;
   // The admission is the chat's own from here: its provider request goes on it, not on a copy of
   // it with one field more (an object per request).
@@ -71,7 +71,7 @@ class ChatAdmitCommand implements AdmitCommand {
     private readonly chat: ChatRequest,
     readonly idempotency: Idempotency | null,
     private readonly promptTokens: number,
-    readonly clientSignal: AbortSignal | null,
+    readonly client: ClientConnection | null,
   ) {
     this.model = chat.modelId;
     this.stream = chat.stream;

@@ -45,7 +45,7 @@ async function decide(gateway: Gateway, request: Request): Promise<Response> {
       decision,
       prepared.idempotency,
       prepared,
-      request.signal,
+      request,
     );
     const result = await runDecision(gateway, admission, decision);
     if (!result.ok) return errorResponse(result.error, idHeader);
@@ -108,7 +108,7 @@ async function prepareDecision(
     json,
     idempotencyKey,
     DECIDE_PATH,
-    request.signal,
+    request,
   );
   return { decision, prepared: measuring instanceof Promise ? await measuring : measuring };
 }

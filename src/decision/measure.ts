@@ -12,6 +12,7 @@ import { countPromptTokensInline } from '../billing/tokens.ts';
 import { requestFingerprint } from '../idempotency/fingerprint.ts';
 import { statusUrl } from '../requests/admit.ts';
 import type { KeyAccount } from '../state/apply.ts';
+import type { ClientConnection } from '../util/abort.ts';
 import { GatewayError } from '../util/errors.ts';
 import type { DecisionBodyJob, DecisionBodyResult } from './count-job.ts';
 import type { DecisionRequest } from './model.ts';
@@ -88,7 +89,7 @@ export function measureDecision(
   json: unknown,
   idempotencyKey: string | null,
   path: string,
-  signal: AbortSignal | null,
+  client: ClientConnection | null,
 ): DecisionMeasure | Promise<DecisionMeasure> {
   const limit = gateway.config.decision.context_tokens;
   const fingerprint = idempotencyKey ? requestFingerprint('POST', path, json) : null;
@@ -102,6 +103,7 @@ export function measureDecision(
     fingerprintPath: null,
     prompt: { messages: prompt.messages, toolsJson, toolsInBody: false, limit },
   };
+  const signal = client?.signal ?? null;
   return decisionOffLoop(gateway, account, job, idempotencyKey, fingerprint, prompt, signal);
 }
 

@@ -9,7 +9,7 @@ import type { Completion, RunPolicy, RunResult } from '../requests/actor.ts';
 import { type Admission, type AdmitContext, admit, type Reservation } from '../requests/admit.ts';
 import { DAY_MS, type KeyAccount } from '../state/apply.ts';
 import type { Amount, Attempt, Usage } from '../state/events.ts';
-import type { RunSignal } from '../util/abort.ts';
+import type { ClientConnection, RunSignal } from '../util/abort.ts';
 import { GatewayError } from '../util/errors.ts';
 import type { Answer, DecisionRequest } from './model.ts';
 import {
@@ -58,7 +58,7 @@ export function admitDecision(
   decision: DecisionRequest,
   idempotency: { key: string; fingerprint: string } | null,
   prepared: { prompt: DecisionPrompt; promptTokens: number },
-  clientSignal: AbortSignal | null,
+  client: ClientConnection | null,
 ): DecisionAdmission {
   const admission = admit(gateway, {
     service: 'decision',
@@ -67,7 +67,7 @@ export function admitDecision(
     model: decision.modelName,
     stream: false,
     idempotency,
-    clientSignal,
+    client,
     reserve: (current, nowMs) =>
       reserveDecision(gateway, decision, prepared.promptTokens, current, nowMs),
   });

@@ -4,7 +4,7 @@
 import * as commands from '../state/commands.ts';
 import type { Amount, Attempt, RequestStatus, Usage } from '../state/events.ts';
 import type { StateStore } from '../state/store.ts';
-import { RunAbort, type RunSignal } from '../util/abort.ts';
+import { type ClientConnection, RunAbort, type RunSignal } from '../util/abort.ts';
 import { AssertionError } from '../util/assert.ts';
 import { GatewayError, internalError } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
@@ -84,6 +84,19 @@ function abortOnDeadline(actor: RequestActor): void {
   actor.abortAtDeadline();
 }
 
+/**
+ * How long a run goes before it watches its client's connection (RequestActor.watchClient): a run
+ * that ends sooner never makes the connection's AbortSignal; a longer one notices its client gone
+ * at most this late, well within the 50 ms in which a disconnect must stop the provider (CONTRACT
+ * §7).
+ */
+export const CLIENT_WATCH_DELAY_MS = 10;
+
+/** The run's first timer when it has a client to watch (setTimeout passes the actor). */
+function watchClientLater(actor: RequestActor): void {
+  actor.watchClientNow();
+}
+
 const LEGAL: Record<RequestStatus, readonly RequestStatus[]> = {
   in_progress: ['completed', 'cancelled', 'error'],
   completed: [],
@@ -114,6 +127,12 @@ export class RequestActor {
   private childLogger: Logger | null = null;
   /** The abort the run's deadline fires (its policy's), set when the run starts its timer. */
   private deadlineKind: AbortKind = 'upstream_timeout';
+  /** The run's one timer: its client watch first when it has one, then its deadline. */
+  private timer: ReturnType<typeof setTimeout> | undefined = undefined;
+  /** What is left of the run's time limit when the client watch fires. */
+  private deadlineRestMs = 0;
+  /** The client's connection, until the run starts watching it (watchClient). */
+  private client: ClientConnection | null = null;
 
   constructor(
     readonly init: ActorInit,
@@ -189,14 +208,42 @@ export class RequestActor {
   }
 
   /**
-   * Cancels this request when the client's connection goes away. The actor listens itself
-   * (handleEvent), so no closure per request; never removed: once the actor is over, abort() is a
-   * no-op, and both die with the request.
+   * Cancels this request when the client's connection goes away, from CLIENT_WATCH_DELAY_MS into
+   * its run: most runs through a fast provider are over by then and never read the connection's
+   * signal (see ClientConnection). A client that left earlier is seen then, as gone already.
    */
-  listenTo(clientSignal: AbortSignal): void {
-    clientSignal.addEventListener('abort', this);
-    // A client that left while its body was read or its prompt counted is gone already.
-    if (clientSignal.aborted) this.abort('disconnected');
+  watchClient(client: ClientConnection): void {
+    this.client = client;
+  }
+
+  /** The client watch's timer: listens to the client's signal, then times the rest of the run. */
+  watchClientNow(): void {
+    this.timer = setTimeout(abortOnDeadline, this.deadlineRestMs, this);
+    this.listenToClient();
+  }
+
+  /**
+   * The actor listens itself (handleEvent), so no closure per request; never removed: once the
+   * actor is over, abort() is a no-op, and both die with the request.
+   */
+  private listenToClient(): void {
+    const client = this.client;
+    if (client === null) return;
+    this.client = null;
+    const signal = client.signal;
+    signal.addEventListener('abort', this);
+    if (signal.aborted) this.abort('disconnected');
+  }
+
+  /** Starts the run's timer: the client watch first when there is a client, else the deadline. */
+  private startTimer(deadlineMs: number): void {
+    if (this.client !== null && deadlineMs > CLIENT_WATCH_DELAY_MS) {
+      this.deadlineRestMs = deadlineMs - CLIENT_WATCH_DELAY_MS;
+      this.timer = setTimeout(watchClientLater, CLIENT_WATCH_DELAY_MS, this);
+      return;
+    }
+    this.listenToClient();
+    this.timer = setTimeout(abortOnDeadline, deadlineMs, this);
   }
 
   /** The one way the state changes; terminal states are one-way. */
@@ -239,7 +286,6 @@ export class RequestActor {
     context: C,
     policy: RunPolicy,
   ): Promise<RunResult<T>> {
-    let timer: ReturnType<typeof setTimeout> | undefined;
     let outcome: Outcome;
     let value: T | undefined;
     try {
@@ -249,7 +295,7 @@ export class RequestActor {
       // billed to the key.
       if (this.init.idempotent) await this.startCommit;
       this.deadlineKind = policy.deadlineKind;
-      timer = setTimeout(abortOnDeadline, policy.deadlineMs, this);
+      this.startTimer(policy.deadlineMs);
       const done = await work(context, this);
       // An abort that came while the work was finishing wins: the caller has gone or asked to stop.
       if (this.aborts.aborted) throw this.aborts.reason;
@@ -269,7 +315,7 @@ export class RequestActor {
     } catch (thrown) {
       outcome = this.failure(thrown, policy);
     } finally {
-      clearTimeout(timer);
+      clearTimeout(this.timer);
     }
     // The finish, here rather than in an async method of its own (a generator, a promise and a
     // scope per request): the hold is settled (charge) or released whatever happened. A failing

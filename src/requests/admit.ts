@@ -7,6 +7,7 @@ import type { KeyAccount } from '../state/apply.ts';
 import { placeHold } from '../state/commands.ts';
 import type { Amount, RequestStatus, Service } from '../state/events.ts';
 import type { StateStore } from '../state/store.ts';
+import type { ClientConnection } from '../util/abort.ts';
 import { GatewayError } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
 import { type ActorInit, type Outcome, RequestActor } from './actor.ts';
@@ -46,8 +47,8 @@ export interface AdmitCommand {
   model: string;
   stream: boolean;
   idempotency: { key: string; fingerprint: string } | null;
-  /** The client's connection: its abort cancels the request (`disconnected`). */
-  clientSignal: AbortSignal | null;
+  /** The client's connection: its going away cancels the request (`disconnected`). */
+  client: ClientConnection | null;
   /**
    * The service's checks after the rate limit, in the contract's order; throws its refusal or
    * returns what to hold.
@@ -116,7 +117,7 @@ export function admit(ctx: AdmitContext, command: AdmitCommand): Admission {
   const actor = new RequestActor(init, store, settledBy(ctx), ctx.logger);
   actor.started(durable);
   registry.add(actor);
-  if (command.clientSignal) actor.listenTo(command.clientSignal);
+  if (command.client) actor.watchClient(command.client);
   return { actor, createdMs: nowMs, createdS: Math.floor(nowMs / 1000) };
 }
 

@@ -6,6 +6,18 @@
 // it is an opaque root the collector must visit (bench/README, "Where the tail comes from"). A
 // real AbortSignal has everything RunSignal asks for, so code that takes a RunSignal takes either.
 
+/**
+ * The client's connection as the gateway watches it: Bun's Request has this `signal`, but reading
+ * it makes an AbortSignal, and that costs every request that reads it ~5 µs of CPU and the
+ * collector more than a third of each young collection's pause (bench/README, issue 15). So the
+ * request is passed, not its signal, and the signal is read only where it is needed: a run that
+ * outlives its first few milliseconds (RequestActor.watchClient), a prompt counted off the event
+ * loop.
+ */
+export interface ClientConnection {
+  readonly signal: AbortSignal;
+}
+
 /** An abort listener: a function, or an object whose handleEvent is called (no closure needed). */
 export type RunAbortListener = (() => void) | { handleEvent(): void };
 
