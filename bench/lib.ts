@@ -291,6 +291,20 @@ export function cpuSeconds(pid: number): number {
   return (Number(fields[11]) + Number(fields[12])) / CLK_TCK;
 }
 
+/**
+ * Milliseconds so far in which some task of this machine waited on the disk (PSI, "some" total of
+ * /proc/pressure/io); null where the kernel has no PSI. Over a run, an fsync-always gateway's own
+ * fsyncs are most of it; a run well above others of the same target had a slower (shared) disk.
+ */
+export function ioStallMs(): number | null {
+  try {
+    const match = /^some .*total=(\d+)/m.exec(readFileSync('/proc/pressure/io', 'utf8'));
+    return match ? Number(match[1]) / 1000 : null;
+  } catch {
+    return null;
+  }
+}
+
 export function rssMiB(pid: number): number {
   const status = readFileSync(`/proc/${pid}/status`, 'utf8');
   const match = /VmRSS:\s+(\d+) kB/.exec(status);

@@ -23,6 +23,7 @@ import {
   fmtInt,
   fmtRatio,
   installSignalCleanup,
+  ioStallMs,
   median,
   percentile,
   pinned,
@@ -57,7 +58,10 @@ const skipAt = argv.indexOf('--skip');
 const SKIP = new Set(skipAt >= 0 ? (argv[skipAt + 1] ?? '').split(',') : []);
 const LOAD_SECONDS = quick ? 1 : 3; // per wrk run at 32 connections
 const LATENCY_SECONDS = quick ? 1 : 2; // per wrk run at 1 connection
-const WARMUP_SECONDS = 1;
+// Per target and mode. A fresh tollgate's JIT threads take ~160 ms a second of its core through
+// its first 3 s of load and under 15 after (bench/README, issue 15): a 1 s warm-up left that in the
+// first round's figures. What is measured is a gateway that has been running, as users run it.
+const WARMUP_SECONDS = quick ? 1 : 3;
 const LATENCY_REQUESTS = quick ? 100 : 300; // per target and mode, in the sequential client
 const OPEN_STREAMS = 1_000;
 /** How often a run samples the gateway's RSS for its peak. */
@@ -155,6 +159,15 @@ interface ServerRun {
   gatewayRssMiB: number | null;
   /** The most RSS seen during the run (sampled every 50 ms), issue 15's peak. */
   gatewayRssPeakMiB: number | null;
+  /** Milliseconds of the run in which the machine waited on its disk (PSI), null without PSI. */
+  ioStallMs: number | null;
+}
+
+/** Each run's disk stall (PSI, ms), in round order: which rounds the disk disturbed. */
+function diskStalls(runs: ServerRun[]): string {
+  return runs.some((run) => run.ioStallMs === null)
+    ? 'n/a'
+    : runs.map((run) => fmt(run.ioStallMs!, 0)).join(' / ');
 }
 
 async function measure(
@@ -167,6 +180,7 @@ async function measure(
 ): Promise<Omit<ServerRun, 'round'>> {
   const cpuBefore = target.pid === null ? 0 : cpuSeconds(target.pid);
   const upstreamBefore = cpuSeconds(upstreamPid);
+  const ioStallBefore = ioStallMs();
   let peakMiB = target.pid === null ? 0 : rssMiB(target.pid);
   const sampler =
     target.pid === null
@@ -177,6 +191,7 @@ async function measure(
   );
   const cpuAfter = target.pid === null ? 0 : cpuSeconds(target.pid);
   const upstreamAfter = cpuSeconds(upstreamPid);
+  const ioStallAfter = ioStallMs();
   if (wrk.errors > 0 || wrk.non2xx > 0) {
     log(
       `  ! ${target.label} ${mode} c${connections}: ${wrk.errors} socket errors, ${wrk.non2xx} ` +
@@ -193,6 +208,8 @@ async function measure(
     upstreamCpuUsPerRequest: ((upstreamAfter - upstreamBefore) * 1e6) / Math.max(1, wrk.requests),
     gatewayRssMiB: target.pid === null ? null : rssMiB(target.pid),
     gatewayRssPeakMiB: target.pid === null ? null : Math.max(peakMiB, rssMiB(target.pid)),
+    ioStallMs:
+      ioStallBefore === null || ioStallAfter === null ? null : ioStallAfter - ioStallBefore,
   };
 }
 
@@ -272,7 +289,8 @@ async function serverBench(
               `p99 ${fmt(result.wrk.p99Ms, 3)} ms  p99.9 ${fmt(result.wrk.p999Ms, 3)} ms` +
               (result.gatewayCpuUsPerRequest === null
                 ? ''
-                : `  cpu ${fmt(result.gatewayCpuUsPerRequest, 1)} µs/req`),
+                : `  cpu ${fmt(result.gatewayCpuUsPerRequest, 1)} µs/req`) +
+              (result.ioStallMs === null ? '' : `  disk stall ${fmt(result.ioStallMs, 0)} ms`),
           );
         }
       }
@@ -683,6 +701,7 @@ function serverTables(runs: ServerRun[]): string {
           fmt(median(rs.map((r) => r.upstreamCpuUsPerRequest)), 1),
           name === 'direct' ? '—' : fmt(Math.max(...rss), 1),
           name === 'direct' ? '—' : fmt(Math.max(...peak), 1),
+          diskStalls(rs),
           String(bad),
         ];
       });
@@ -698,6 +717,7 @@ function serverTables(runs: ServerRun[]): string {
             'upstream CPU µs/req',
             'gateway RSS MiB after (max)',
             'gateway RSS MiB peak (max)',
+            'disk stall ms per run',
             'errors',
           ],
           rows,
@@ -1361,7 +1381,10 @@ function serverSection(runs: ServerRun[]): string[] {
       'reply); so does tollgate (since 8200c6f; before, it always streamed from the ' +
       'upstream). ' +
       'Gateway CPU = utime+stime of the gateway process from /proc over the run ÷ requests; ' +
-      'RSS after the run.',
+      'RSS after the run. Disk stall: the milliseconds of each run (in round order) in which ' +
+      'some task of the machine waited on the disk (/proc/pressure/io): the fsyncs of an ' +
+      'fsync-always gateway are most of it (~200 ms per 3 s run here); a run well above its ' +
+      'siblings had a slower disk (it is shared), which only fsync-always latency shows.',
     '',
     serverTables(runs),
     '### The anthropic adapter beside the openai adapter (issue 14)',
