@@ -60,7 +60,7 @@ export function openGateway(config: Config, logger: Logger, adminToken: string):
       usageRetentionDays: config.usage_retention_days,
     },
     logger,
-    expectedCommits: () => registry.size,
+    expectedCommits: () => registry.unstreamedSize,
     onFailure: (error) => gateway?.onLogFailure?.(error),
   });
   const providers = createProviders(config, logger);

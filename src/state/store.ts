@@ -20,8 +20,8 @@ export interface StoreOptions {
   limits: StateLimits;
   logger: Logger;
   /**
-   * Requests in flight now (each will commit its finish): lets an fsync wait for them (see
-   * WalOptions).
+   * Commits expected soon (the requests in flight that will commit as their provider answers):
+   * lets an fsync wait for them (see WalOptions).
    */
   expectedCommits?: () => number;
   /**

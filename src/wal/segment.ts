@@ -33,8 +33,9 @@ export interface WalOptions {
   segmentBytes: number;
   logger: Logger;
   /**
-   * How many commits are expected soon (the requests in flight): with `always`, an fsync waits a
-   * turn for them when there are more than its own waiters. Absent: never waits.
+   * How many commits are expected soon (the requests in flight that commit as their provider
+   * answers): with `always`, an fsync waits a turn for them when there are more than its own
+   * waiters. Absent: never waits.
    */
   expectedCommits?: () => number;
   /**
