@@ -2,6 +2,7 @@
 import type { Server } from 'bun';
 import { Elysia } from 'elysia';
 import type { Gateway } from '../gateway.ts';
+import { ServedClient } from '../http/client-connection.ts';
 import { errorResponse } from '../http/errors.ts';
 import { readRequest, refusalResponse, requestAccount } from '../http/intake.ts';
 import { describeRoute } from '../http/openapi.ts';
@@ -37,6 +38,7 @@ async function completions(
     const json = parseJsonBody(text, gateway.config.limits.max_body_json_values);
     const chat = validateChatRequest(json, gateway.config);
     const idempotencyKey = parseIdempotencyKey(request.headers.get('idempotency-key'));
+    const client = new ServedClient(request, server);
     // Fingerprinted and counted before admission so that admission itself stays synchronous (check
     // and bind are atomic): here for a small request, off the event loop for a large one (CONTRACT
     // §8). Past the model's window the count may stop early (the request is refused either way).
@@ -48,7 +50,7 @@ async function completions(
       json,
       idempotencyKey,
       COMPLETIONS_PATH,
-      request,
+      client,
     );
     const { idempotency, promptTokens } =
       measuring instanceof Promise ? await measuring : measuring;
@@ -59,7 +61,7 @@ async function completions(
       chat,
       idempotency,
       promptTokens,
-      request,
+      client,
     );
     if (chat.stream) return streamResponse(gateway, request, server, admission, chat);
     const result = await runChat(gateway, admission, chat, null);

@@ -1,8 +1,10 @@
 // The decision controller (/decision/v1): decide, and the lookup of any decision request by its
 // dec_ id.
+import type { Server } from 'bun';
 import { Elysia } from 'elysia';
 import { OFFLOAD_BODY_CHARS } from '../billing/offload.ts';
 import type { Gateway } from '../gateway.ts';
+import { ServedClient } from '../http/client-connection.ts';
 import { errorResponse } from '../http/errors.ts';
 import { readRequest, refusalResponse, requestAccount } from '../http/intake.ts';
 import { describeRoute } from '../http/openapi.ts';
@@ -31,13 +33,18 @@ const DECIDE_ROUTE = '/decide/';
 const DECIDE_PATH = PREFIX + DECIDE_ROUTE;
 const JSON_HEADERS = { 'content-type': 'application/json' };
 
-async function decide(gateway: Gateway, request: Request): Promise<Response> {
+async function decide(
+  gateway: Gateway,
+  request: Request,
+  server?: Server<unknown>,
+): Promise<Response> {
   const requestId = newDecisionRequestId();
   const idHeader = { 'x-request-id': requestId };
   try {
     const text = await readRequest(gateway, request, 'decision');
     const account = requestAccount(gateway, request, 'decision');
-    const { decision, prepared } = await prepareDecision(gateway, request, text, account);
+    const client = new ServedClient(request, server);
+    const { decision, prepared } = await prepareDecision(gateway, request, client, text, account);
     const admission = admitDecision(
       gateway,
       account,
@@ -45,7 +52,7 @@ async function decide(gateway: Gateway, request: Request): Promise<Response> {
       decision,
       prepared.idempotency,
       prepared,
-      request,
+      client,
     );
     const result = await runDecision(gateway, admission, decision);
     if (!result.ok) return errorResponse(result.error, idHeader);
@@ -77,6 +84,7 @@ async function decide(gateway: Gateway, request: Request): Promise<Response> {
 async function prepareDecision(
   gateway: Gateway,
   request: Request,
+  client: ServedClient,
   text: string,
   account: KeyAccount,
 ): Promise<{ decision: DecisionRequest; prepared: DecisionMeasure }> {
@@ -88,7 +96,7 @@ async function prepareDecision(
       text,
       DECIDE_PATH,
       request.headers.has('idempotency-key'),
-      request.signal,
+      client.signal,
     );
     const idempotencyKey = parseIdempotencyKey(request.headers.get('idempotency-key'));
     const prepared = {
@@ -108,7 +116,7 @@ async function prepareDecision(
     json,
     idempotencyKey,
     DECIDE_PATH,
-    request,
+    client,
   );
   return { decision, prepared: measuring instanceof Promise ? await measuring : measuring };
 }
@@ -136,7 +144,9 @@ function lookupView(gateway: Gateway, record: RequestRecord): Record<string, unk
  */
 export function decisionNativeRoutes(gateway: Gateway): NativeRoutes {
   // nativePost adds the slash variant itself.
-  return nativePost(DECIDE_PATH.slice(0, -1), (request) => decide(gateway, request));
+  return nativePost(DECIDE_PATH.slice(0, -1), (request, server) =>
+    decide(gateway, request, server),
+  );
 }
 
 /** The decide endpoint's answers, in the contract's check order, then what the run may end with. */

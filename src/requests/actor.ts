@@ -208,9 +208,11 @@ export class RequestActor {
   }
 
   /**
-   * Cancels this request when the client's connection goes away, from CLIENT_WATCH_DELAY_MS into
-   * its run: most runs through a fast provider are over by then and never read the connection's
-   * signal (see ClientConnection). A client that left earlier is seen then, as gone already.
+   * Cancels this request when the client's connection goes away: its signal is listened to from
+   * CLIENT_WATCH_DELAY_MS into the run (a client that left earlier is seen then, as gone already),
+   * or from the start for a run that first waits for its binding to be durable. A run over sooner
+   * (most runs through a fast provider) never reads the signal: it asks the connection once, at its
+   * end, whether the client is gone (see ClientConnection).
    */
   watchClient(client: ClientConnection): void {
     this.client = client;
@@ -233,6 +235,17 @@ export class RequestActor {
     const signal = client.signal;
     signal.addEventListener('abort', this);
     if (signal.aborted) this.abort('disconnected');
+  }
+
+  /**
+   * The run is over before its client watch fired: a client gone meanwhile cancels it all the same,
+   * as the watch would have (the outcome reads the abort).
+   */
+  private askClientGone(): void {
+    const client = this.client;
+    if (client === null) return;
+    this.client = null;
+    if (client.gone()) this.abort('disconnected');
   }
 
   /** Starts the run's timer: the client watch first when there is a client, else the deadline. */
@@ -293,10 +306,15 @@ export class RequestActor {
       // durable; any other start overlaps the provider call (the work waits before its first byte).
       // The deadline starts after that wait: a slow disk is the gateway's, never a provider timeout
       // billed to the key.
-      if (this.init.idempotent) await this.startCommit;
+      if (this.init.idempotent) {
+        // Its wait for the fsync may be long (a slow disk): the client is listened to through it.
+        this.listenToClient();
+        await this.startCommit;
+      }
       this.deadlineKind = policy.deadlineKind;
       this.startTimer(policy.deadlineMs);
       const done = await work(context, this);
+      this.askClientGone();
       // An abort that came while the work was finishing wins: the caller has gone or asked to stop.
       if (this.aborts.aborted) throw this.aborts.reason;
       value = done.value;
@@ -313,6 +331,7 @@ export class RequestActor {
         atMs: 0,
       };
     } catch (thrown) {
+      this.askClientGone();
       outcome = this.failure(thrown, policy);
     } finally {
       clearTimeout(this.timer);

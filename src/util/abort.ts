@@ -7,15 +7,17 @@
 // real AbortSignal has everything RunSignal asks for, so code that takes a RunSignal takes either.
 
 /**
- * The client's connection as the gateway watches it: Bun's Request has this `signal`, but reading
- * it makes an AbortSignal, and that costs every request that reads it ~5 µs of CPU and the
- * collector more than a third of each young collection's pause (bench/README, issue 15). So the
- * request is passed, not its signal, and the signal is read only where it is needed: a run that
- * outlives its first few milliseconds (RequestActor.watchClient), a prompt counted off the event
- * loop.
+ * The client's connection as the gateway watches it. Bun's Request has a `signal`, but reading it
+ * makes an AbortSignal, and every young collection pays for the ones made since the last: more
+ * than a third of each pause (bench/README, issue 15). So the signal is read only where it is
+ * needed: by a run that outlives its first few milliseconds (RequestActor.watchClient), by a
+ * request that waits before its run, by a prompt counted off the event loop. A run over sooner
+ * asks `gone` instead, once.
  */
 export interface ClientConnection {
   readonly signal: AbortSignal;
+  /** Whether the client's connection is known to be closed; never reads `signal` when served. */
+  gone(): boolean;
 }
 
 /** An abort listener: a function, or an object whose handleEvent is called (no closure needed). */

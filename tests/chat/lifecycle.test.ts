@@ -1,13 +1,11 @@
 // A chat request's life through HTTP: status, cancel, disconnect, timeouts, upstream failures,
 // billing.
 import { describe, expect, test } from 'bun:test';
-import { CLIENT_WATCH_DELAY_MS } from '../../src/requests/actor.ts';
 import {
   ADMIN_TOKEN,
   bearer,
   chatBody,
   closedAfterEach,
-  FAST_SIMULATOR,
   type TestServer,
 } from '../support/gateway.ts';
 import { SseReader } from '../support/sse.ts';
@@ -292,60 +290,6 @@ describe('client disconnect', () => {
     expect((await balances(t, keyId)).held).toBe(0);
     expect((await balances(t, keyId)).charged).toBe(0);
   });
-});
-
-describe('watching the client', () => {
-  /**
-   * A chat request through app.handle whose `signal` reads are counted: each read of a Bun.serve
-   * request's makes an AbortSignal (~5 µs, and longer young collections: bench/README, issue 15).
-   */
-  function countedRequest(key: string, signal: AbortSignal): { request: Request; reads(): number } {
-    const request = new Request('http://gateway.test/api/v1/chat/completions', {
-      method: 'POST',
-      headers: bearer(key),
-      body: JSON.stringify(chatBody()),
-    });
-    let reads = 0;
-    Object.defineProperty(request, 'signal', {
-      get: () => {
-        reads++;
-        return signal;
-      },
-    });
-    return { request, reads: () => reads };
-  }
-
-  test('a call over before its client watch never reads its request signal', async () => {
-    // Every token due at once: the run ends in microtasks, before any timer can fire.
-    const simulator = { ...FAST_SIMULATOR, tokens_per_second: 1_000_000_000 };
-    const t = cleanup.gateway({ providers: { simulator } });
-    const { key } = await t.createKey({ credits: 10 });
-    const { request, reads } = countedRequest(key, new AbortController().signal);
-    expect((await t.app.handle(request)).status).toBe(200);
-    expect(reads()).toBe(0);
-  });
-
-  test(
-    `a call still running ${CLIENT_WATCH_DELAY_MS} ms in reads it once; ` +
-      'a client gone already gets 499 and no charge',
-    async () => {
-      const fake = upstream('hang');
-      const t = cleanup.gateway(upstreamOverrides(fake));
-      const { id: keyId, key } = await t.createKey({ credits: 10 });
-      // The provider never answers: only the watch can end this run.
-      const { request, reads } = countedRequest(key, AbortSignal.abort());
-      const response = await t.app.handle(request);
-      expect(response.status).toBe(499);
-      expect(((await response.json()) as any).error.code).toBe('request_cancelled');
-      expect(reads()).toBe(1);
-      const { balances: after } = (await (
-        await t.request(`/admin/v1/keys/${keyId}`, {
-          headers: { authorization: `Bearer ${ADMIN_TOKEN}` },
-        })
-      ).json()) as any;
-      expect(after).toMatchObject({ held: 0, charged: 0 });
-    },
-  );
 });
 
 describe('time limits', () => {

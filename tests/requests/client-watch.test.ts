@@ -1,0 +1,158 @@
+// How a request watches its client (requests/actor.ts, http/client-connection.ts). A served
+// request's AbortSignal costs every young collection, so it is read only by a run still going
+// CLIENT_WATCH_DELAY_MS in, or by one that waits for its binding first; a run over sooner asks the
+// connection once whether its client is gone, and a gone client cancels it all the same.
+import { expect, test } from 'bun:test';
+import { connect } from 'node:net';
+import { ServedClient } from '../../src/http/client-connection.ts';
+import type { Completion, RequestActor, RunPolicy } from '../../src/requests/actor.ts';
+import { admit } from '../../src/requests/admit.ts';
+import type { ClientConnection } from '../../src/util/abort.ts';
+import { newChatRequestId } from '../../src/util/ids.ts';
+import { closedAfterEach, type TestGateway } from '../support/gateway.ts';
+
+const cleanup = closedAfterEach();
+
+/** Lets the event loop run once. */
+const turn = () => new Promise((resolve) => setImmediate(resolve));
+
+/** A client's connection that counts what the actor asks of it. */
+class CountedClient implements ClientConnection {
+  signalReads = 0;
+  goneCalls = 0;
+  readonly controller = new AbortController();
+
+  constructor(private readonly closed = false) {}
+
+  get signal(): AbortSignal {
+    this.signalReads++;
+    return this.controller.signal;
+  }
+
+  gone(): boolean {
+    this.goneCalls++;
+    return this.closed;
+  }
+}
+
+const POLICY: RunPolicy = {
+  deadlineMs: 60_000,
+  deadlineKind: 'upstream_timeout',
+  keepsHold: () => false,
+};
+const HOLD_MICRO = 1_000;
+const CHARGE_MICRO = 300;
+
+const COMPLETION: Completion<string> = {
+  value: 'answer',
+  usage: { prompt_tokens: 3, completion_tokens: 4, total_tokens: 7 },
+  charge: { credits_micro: CHARGE_MICRO, tokens: 0 },
+  budgetSpendMicro: 0,
+  answers: null,
+};
+
+/** Work that answers at once: the run is over in microtasks, before any timer can fire. */
+const answerNow = async (): Promise<Completion<string>> => COMPLETION;
+
+/** Work that answers only when its request is aborted (then it throws the abort's reason). */
+function untilAborted(_context: null, actor: RequestActor): Promise<Completion<string>> {
+  return new Promise((_resolve, reject) =>
+    actor.signal.addEventListener('abort', () => reject(actor.signal.reason)),
+  );
+}
+
+async function admitted(
+  client: ClientConnection,
+  idempotencyKey: string | null = null,
+): Promise<{ t: TestGateway; actor: RequestActor; keyId: string }> {
+  const t = cleanup.gateway();
+  const { id: keyId } = await t.createKey({ credits: 10 });
+  const { actor } = admit(t.gateway, {
+    service: 'chat',
+    requestId: newChatRequestId(),
+    account: t.gateway.store.state.keys.get(keyId)!,
+    model: 'model_03',
+    stream: false,
+    idempotency: idempotencyKey === null ? null : { key: idempotencyKey, fingerprint: 'f' },
+    client,
+    reserve: () => ({ hold: { credits_micro: HOLD_MICRO, tokens: 0 }, budgetHoldMicro: 0 }),
+  });
+  return { t, actor, keyId };
+}
+
+function ledgerOf(t: TestGateway, keyId: string): { held: number; charged: number } {
+  const account = t.gateway.store.state.keys.get(keyId)!;
+  return { held: account.heldMicro, charged: account.chargedMicro };
+}
+
+test('a fast run never reads the signal; it asks once if its client is gone', async () => {
+  const client = new CountedClient();
+  const { t, actor, keyId } = await admitted(client);
+  const result = await actor.run(answerNow, null, POLICY);
+  expect(result).toEqual({ ok: true, value: 'answer' });
+  expect({ signalReads: client.signalReads, goneCalls: client.goneCalls }).toEqual({
+    signalReads: 0,
+    goneCalls: 1,
+  });
+  expect(ledgerOf(t, keyId)).toEqual({ held: 0, charged: CHARGE_MICRO });
+});
+
+test('a fast run whose client is gone is cancelled: 499, nothing charged', async () => {
+  const client = new CountedClient(true);
+  const { t, actor, keyId } = await admitted(client);
+  const result = await actor.run(answerNow, null, POLICY);
+  expect(result.ok).toBe(false);
+  expect(!result.ok && result.error.code).toBe('request_cancelled');
+  expect(client.signalReads).toBe(0);
+  expect(t.gateway.store.state.request(actor.id)?.status).toBe('cancelled');
+  expect(ledgerOf(t, keyId)).toEqual({ held: 0, charged: 0 });
+});
+
+test('a run going at the watch reads the signal once; a disconnect cancels it', async () => {
+  const client = new CountedClient();
+  const { t, actor, keyId } = await admitted(client);
+  const running = actor.run(untilAborted, null, POLICY);
+  // The watch fires CLIENT_WATCH_DELAY_MS into the run; no timer of the test's own.
+  while (client.signalReads === 0) await turn();
+  client.controller.abort();
+  const result = await running;
+  expect(!result.ok && result.error.code).toBe('request_cancelled');
+  expect({ signalReads: client.signalReads, goneCalls: client.goneCalls }).toEqual({
+    signalReads: 1,
+    goneCalls: 0,
+  });
+  expect(ledgerOf(t, keyId)).toEqual({ held: 0, charged: 0 });
+});
+
+test('a run that first waits for its binding listens to its client from the start', async () => {
+  const client = new CountedClient();
+  const { actor } = await admitted(client, 'watch-idempotent-0001');
+  const running = actor.run(answerNow, null, POLICY);
+  // Read before the run's first await: a client leaving during a slow fsync is heard at once.
+  expect(client.signalReads).toBe(1);
+  expect(await running).toEqual({ ok: true, value: 'answer' });
+  expect(client.goneCalls).toBe(0);
+});
+
+test('served: gone() is false while the client is connected, true once it closed', async () => {
+  const seen = Promise.withResolvers<ServedClient>();
+  const release = Promise.withResolvers<void>();
+  const server = Bun.serve({
+    port: 0,
+    async fetch(request, served) {
+      seen.resolve(new ServedClient(request, served));
+      await release.promise;
+      return new Response('late');
+    },
+  });
+  cleanup.track({ stop: () => server.stop(true) });
+  const socket = connect(server.port!, '127.0.0.1');
+  socket.write('GET / HTTP/1.1\r\nHost: gateway.test\r\n\r\n');
+  const client = await seen.promise;
+  expect(client.gone()).toBe(false);
+  socket.destroy();
+  // Bun notices the close on a later turn; the test's own timeout bounds this wait.
+  while (!client.gone()) await turn();
+  expect(client.signal.aborted).toBe(true);
+  release.resolve();
+});
