@@ -9,7 +9,13 @@ import type { Completion, RequestActor, RunPolicy } from '../../src/requests/act
 import { admit } from '../../src/requests/admit.ts';
 import type { ClientConnection } from '../../src/util/abort.ts';
 import { newChatRequestId } from '../../src/util/ids.ts';
-import { closedAfterEach, type TestGateway } from '../support/gateway.ts';
+import {
+  bearer,
+  chatBody,
+  closedAfterEach,
+  FAST_SIMULATOR,
+  type TestGateway,
+} from '../support/gateway.ts';
 
 const cleanup = closedAfterEach();
 
@@ -155,4 +161,52 @@ test('served: gone() is false while the client is connected, true once it closed
   while (!client.gone()) await turn();
   expect(client.signal.aborted).toBe(true);
   release.resolve();
+});
+
+test('served fast requests, chat and decision, never read their request signal', async () => {
+  // Every token due at once: a run ends in microtasks, before its watch's timer can fire.
+  const simulator = { ...FAST_SIMULATOR, tokens_per_second: 1_000_000_000 };
+  const t = await cleanup.server({ providers: { simulator } });
+  const { key } = await t.createKey({ credits: 10 });
+  // A spy that calls through: the reads of ServedClient's signal getter, the one way to the
+  // request's signal on these routes.
+  const getter = Object.getOwnPropertyDescriptor(ServedClient.prototype, 'signal')!;
+  let reads = 0;
+  Object.defineProperty(ServedClient.prototype, 'signal', {
+    ...getter,
+    get(this: ServedClient) {
+      reads++;
+      return getter.get!.call(this);
+    },
+  });
+  try {
+    for (const stream of [false, true]) {
+      const response = await fetch(`${t.baseUrl}/api/v1/chat/completions`, {
+        method: 'POST',
+        headers: bearer(key),
+        body: JSON.stringify(chatBody({ stream })),
+      });
+      expect(response.status).toBe(200);
+      await response.text();
+    }
+    const decision = await fetch(`${t.baseUrl}/decision/v1/decide/`, {
+      method: 'POST',
+      headers: bearer(key),
+      body: JSON.stringify({
+        model: 'decision-fast',
+        state: { ticket: 'The checkout page fails.' },
+        questions: {
+          urgency: {
+            type: 'choice',
+            prompt: 'How urgent?',
+            criteria: { urgent: 'today', routine: 'can wait' },
+          },
+        },
+      }),
+    });
+    expect(decision.status).toBe(200);
+    expect(reads).toBe(0);
+  } finally {
+    Object.defineProperty(ServedClient.prototype, 'signal', getter);
+  }
 });
