@@ -16,6 +16,7 @@ import {
   FAST_SIMULATOR,
   type TestGateway,
 } from '../support/gateway.ts';
+import { DECISION } from '../support/lifecycle-harness.ts';
 
 const cleanup = closedAfterEach();
 
@@ -189,20 +190,10 @@ test('served fast requests, chat and decision, never read their request signal',
       expect(response.status).toBe(200);
       await response.text();
     }
-    const decision = await fetch(`${t.baseUrl}/decision/v1/decide/`, {
+    const decision = await fetch(`${t.baseUrl}${DECISION.path}`, {
       method: 'POST',
       headers: bearer(key),
-      body: JSON.stringify({
-        model: 'decision-fast',
-        state: { ticket: 'The checkout page fails.' },
-        questions: {
-          urgency: {
-            type: 'choice',
-            prompt: 'How urgent?',
-            criteria: { urgent: 'today', routine: 'can wait' },
-          },
-        },
-      }),
+      body: JSON.stringify(DECISION.body()),
     });
     expect(decision.status).toBe(200);
     expect(reads).toBe(0);
