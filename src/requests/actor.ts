@@ -85,10 +85,10 @@ function abortOnDeadline(actor: RequestActor): void {
 }
 
 /**
- * How long a run goes before it watches its client's connection (RequestActor.watchClient): a run
- * that ends sooner never makes the connection's AbortSignal; a longer one notices its client gone
- * at most this late, well within the 50 ms in which a disconnect must stop the provider (CONTRACT
- * §7).
+ * How long a run goes before it listens to its client's connection (RequestActor.watchClient): a
+ * run that ends sooner never makes the connection's AbortSignal (it asks once, at its end, whether
+ * the client is gone); a longer one notices its client gone at most this late, well within the 50
+ * ms in which a disconnect must stop the provider (CONTRACT §7).
  */
 export const CLIENT_WATCH_DELAY_MS = 10;
 
