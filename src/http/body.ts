@@ -2,6 +2,12 @@
 // before parsing), chunked bodies too; a client that goes away mid-body is a 499, never an internal
 // error.
 import { GatewayError } from '../util/errors.ts';
+import {
+  type FifoTimerEntry,
+  type FifoTimers,
+  fifoTimersFor,
+  NOT_QUEUED,
+} from '../util/fifo-timers.ts';
 
 const DECODER = new TextDecoder('utf-8');
 
@@ -65,30 +71,51 @@ export function readBodyText(
 
 /**
  * `reading`, or the 400 that closes the connection once `timeoutMs` has passed; a failed read is a
- * 499.
+ * 499. The deadline is a FifoTimers entry (every read of a gateway has the same limit), not a
+ * runtime timer per request: almost every body is in before its deadline, which is then only
+ * unlinked.
  */
 function withDeadline(reading: Promise<string>, timeoutMs: number): Promise<string> {
-  // withResolvers, not an executor: one closure and its scope fewer per request.
-  const { promise, resolve, reject } = Promise.withResolvers<string>();
-  // One handler for a failed read and for the deadline, which the timer passes in: no callback of
-  // its own, and one timer argument (Bun keeps two or more in an array per timer). A read that
-  // fails after the deadline (the connection then closes under it) lands here too: a no-op.
-  const fail = (thrown: unknown) => {
-    clearTimeout(timer);
-    reject(thrown === DEADLINE_PASSED ? tooSlow(limitMs) : readFailed(thrown));
-  };
-  // A local, not the parameter: a captured parameter takes a scope of its own (measured).
-  const limitMs = timeoutMs;
-  const timer = setTimeout(fail, limitMs, DEADLINE_PASSED);
-  reading.then((text) => {
-    clearTimeout(timer);
-    resolve(text);
-  }, fail);
-  return promise;
+  const read = new DeadlineRead(fifoTimersFor(timeoutMs));
+  reading.then(read.done, read.failed);
+  return read.promise;
 }
 
-/** What the read deadline's timer hands `fail`: nothing a read can reject with. */
-const DEADLINE_PASSED = Symbol('deadline passed');
+/**
+ * One body read against its deadline. A read that settles after the deadline (the connection then
+ * closes under it) settles nothing: the promise is rejected already.
+ */
+class DeadlineRead implements FifoTimerEntry {
+  timerPrev: FifoTimerEntry | null = null;
+  timerNext: FifoTimerEntry | null = null;
+  timerDueMs = NOT_QUEUED;
+  readonly promise: Promise<string>;
+  private readonly resolve: (text: string) => void;
+  private readonly reject: (error: unknown) => void;
+
+  constructor(private readonly timers: FifoTimers) {
+    // withResolvers, not an executor: one closure and its scope fewer per request.
+    const { promise, resolve, reject } = Promise.withResolvers<string>();
+    this.promise = promise;
+    this.resolve = resolve;
+    this.reject = reject;
+    timers.arm(this);
+  }
+
+  onTimer(): void {
+    this.reject(tooSlow(this.timers.delayMs));
+  }
+
+  readonly done = (text: string): void => {
+    this.timers.cancel(this);
+    this.resolve(text);
+  };
+
+  readonly failed = (thrown: unknown): void => {
+    this.timers.cancel(this);
+    this.reject(readFailed(thrown));
+  };
+}
 
 /**
  * A body without a length (chunked): read piece by piece, stopped at the limit or at the deadline.

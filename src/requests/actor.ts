@@ -7,6 +7,7 @@ import type { StateStore } from '../state/store.ts';
 import { type ClientConnection, RunAbort, type RunSignal } from '../util/abort.ts';
 import { AssertionError } from '../util/assert.ts';
 import { GatewayError, internalError } from '../util/errors.ts';
+import { type FifoTimerEntry, FifoTimers, NOT_QUEUED } from '../util/fifo-timers.ts';
 import type { Logger } from '../util/log.ts';
 import { ignore, RESOLVED } from '../util/promise.ts';
 
@@ -92,10 +93,12 @@ function abortOnDeadline(actor: RequestActor): void {
  */
 export const CLIENT_WATCH_DELAY_MS = 10;
 
-/** The run's first timer when it has a client to watch (setTimeout passes the actor). */
-function watchClientLater(actor: RequestActor): void {
-  actor.watchClientNow();
-}
+/**
+ * The client watches of every run: one delay, so one list behind one runtime timer (FifoTimers),
+ * not a setTimeout and a clearTimeout per request. Most runs end before theirs fires and only
+ * unlink.
+ */
+const CLIENT_WATCHES = new FifoTimers(CLIENT_WATCH_DELAY_MS);
 
 const LEGAL: Record<RequestStatus, readonly RequestStatus[]> = {
   in_progress: ['completed', 'cancelled', 'error'],
@@ -104,7 +107,7 @@ const LEGAL: Record<RequestStatus, readonly RequestStatus[]> = {
   error: [],
 };
 
-export class RequestActor {
+export class RequestActor implements FifoTimerEntry {
   private current: RequestStatus = 'in_progress';
   /**
    * The run's abort, and the signal the work and the provider listen to: a plain object, not an
@@ -127,8 +130,15 @@ export class RequestActor {
   private childLogger: Logger | null = null;
   /** The abort the run's deadline fires (its policy's), set when the run starts its timer. */
   private deadlineKind: AbortKind = 'upstream_timeout';
-  /** The run's one timer: its client watch first when it has one, then its deadline. */
+  /**
+   * The run's deadline timer, armed at its start, or when it has a client to watch, once the watch
+   * has fired (CLIENT_WATCHES).
+   */
   private timer: ReturnType<typeof setTimeout> | undefined = undefined;
+  /** The actor's link in CLIENT_WATCHES (FifoTimerEntry). */
+  timerPrev: FifoTimerEntry | null = null;
+  timerNext: FifoTimerEntry | null = null;
+  timerDueMs = NOT_QUEUED;
   /** What is left of the run's time limit when the client watch fires. */
   private deadlineRestMs = 0;
   /** The client's connection, until the run starts watching it (watchClient). */
@@ -218,8 +228,8 @@ export class RequestActor {
     this.client = client;
   }
 
-  /** The client watch's timer: listens to the client's signal, then times the rest of the run. */
-  watchClientNow(): void {
+  /** The client watch fired (CLIENT_WATCHES): listens to the client, times the rest of the run. */
+  onTimer(): void {
     this.timer = setTimeout(abortOnDeadline, this.deadlineRestMs, this);
     this.listenToClient();
   }
@@ -252,7 +262,7 @@ export class RequestActor {
   private startTimer(deadlineMs: number): void {
     if (this.client !== null && deadlineMs > CLIENT_WATCH_DELAY_MS) {
       this.deadlineRestMs = deadlineMs - CLIENT_WATCH_DELAY_MS;
-      this.timer = setTimeout(watchClientLater, CLIENT_WATCH_DELAY_MS, this);
+      CLIENT_WATCHES.arm(this);
       return;
     }
     this.listenToClient();
@@ -334,7 +344,8 @@ export class RequestActor {
       this.askClientGone();
       outcome = this.failure(thrown, policy);
     } finally {
-      clearTimeout(this.timer);
+      CLIENT_WATCHES.cancel(this);
+      if (this.timer !== undefined) clearTimeout(this.timer);
     }
     // The finish, here rather than in an async method of its own (a generator, a promise and a
     // scope per request): the hold is settled (charge) or released whatever happened. A failing

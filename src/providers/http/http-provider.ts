@@ -4,6 +4,7 @@
 import { readFileSync } from 'node:fs';
 import type { RunSignal } from '../../util/abort.ts';
 import { GatewayError } from '../../util/errors.ts';
+import { type FifoTimers, fifoTimersFor } from '../../util/fifo-timers.ts';
 import type { Logger } from '../../util/log.ts';
 import { nextTurn } from '../../util/promise.ts';
 import { SseEventTooLargeError, SseParser } from '../../util/sse-parse.ts';
@@ -91,7 +92,8 @@ export class HttpProvider implements Provider {
   private readonly requestLineStart: string;
   /** The fixed header fields, after the request line. */
   private readonly requestFields: string;
-  private readonly timeoutMs: number;
+  /** Every call's silence timer: one delay, so one list (FifoTimers). */
+  private readonly silence: FifoTimers;
   private readonly bodyBytesMax: number;
   private readonly eventBytesMax: number;
   private readonly apiKeyEnv: string | undefined;
@@ -134,7 +136,7 @@ export class HttpProvider implements Provider {
     head += 'accept-encoding: identity\r\n';
     for (const line of fields.values()) head += `${line}\r\n`;
     this.requestFields = head;
-    this.timeoutMs = config.timeout_ms ?? options.defaultTimeoutMs;
+    this.silence = fifoTimersFor(config.timeout_ms ?? options.defaultTimeoutMs);
     this.bodyBytesMax = options.bodyBytesMax;
     this.eventBytesMax = options.eventBytesMax;
     this.apiKeyEnv = config.api_key_env;
@@ -143,7 +145,7 @@ export class HttpProvider implements Provider {
 
   async *stream(request: ProviderRequest, signal: RunSignal): AsyncIterable<Delta> {
     signal.throwIfAborted();
-    const call = new UpstreamCall(this.name, this.timeoutMs, signal);
+    const call = new UpstreamCall(this.name, this.silence, signal);
     try {
       const head = await this.send(call, request);
       if (!isSuccess(head)) throw await this.errorFromResponse(head.status, call);
@@ -166,7 +168,7 @@ export class HttpProvider implements Provider {
    */
   async complete(request: ProviderRequest, signal: RunSignal): Promise<Delta[]> {
     signal.throwIfAborted();
-    const call = new UpstreamCall(this.name, this.timeoutMs, signal);
+    const call = new UpstreamCall(this.name, this.silence, signal);
     try {
       let deltas: Delta[];
       const head = await this.send(call, request);

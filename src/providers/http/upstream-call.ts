@@ -2,6 +2,7 @@
 // by every HTTP provider whatever protocol it speaks.
 import type { RunSignal } from '../../util/abort.ts';
 import { GatewayError } from '../../util/errors.ts';
+import { type FifoTimerEntry, type FifoTimers, NOT_QUEUED } from '../../util/fifo-timers.ts';
 import { nextTurn } from '../../util/promise.ts';
 import { invalid, oversizedBody } from './answer.ts';
 import type {
@@ -24,14 +25,21 @@ type ReadResult = { done: false; value: Uint8Array } | { done: true; value: unde
  * silence only while we wait (for headers, then for each read), so a slow consumer is not a
  * timeout. Body bytes arrive as the socket reads them and wait in a bounded queue for `read`.
  */
-export class UpstreamCall implements ExchangeHandler {
+export class UpstreamCall implements ExchangeHandler, FifoTimerEntry {
   readonly signal: RunSignal;
   /** Set once the answer was fully translated, so closing does not abort a finished exchange. */
   finished = false;
   timedOut = false;
   private readonly providerName: string;
   private readonly timeoutMs: number;
-  private readonly timer: ReturnType<typeof setTimeout>;
+  /**
+   * The silence timer: the provider's list of calls (one delay, FifoTimers), not a runtime timer
+   * per call; this call is its own entry.
+   */
+  private readonly silence: FifoTimers;
+  timerPrev: FifoTimerEntry | null = null;
+  timerNext: FifoTimerEntry | null = null;
+  timerDueMs = NOT_QUEUED;
   private exchange: HttpExchange | null = null;
   private head: ResponseHead | null = null;
   private readonly queue: Uint8Array[] = [];
@@ -50,13 +58,15 @@ export class UpstreamCall implements ExchangeHandler {
   private draining = false;
   private drainTimer: ReturnType<typeof setTimeout> | null = null;
 
-  constructor(providerName: string, timeoutMs: number, signal: RunSignal) {
+  /** `silence` times the upstream's silence (its delay is the provider's timeout). */
+  constructor(providerName: string, silence: FifoTimers, signal: RunSignal) {
     this.providerName = providerName;
-    this.timeoutMs = timeoutMs;
+    this.silence = silence;
+    this.timeoutMs = silence.delayMs;
     this.signal = signal;
     // The timer and the abort listener reach this call without a closure each (one call per
     // request).
-    this.timer = setTimeout(timeOut, timeoutMs, this);
+    silence.arm(this);
     signal.addEventListener('abort', this);
   }
 
@@ -185,7 +195,7 @@ export class UpstreamCall implements ExchangeHandler {
   }
 
   close(): void {
-    clearTimeout(this.timer);
+    this.silence.cancel(this);
     // The abort listener stays: after this, it finds no exchange to stop, and it dies with the
     // signal.
     if (this.ended || this.exchange === null) return;
@@ -223,7 +233,9 @@ export class UpstreamCall implements ExchangeHandler {
   private wait(): Promise<void> {
     this.bytesThisTurn = 0;
     this.waiter = Promise.withResolvers<void>();
-    this.timer.refresh();
+    // Timed from now: back to the list's tail, where every later due time is.
+    this.silence.cancel(this);
+    this.silence.arm(this);
     return this.waiter.promise;
   }
 
@@ -262,7 +274,8 @@ export class UpstreamCall implements ExchangeHandler {
     throw invalid(this.providerName, `broke the connection mid-answer${code}`);
   }
 
-  onTimeout(): void {
+  /** The silence timer fired. */
+  onTimer(): void {
     if (this.waiter === null) return; // the next wait re-arms the timer
     this.timedOut = true;
     this.exchange?.abort();
@@ -288,10 +301,6 @@ const LOCAL_RESOURCE_ERRORS = new Set(['EMFILE', 'ENFILE', 'ENOBUFS', 'ENOMEM'])
 const READ_BYTES_PER_TURN_MAX = 64 * 1024;
 /** Deltas relayed before the event loop runs once (a few ms of work at most). */
 export const DELTAS_PER_TURN_MAX = 256;
-
-function timeOut(call: UpstreamCall): void {
-  call.onTimeout();
-}
 
 function stopDraining(call: UpstreamCall): void {
   call.stopDraining();
