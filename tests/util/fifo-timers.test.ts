@@ -116,3 +116,21 @@ describe('FifoTimers', () => {
     expect(fifoTimersFor(12_345).delayMs).toBe(12_345);
   });
 });
+
+test('an entry armed from a firing one does not hold back those already waiting', async () => {
+  // A fires and arms C; B, armed between A and C, is due well before C and must not wait for it.
+  const delayMs = 40;
+  const timers = new FifoTimers(delayMs);
+  const fired: string[] = [];
+  const bFired = Promise.withResolvers<void>();
+  const c = new Entry('c', fired);
+  const b = new Entry('b', fired, bFired.resolve);
+  armed(timers, new Entry('a', fired, () => armed(timers, c)));
+  // B is armed half a delay after A (through a timer list of its own, not a sleep).
+  const half = new FifoTimers(delayMs / 2);
+  half.arm(new Entry('half', [], () => armed(timers, b)));
+  await bFired.promise;
+  expect(fired).toEqual(['a', 'b']);
+  expect(b.firedAtMs!).toBeLessThan(c.armedAtMs + delayMs);
+  timers.cancel(c);
+});
