@@ -79,7 +79,9 @@ export class FifoTimers {
    * others still run.
    */
   private readonly fire = (): void => {
-    this.runtimeTimer = undefined;
+    // runtimeTimer stays set while the due entries run: an entry an onTimer arms must not start a
+    // runtime timer a whole delay away, which the entries still waiting (due sooner) would wait
+    // for; the timer for the head is armed below, once they have run.
     const nowMs = performance.now();
     let entry = this.head;
     while (entry !== null && entry.timerDueMs <= nowMs) {
@@ -91,8 +93,10 @@ export class FifoTimers {
       }
       entry = this.head;
     }
-    if (entry !== null && this.runtimeTimer === undefined)
-      this.runtimeTimer = setTimeout(this.fire, Math.max(1, Math.ceil(entry.timerDueMs - nowMs)));
+    this.runtimeTimer =
+      entry === null
+        ? undefined
+        : setTimeout(this.fire, Math.max(1, Math.ceil(entry.timerDueMs - nowMs)));
   };
 }
 
