@@ -29,8 +29,14 @@ export const NOT_QUEUED = -1;
 export class FifoTimers {
   private head: FifoTimerEntry | null = null;
   private tail: FifoTimerEntry | null = null;
-  /** The one runtime timer, armed for the head while the list is not empty. */
+  /**
+   * The one runtime timer, armed for the head; it may outlive the entries it was armed for (it then
+   * finds nothing due), and is unref'd while the list is empty, so that it keeps no process alive
+   * that a cleared timer would have let exit.
+   */
   private runtimeTimer: ReturnType<typeof setTimeout> | undefined = undefined;
+  /** fire() is running the due entries (it arms for the head itself once they have run). */
+  private firing = false;
 
   constructor(readonly delayMs: number) {
     assert(Number.isFinite(delayMs) && delayMs >= 0, 'a timer delay must be a finite ms count');
@@ -47,17 +53,22 @@ export class FifoTimers {
     entry.timerDueMs = performance.now() + this.delayMs;
     entry.timerNext = null;
     entry.timerPrev = this.tail;
-    if (this.tail === null) this.head = entry;
-    else this.tail.timerNext = entry;
+    const wasEmpty = this.tail === null;
+    if (wasEmpty) this.head = entry;
+    else this.tail!.timerNext = entry;
     this.tail = entry;
+    if (this.firing) return;
     // Armed once per head, not per entry: an entry behind the head is due no sooner than it.
     if (this.runtimeTimer === undefined)
       this.runtimeTimer = setTimeout(this.fire, Math.ceil(this.delayMs));
+    else if (wasEmpty) this.runtimeTimer.ref();
   }
 
   /**
    * Stops `entry`'s timer; a no-op when it is not armed (fired, cancelled, never armed). The
-   * runtime timer is left to fire: it finds nothing due and re-arms for the new head, or stops.
+   * runtime timer is left to fire (clearing it would cost what this class saves: the list of body
+   * reads is empty between most requests): it finds nothing due and re-arms for the new head, or
+   * stops.
    */
   cancel(entry: FifoTimerEntry): void {
     if (entry.timerDueMs === NOT_QUEUED) return;
@@ -70,6 +81,7 @@ export class FifoTimers {
     entry.timerPrev = null;
     entry.timerNext = null;
     entry.timerDueMs = NOT_QUEUED;
+    if (this.head === null && !this.firing) this.runtimeTimer?.unref();
   }
 
   /**
@@ -79,9 +91,10 @@ export class FifoTimers {
    * others still run.
    */
   private readonly fire = (): void => {
-    // runtimeTimer stays set while the due entries run: an entry an onTimer arms must not start a
-    // runtime timer a whole delay away, which the entries still waiting (due sooner) would wait
-    // for; the timer for the head is armed below, once they have run.
+    // While the due entries run, an entry an onTimer arms must not start a runtime timer a whole
+    // delay away, which the entries still waiting (due sooner) would wait for: `firing` keeps arm()
+    // off the timer, which is armed for the head below, once they have run.
+    this.firing = true;
     const nowMs = performance.now();
     let entry = this.head;
     while (entry !== null && entry.timerDueMs <= nowMs) {
@@ -93,6 +106,7 @@ export class FifoTimers {
       }
       entry = this.head;
     }
+    this.firing = false;
     this.runtimeTimer =
       entry === null
         ? undefined
@@ -101,12 +115,13 @@ export class FifoTimers {
 }
 
 /**
- * One FifoTimers per delay, shared, made on first use. The delays are the configuration's (a
- * handful), never a request's; past DELAYS_MAX distinct ones (a process running many
- * configurations: the test suite) a delay gets a list of its own per call: correct, not shared.
+ * One FifoTimers per delay, shared, made on first use. The delays are the configuration's (the
+ * read timeout, each provider's timeout), never a request's. Past DELAYS_MAX distinct ones (a
+ * process running thousands of configurations) a delay gets a list of its own per call: correct,
+ * but each such list's runtime timer stays until it would have fired, as a cleared one would not.
  */
 const BY_DELAY = new Map<number, FifoTimers>();
-const DELAYS_MAX = 64;
+const DELAYS_MAX = 1024;
 
 export function fifoTimersFor(delayMs: number): FifoTimers {
   const shared = BY_DELAY.get(delayMs);

@@ -134,3 +134,44 @@ test('an entry armed from a firing one does not hold back those already waiting'
   expect(b.firedAtMs!).toBeLessThan(c.armedAtMs + delayMs);
   timers.cancel(c);
 });
+
+const MODULE = JSON.stringify(`${import.meta.dir}/../../src/util/fifo-timers.ts`);
+
+test('a list left empty keeps no process alive', async () => {
+  // Run apart, so that nothing else of the test runner keeps the loop alive: the process must end
+  // at once, not when the cancelled entry would have fired (a minute later).
+  const script = `
+    import { FifoTimers, NOT_QUEUED } from ${MODULE};
+    const timers = new FifoTimers(60_000);
+    const entry = { timerPrev: null, timerNext: null, timerDueMs: NOT_QUEUED, onTimer() {} };
+    timers.arm(entry);
+    timers.cancel(entry);
+    const again = { timerPrev: null, timerNext: null, timerDueMs: NOT_QUEUED, onTimer() {} };
+    timers.arm(again);
+    timers.cancel(again);
+  `;
+  const child = Bun.spawn([process.execPath, '-e', script], { stdout: 'ignore', stderr: 'pipe' });
+  const exited = await Promise.race([
+    child.exited,
+    new Promise<'alive'>((resolve) => setTimeout(() => resolve('alive'), 10_000)),
+  ]);
+  if (exited === 'alive') child.kill();
+  expect(exited).toBe(0);
+});
+
+test('an entry armed after the list emptied keeps the process alive until it fires', async () => {
+  const script = `
+    import { FifoTimers, NOT_QUEUED } from ${MODULE};
+    const timers = new FifoTimers(20);
+    const entry = { timerPrev: null, timerNext: null, timerDueMs: NOT_QUEUED, onTimer() {} };
+    timers.arm(entry);
+    timers.cancel(entry);
+    const again = {
+      timerPrev: null, timerNext: null, timerDueMs: NOT_QUEUED, onTimer() { console.log('fired'); },
+    };
+    timers.arm(again);
+  `;
+  const child = Bun.spawn([process.execPath, '-e', script], { stdout: 'pipe', stderr: 'pipe' });
+  expect(await child.exited).toBe(0);
+  expect(await new Response(child.stdout).text()).toBe('fired\n');
+});
