@@ -139,8 +139,11 @@ export class RequestActor implements FifoTimerEntry {
   timerPrev: FifoTimerEntry | null = null;
   timerNext: FifoTimerEntry | null = null;
   timerDueMs = NOT_QUEUED;
-  /** What is left of the run's time limit when the client watch fires. */
-  private deadlineRestMs = 0;
+  /**
+   * What is left of the run's time limit when the client watch fires; -1 before the deadline
+   * starts (a watch that fires while the run waits for its binding only listens).
+   */
+  private deadlineRestMs = -1;
   /** The client's connection, until the run starts watching it (watchClient). */
   private client: ClientConnection | null = null;
 
@@ -220,7 +223,8 @@ export class RequestActor implements FifoTimerEntry {
   /**
    * Cancels this request when the client's connection goes away: its signal is listened to from
    * CLIENT_WATCH_DELAY_MS into the run (a client that left earlier is seen then, as gone already),
-   * or from the start for a run that first waits for its binding to be durable. A run over sooner
+   * counted from the start of the wait for a run that first waits for its binding to be durable
+   * (a slow disk's). A run over sooner
    * (most runs through a fast provider) never reads the signal: it asks the connection once, at its
    * end, whether the client is gone (see ClientConnection).
    */
@@ -228,9 +232,13 @@ export class RequestActor implements FifoTimerEntry {
     this.client = client;
   }
 
-  /** The client watch fired (CLIENT_WATCHES): listens to the client, times the rest of the run. */
+  /**
+   * The client watch fired (CLIENT_WATCHES): listens to the client, and times the rest of the run
+   * once its deadline has started.
+   */
   onTimer(): void {
-    this.timer = setTimeout(abortOnDeadline, this.deadlineRestMs, this);
+    if (this.deadlineRestMs >= 0)
+      this.timer = setTimeout(abortOnDeadline, this.deadlineRestMs, this);
     this.listenToClient();
   }
 
@@ -258,13 +266,23 @@ export class RequestActor implements FifoTimerEntry {
     if (client.gone()) this.abort('disconnected');
   }
 
-  /** Starts the run's timer: the client watch first when there is a client, else the deadline. */
+  /**
+   * Starts the run's deadline, through the client watch when there is a client (armed now, or
+   * through the wait for the binding, when it fires sooner than its delay from now), else at once.
+   */
   private startTimer(deadlineMs: number): void {
     if (this.client !== null && deadlineMs > CLIENT_WATCH_DELAY_MS) {
-      this.deadlineRestMs = deadlineMs - CLIENT_WATCH_DELAY_MS;
-      CLIENT_WATCHES.arm(this);
+      if (this.timerDueMs === NOT_QUEUED) {
+        this.deadlineRestMs = deadlineMs - CLIENT_WATCH_DELAY_MS;
+        CLIENT_WATCHES.arm(this);
+      } else {
+        // The deadline counts from now, not from the watch's start: the wait for the disk was the
+        // gateway's.
+        this.deadlineRestMs = deadlineMs - Math.max(0, this.timerDueMs - performance.now());
+      }
       return;
     }
+    CLIENT_WATCHES.cancel(this);
     this.listenToClient();
     this.timer = setTimeout(abortOnDeadline, deadlineMs, this);
   }
@@ -317,8 +335,10 @@ export class RequestActor implements FifoTimerEntry {
       // The deadline starts after that wait: a slow disk is the gateway's, never a provider timeout
       // billed to the key.
       if (this.init.idempotent) {
-        // Its wait for the fsync may be long (a slow disk): the client is listened to through it.
-        this.listenToClient();
+        // Its wait for the fsync may be long (a slow disk): the client watch runs through it, so
+        // a client gone meanwhile is heard within CLIENT_WATCH_DELAY_MS, and a quick disk still
+        // makes no signal.
+        if (this.client !== null) CLIENT_WATCHES.arm(this);
         await this.startCommit;
       }
       this.deadlineKind = policy.deadlineKind;

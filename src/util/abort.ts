@@ -10,9 +10,9 @@
  * The client's connection as the gateway watches it. Bun's Request has a `signal`, but reading it
  * makes an AbortSignal, and every young collection pays for the ones made since the last: more
  * than a third of each pause (bench/README, issue 15). So the signal is read only where it is
- * needed: by a run that outlives its first few milliseconds (RequestActor.watchClient), by a
- * request that waits before its run, by a prompt counted off the event loop. A run over sooner
- * asks `gone` instead, once.
+ * needed: by a run that outlives its first few milliseconds, a wait for its binding's fsync
+ * included (RequestActor.watchClient), and by a prompt counted off the event loop. A run over
+ * sooner asks `gone` instead, once.
  */
 export interface ClientConnection {
   readonly signal: AbortSignal;

@@ -1,6 +1,6 @@
 // How a request watches its client (requests/actor.ts, http/client-connection.ts). A served
 // request's AbortSignal costs every young collection, so it is read only by a run still going
-// CLIENT_WATCH_DELAY_MS in, or by one that waits for its binding first; a run over sooner asks the
+// CLIENT_WATCH_DELAY_MS in (a wait for its binding's fsync included); a run over sooner asks the
 // connection once whether its client is gone, and a gone client cancels it all the same.
 import { expect, test } from 'bun:test';
 import { connect } from 'node:net';
@@ -131,14 +131,75 @@ test('a run going at the watch reads the signal once; a disconnect cancels it', 
   expect(ledgerOf(t, keyId)).toEqual({ held: 0, charged: 0 });
 });
 
-test('a run that first waits for its binding listens to its client from the start', async () => {
+test('a run that first waits for its binding, quickly, reads no signal either', async () => {
   const client = new CountedClient();
   const { actor } = await admitted(client, 'watch-idempotent-0001');
-  const running = actor.run(answerNow, null, POLICY);
-  // Read before the run's first await: a client leaving during a slow fsync is heard at once.
+  expect(await actor.run(answerNow, null, POLICY)).toEqual({ ok: true, value: 'answer' });
+  expect({ signalReads: client.signalReads, goneCalls: client.goneCalls }).toEqual({
+    signalReads: 0,
+    goneCalls: 1,
+  });
+});
+
+test('a client gone while its binding waits for a slow disk is heard at the watch', async () => {
+  const client = new CountedClient();
+  const { t, actor, keyId } = await admitted(client, 'watch-idempotent-0002');
+  // The start as a slow disk would leave it: not yet durable (the real commit goes on beside it).
+  const disk = Promise.withResolvers<void>();
+  actor.started(disk.promise);
+  let worked = false;
+  const running = actor.run(
+    async () => {
+      worked = true;
+      return COMPLETION;
+    },
+    null,
+    POLICY,
+  );
+  // The watch fires CLIENT_WATCH_DELAY_MS into the wait; no timer of the test's own.
+  while (client.signalReads === 0) await turn();
+  client.controller.abort();
+  disk.resolve();
+  const result = await running;
+  expect(!result.ok && result.error.code).toBe('request_cancelled');
   expect(client.signalReads).toBe(1);
-  expect(await running).toEqual({ ok: true, value: 'answer' });
-  expect(client.goneCalls).toBe(0);
+  expect(ledgerOf(t, keyId)).toEqual({ held: 0, charged: 0 });
+  expect(worked).toBe(true);
+});
+
+/** A run waiting for its binding behind a slow disk, until `disk` resolves; its work never ends. */
+async function waitingForDisk(client: CountedClient, idempotencyKey: string) {
+  const admission = await admitted(client, idempotencyKey);
+  const disk = Promise.withResolvers<void>();
+  admission.actor.started(disk.promise);
+  const running = admission.actor.run(untilAborted, null, DEADLINE_POLICY);
+  return { ...admission, disk, running };
+}
+
+const DEADLINE_POLICY: RunPolicy = { ...POLICY, deadlineMs: 40 };
+
+test('the deadline counts from the end of the wait for the disk, watch fired or not', async () => {
+  // The watch fires during the wait: the deadline is armed whole once the wait ends.
+  const slow = new CountedClient();
+  const first = await waitingForDisk(slow, 'watch-idempotent-0003');
+  while (slow.signalReads === 0) await turn();
+  let waitEndedMs = performance.now();
+  first.disk.resolve();
+  let result = await first.running;
+  expect(!result.ok && result.error.code).toBe('upstream_timeout');
+  expect(performance.now() - waitEndedMs).toBeGreaterThanOrEqual(DEADLINE_POLICY.deadlineMs);
+  // The wait ends a few ms in, before the watch: what the watch leaves of the deadline is counted
+  // from the wait's end too.
+  const quick = new CountedClient();
+  const second = await waitingForDisk(quick, 'watch-idempotent-0004');
+  const startMs = performance.now();
+  while (performance.now() - startMs < 5) await turn();
+  waitEndedMs = performance.now();
+  second.disk.resolve();
+  result = await second.running;
+  expect(!result.ok && result.error.code).toBe('upstream_timeout');
+  expect(performance.now() - waitEndedMs).toBeGreaterThanOrEqual(DEADLINE_POLICY.deadlineMs);
+  expect(quick.signalReads).toBe(1);
 });
 
 test('served: gone() is false while the client is connected, true once it closed', async () => {
@@ -164,7 +225,7 @@ test('served: gone() is false while the client is connected, true once it closed
   release.resolve();
 });
 
-test('served fast requests, chat and decision, never read their request signal', async () => {
+test('served fast requests, chat and decision, keyed or not, read no request signal', async () => {
   // Every token due at once: a run ends in microtasks, before its watch's timer can fire.
   const simulator = { ...FAST_SIMULATOR, tokens_per_second: 1_000_000_000 };
   const t = await cleanup.server({ providers: { simulator } });
@@ -182,13 +243,19 @@ test('served fast requests, chat and decision, never read their request signal',
   });
   try {
     for (const stream of [false, true]) {
-      const response = await fetch(`${t.baseUrl}/api/v1/chat/completions`, {
-        method: 'POST',
-        headers: bearer(key),
-        body: JSON.stringify(chatBody({ stream })),
-      });
-      expect(response.status).toBe(200);
-      await response.text();
+      // With an Idempotency-Key too (the official SDKs send one with every POST): its run waits
+      // for the binding's fsync first, through the same watch.
+      for (const idempotencyKey of [null, `watch-served-${stream}`]) {
+        const headers: Record<string, string> = bearer(key);
+        if (idempotencyKey !== null) headers['idempotency-key'] = idempotencyKey;
+        const response = await fetch(`${t.baseUrl}/api/v1/chat/completions`, {
+          method: 'POST',
+          headers,
+          body: JSON.stringify(chatBody({ stream })),
+        });
+        expect(response.status).toBe(200);
+        await response.text();
+      }
     }
     const decision = await fetch(`${t.baseUrl}${DECISION.path}`, {
       method: 'POST',
