@@ -257,12 +257,14 @@ test('served fast requests, chat and decision, keyed or not, read no request sig
         await response.text();
       }
     }
-    const decision = await fetch(`${t.baseUrl}${DECISION.path}`, {
-      method: 'POST',
-      headers: bearer(key),
-      body: JSON.stringify(DECISION.body()),
-    });
-    expect(decision.status).toBe(200);
+    for (const extra of [{}, { 'idempotency-key': 'watch-served-decision' }]) {
+      const decision = await fetch(`${t.baseUrl}${DECISION.path}`, {
+        method: 'POST',
+        headers: bearer(key, extra),
+        body: JSON.stringify(DECISION.body()),
+      });
+      expect(decision.status).toBe(200);
+    }
     expect(reads).toBe(0);
   } finally {
     Object.defineProperty(ServedClient.prototype, 'signal', getter);
