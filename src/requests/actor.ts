@@ -277,8 +277,11 @@ export class RequestActor implements FifoTimerEntry {
         CLIENT_WATCHES.arm(this);
       } else {
         // The deadline counts from now, not from the watch's start: the wait for the disk was the
-        // gateway's.
-        this.deadlineRestMs = deadlineMs - Math.max(0, this.timerDueMs - performance.now());
+        // gateway's. Rounded up: setTimeout truncates its delay to whole ms (toInt32), so a rest
+        // with a fraction would fire up to 1 ms early.
+        this.deadlineRestMs = Math.ceil(
+          deadlineMs - Math.max(0, this.timerDueMs - performance.now()),
+        );
       }
       return;
     }

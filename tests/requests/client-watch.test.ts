@@ -202,6 +202,33 @@ test('the deadline counts from the end of the wait for the disk, watch fired or 
   expect(quick.signalReads).toBe(1);
 });
 
+test("a watch pending at the wait's end never leaves less than the whole deadline", async () => {
+  // Bun's setTimeout truncates its delay to whole ms (toInt32, oven-sh/bun#8859): a rest with a
+  // fraction, armed as it is, fires up to 1 ms before the deadline counted from the wait's end.
+  // Each round ends the wait where what is left of the watch has a small fraction, so the rest's
+  // is large; the abort is timed by the run's own signal, the moment the deadline fires.
+  const shortMs: number[] = [];
+  for (let round = 0; round < 8; round++) {
+    const client = new CountedClient();
+    const waiting = await waitingForDisk(client, `watch-idempotent-01${round}`);
+    const abortedAt = Promise.withResolvers<number>();
+    waiting.actor.signal.addEventListener('abort', () => abortedAt.resolve(performance.now()));
+    let waitEndedMs = performance.now();
+    let leftMs = waiting.actor.timerDueMs - waitEndedMs;
+    // Synchronous: no timer can fire meanwhile (the watch stays pending, ~10 ms away at most).
+    while (leftMs < 1 || leftMs % 1 > 0.2) {
+      waitEndedMs = performance.now();
+      leftMs = waiting.actor.timerDueMs - waitEndedMs;
+    }
+    waiting.disk.resolve();
+    const result = await waiting.running;
+    expect(!result.ok && result.error.code).toBe('upstream_timeout');
+    const elapsedMs = (await abortedAt.promise) - waitEndedMs;
+    if (elapsedMs < DEADLINE_POLICY.deadlineMs) shortMs.push(elapsedMs);
+  }
+  expect(shortMs).toEqual([]);
+});
+
 test('served: gone() is false while the client is connected, true once it closed', async () => {
   const seen = Promise.withResolvers<ServedClient>();
   const release = Promise.withResolvers<void>();
