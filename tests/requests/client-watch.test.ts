@@ -7,16 +7,27 @@ import { connect } from 'node:net';
 import { ServedClient } from '../../src/http/client-connection.ts';
 import type { Completion, RequestActor, RunPolicy } from '../../src/requests/actor.ts';
 import { admit } from '../../src/requests/admit.ts';
+import type { Event } from '../../src/state/events.ts';
 import type { ClientConnection } from '../../src/util/abort.ts';
 import { newChatRequestId } from '../../src/util/ids.ts';
 import {
+  ADMIN_TOKEN,
   bearer,
   chatBody,
   closedAfterEach,
   FAST_SIMULATOR,
   type TestGateway,
+  type TestServer,
 } from '../support/gateway.ts';
-import { DECISION } from '../support/lifecycle-harness.ts';
+import {
+  CHAT,
+  CHAT_STREAM,
+  Client,
+  DECISION,
+  lifecycleOverrides,
+  sendTo,
+  startLifecycleUpstream,
+} from '../support/lifecycle-harness.ts';
 
 const cleanup = closedAfterEach();
 
@@ -285,7 +296,8 @@ test('served fast requests, chat and decision, keyed or not, read no request sig
         await response.text();
       }
     }
-    for (const extra of [{}, { 'idempotency-key': 'watch-served-decision' }]) {
+    const extras: Record<string, string>[] = [{}, { 'idempotency-key': 'watch-served-decision' }];
+    for (const extra of extras) {
       const decision = await fetch(`${t.baseUrl}${DECISION.path}`, {
         method: 'POST',
         headers: bearer(key, extra),
@@ -298,3 +310,92 @@ test('served fast requests, chat and decision, keyed or not, read no request sig
     Object.defineProperty(ServedClient.prototype, 'signal', getter);
   }
 });
+
+/**
+ * A slow disk for the starts a run must wait for: each request.started commit is durable only once
+ * the returned gate opens (the commit itself goes on as it would).
+ */
+function slowStarts(t: TestServer): PromiseWithResolvers<void> {
+  const store = t.gateway.store;
+  const commit = store.commit.bind(store);
+  const gate = Promise.withResolvers<void>();
+  store.commit = (events: Event[]) => {
+    const durable = commit(events);
+    return events.some((event) => event.type === 'request.started')
+      ? durable.then(() => gate.promise)
+      : durable;
+  };
+  return gate;
+}
+
+/** The one request running on `t`, once admitted. */
+async function runningActor(t: TestServer): Promise<RequestActor> {
+  while (t.gateway.registry.size === 0) await turn();
+  return t.gateway.registry.all()[0]!;
+}
+
+for (const svc of [CHAT, CHAT_STREAM, DECISION]) {
+  const label = svc.label.replace(' ', '-');
+
+  const gone = `served ${svc.label}: a client gone during a slow keyed start is heard, no provider`;
+  test(gone, async () => {
+    const upstream = cleanup.track(startLifecycleUpstream());
+    const t = await cleanup.server(lifecycleOverrides(upstream));
+    const client = await Client.create(svc, sendTo(t.baseUrl));
+    const disk = slowStarts(t);
+    const leaving = new AbortController();
+    const response = client.post({ idempotencyKey: `watch-gone-${label}`, signal: leaving.signal });
+    const actor = await runningActor(t);
+    leaving.abort();
+    await response.catch(() => {});
+    // Heard while the start is still not durable: only the watch can hear it then.
+    while (!actor.signal.aborted) await turn();
+    disk.resolve();
+    await actor.settled;
+    const record = await client.record(actor.id);
+    expect({ status: record.status, errorCode: record.errorCode }).toEqual({
+      status: 'cancelled',
+      errorCode: 'request_cancelled',
+    });
+    expect(upstream.calls.length).toBe(0);
+    await client.expectLedger(0);
+  }, 10_000);
+
+  test(`served ${svc.label}: a keyed request's status and cancel during a slow start`, async () => {
+    const release = Promise.withResolvers<void>();
+    const upstream = cleanup.track(
+      startLifecycleUpstream(() => ({ kind: 'answerAfter', until: release.promise })),
+    );
+    const t = await cleanup.server(lifecycleOverrides(upstream));
+    const client = await Client.create(svc, sendTo(t.baseUrl));
+    const disk = slowStarts(t);
+    const response = client.post({ idempotencyKey: `watch-cancel-${label}` });
+    const actor = await runningActor(t);
+    // Read while the start is not durable: it answers once it is, still in_progress.
+    const status = client.record(actor.id);
+    // Chat has its key's own cancel; a decision is cancelled by the admin.
+    const cancel =
+      svc.service === 'chat'
+        ? fetch(`${t.baseUrl}/api/v1/requests/${actor.id}/cancel`, {
+            method: 'POST',
+            headers: bearer(client.key),
+          })
+        : fetch(`${t.baseUrl}/admin/v1/requests/${actor.id}/cancel`, {
+            method: 'POST',
+            headers: { authorization: `Bearer ${ADMIN_TOKEN}` },
+          });
+    while (!actor.signal.aborted) await turn();
+    disk.resolve();
+    expect((await status).status).toBe('in_progress');
+    const cancelled = await cancel;
+    expect(cancelled.status).toBe(202);
+    expect(((await cancelled.json()) as any).request_status).toBe('cancelled');
+    const answered = await response;
+    expect(answered.status).toBe(499);
+    expect(((await answered.json()) as any).error.code).toBe('request_cancelled');
+    expect((await client.record(actor.id)).status).toBe('cancelled');
+    expect(upstream.calls.length).toBe(0);
+    await client.expectLedger(0);
+    release.resolve();
+  }, 10_000);
+}
