@@ -300,7 +300,7 @@ export function chatController(gateway: Gateway) {
         ownRecord(gateway, account.id, params.id);
         // Memory may be ahead of the disk by one commit; report only what a crash cannot take back
         // (and nothing, should that commit fail).
-        await gateway.registry.get(params.id)?.durable;
+        await gateway.registry.durable(params.id);
         gateway.store.checkAvailable();
         return Response.json(statusView(gateway, ownRecord(gateway, account.id, params.id)));
       },

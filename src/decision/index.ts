@@ -245,7 +245,7 @@ export function decisionController(gateway: Gateway) {
           gateway.store.checkAvailable();
           // Memory may be ahead of the disk by one commit; report only what a crash cannot take
           // back.
-          await gateway.registry.get(params.id)?.durable;
+          await gateway.registry.durable(params.id);
           gateway.store.checkAvailable();
           const record = gateway.store.state.request(params.id);
           if (!record || record.keyId !== account.id || record.service !== 'decision') {

@@ -343,6 +343,8 @@ export class RequestActor implements FifoTimerEntry {
         // makes no signal.
         if (this.client !== null) CLIENT_WATCHES.arm(this);
         await this.startCommit;
+        // Gone, cancelled or shut down meanwhile: the work (the provider's call) never starts.
+        this.aborts.throwIfAborted();
       }
       this.deadlineKind = policy.deadlineKind;
       this.startTimer(policy.deadlineMs);

@@ -64,6 +64,22 @@ export class ActorRegistry {
   }
 
   /**
+   * Resolves once what memory holds of request `id` is durable, for a reader that must report
+   * nothing a crash could take back: its start, or, when it began its finish meanwhile (a request
+   * cancelled while its start was being synced does so as soon as that sync ends), its finish.
+   * Resolves at once for a request not running; never rejects (the caller checks the log).
+   */
+  async durable(id: string): Promise<void> {
+    let waited: Promise<void> | undefined;
+    for (;;) {
+      const next = this.actors.get(id)?.durable;
+      if (next === undefined || next === waited) return;
+      waited = next;
+      await next;
+    }
+  }
+
+  /**
    * The deployments a request tried (CONTRACT §7): its record's once finished, its actor's while it
    * runs.
    */

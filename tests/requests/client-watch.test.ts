@@ -175,7 +175,8 @@ test('a client gone while its binding waits for a slow disk is heard at the watc
   expect(!result.ok && result.error.code).toBe('request_cancelled');
   expect(client.signalReads).toBe(1);
   expect(ledgerOf(t, keyId)).toEqual({ held: 0, charged: 0 });
-  expect(worked).toBe(true);
+  // Heard before the wait ended: the work (the provider's call) never started.
+  expect(worked).toBe(false);
 });
 
 /** A run waiting for its binding behind a slow disk, until `disk` resolves; its work never ends. */
@@ -312,18 +313,19 @@ test('served fast requests, chat and decision, keyed or not, read no request sig
 });
 
 /**
- * A slow disk for the starts a run must wait for: each request.started commit is durable only once
- * the returned gate opens (the commit itself goes on as it would).
+ * A slow disk for the starts a run must wait for (or for the commits of another event type): each
+ * such commit is durable only once the returned gate opens (the commit itself goes on as it would).
  */
-function slowStarts(t: TestServer): PromiseWithResolvers<void> {
+function slowStarts(
+  t: TestServer,
+  type: Event['type'] = 'request.started',
+): PromiseWithResolvers<void> {
   const store = t.gateway.store;
   const commit = store.commit.bind(store);
   const gate = Promise.withResolvers<void>();
   store.commit = (events: Event[]) => {
     const durable = commit(events);
-    return events.some((event) => event.type === 'request.started')
-      ? durable.then(() => gate.promise)
-      : durable;
+    return events.some((event) => event.type === type) ? durable.then(() => gate.promise) : durable;
   };
   return gate;
 }
@@ -369,9 +371,12 @@ for (const svc of [CHAT, CHAT_STREAM, DECISION]) {
     const t = await cleanup.server(lifecycleOverrides(upstream));
     const client = await Client.create(svc, sendTo(t.baseUrl));
     const disk = slowStarts(t);
+    const finishing = slowStarts(t, 'request.finished');
     const response = client.post({ idempotencyKey: `watch-cancel-${label}` });
     const actor = await runningActor(t);
-    // Read while the start is not durable: it answers once it is, still in_progress.
+    // Read while the start is not durable. The cancel comes during the wait, so the request ends
+    // the moment the wait does: the read answers with that end once it is durable, never with a
+    // state a crash could take back.
     const status = client.record(actor.id);
     // Chat has its key's own cancel; a decision is cancelled by the admin.
     const cancel =
@@ -385,8 +390,14 @@ for (const svc of [CHAT, CHAT_STREAM, DECISION]) {
             headers: { authorization: `Bearer ${ADMIN_TOKEN}` },
           });
     while (!actor.signal.aborted) await turn();
+    let statusRead = false;
+    void status.then(() => (statusRead = true));
     disk.resolve();
-    expect((await status).status).toBe('in_progress');
+    for (let i = 0; i < 20; i++) await turn();
+    // Its finish is not durable yet: the read waits for it.
+    expect(statusRead).toBe(false);
+    finishing.resolve();
+    expect((await status).status).toBe('cancelled');
     const cancelled = await cancel;
     expect(cancelled.status).toBe(202);
     expect(((await cancelled.json()) as any).request_status).toBe('cancelled');
