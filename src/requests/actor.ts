@@ -224,9 +224,8 @@ export class RequestActor implements FifoTimerEntry {
    * Cancels this request when the client's connection goes away: its signal is listened to from
    * CLIENT_WATCH_DELAY_MS into the run (a client that left earlier is seen then, as gone already),
    * counted from the start of the wait for a run that first waits for its binding to be durable
-   * (a slow disk's). A run over sooner
-   * (most runs through a fast provider) never reads the signal: it asks the connection once, at its
-   * end, whether the client is gone (see ClientConnection).
+   * (a slow disk's). A run over sooner (most runs through a fast provider) never reads the signal:
+   * it asks the connection once, at its end, whether the client is gone (see ClientConnection).
    */
   watchClient(client: ClientConnection): void {
     this.client = client;

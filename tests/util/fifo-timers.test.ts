@@ -137,20 +137,31 @@ test('an entry armed from a firing one does not hold back those already waiting'
 
 const MODULE = JSON.stringify(`${import.meta.dir}/../../src/util/fifo-timers.ts`);
 
-test('a list left empty keeps no process alive', async () => {
-  // Run apart, so that nothing else of the test runner keeps the loop alive: the process must end
-  // at once, not when the cancelled entry would have fired (a minute later).
+/**
+ * Runs `body` in a process of its own (nothing of the test runner's keeps its loop alive), with
+ * FifoTimers imported and `entry(onTimer)` making an entry; its stdout is piped.
+ */
+function runApart(body: string) {
   const script = `
     import { FifoTimers, NOT_QUEUED } from ${MODULE};
+    const entry = (onTimer = () => {}) =>
+      ({ timerPrev: null, timerNext: null, timerDueMs: NOT_QUEUED, onTimer });
+    ${body}
+  `;
+  return Bun.spawn([process.execPath, '-e', script], { stdout: 'pipe', stderr: 'pipe' });
+}
+
+test('a list left empty keeps no process alive', async () => {
+  // The process must end at once, not when the cancelled entry would have fired (a minute later).
+  const child = runApart(`
     const timers = new FifoTimers(60_000);
-    const entry = { timerPrev: null, timerNext: null, timerDueMs: NOT_QUEUED, onTimer() {} };
-    timers.arm(entry);
-    timers.cancel(entry);
-    const again = { timerPrev: null, timerNext: null, timerDueMs: NOT_QUEUED, onTimer() {} };
+    const first = entry();
+    timers.arm(first);
+    timers.cancel(first);
+    const again = entry();
     timers.arm(again);
     timers.cancel(again);
-  `;
-  const child = Bun.spawn([process.execPath, '-e', script], { stdout: 'ignore', stderr: 'pipe' });
+  `);
   const exited = await Promise.race([
     child.exited,
     new Promise<'alive'>((resolve) => setTimeout(() => resolve('alive'), 10_000)),
@@ -160,18 +171,13 @@ test('a list left empty keeps no process alive', async () => {
 });
 
 test('an entry armed after the list emptied keeps the process alive until it fires', async () => {
-  const script = `
-    import { FifoTimers, NOT_QUEUED } from ${MODULE};
+  const child = runApart(`
     const timers = new FifoTimers(20);
-    const entry = { timerPrev: null, timerNext: null, timerDueMs: NOT_QUEUED, onTimer() {} };
-    timers.arm(entry);
-    timers.cancel(entry);
-    const again = {
-      timerPrev: null, timerNext: null, timerDueMs: NOT_QUEUED, onTimer() { console.log('fired'); },
-    };
-    timers.arm(again);
-  `;
-  const child = Bun.spawn([process.execPath, '-e', script], { stdout: 'pipe', stderr: 'pipe' });
+    const first = entry();
+    timers.arm(first);
+    timers.cancel(first);
+    timers.arm(entry(() => console.log('fired')));
+  `);
   expect(await child.exited).toBe(0);
   expect(await new Response(child.stdout).text()).toBe('fired\n');
 });
