@@ -46,6 +46,13 @@ export class FifoTimers {
     return this.head === null;
   }
 
+  /** How many entries wait: walks the list (tests and diagnostics, never a request's path). */
+  get length(): number {
+    let count = 0;
+    for (let entry = this.head; entry !== null; entry = entry.timerNext) count++;
+    return count;
+  }
+
   /** Starts `entry`'s timer: its onTimer runs `delayMs` from now, unless cancelled first. */
   arm(entry: FifoTimerEntry): void {
     assert(entry.timerDueMs === NOT_QUEUED, 'a timer armed twice');
@@ -120,7 +127,7 @@ export class FifoTimers {
  * but each such list's runtime timer stays until it would have fired, as a cleared one would not.
  */
 const BY_DELAY = new Map<number, FifoTimers>();
-const DELAYS_MAX = 1024;
+export const DELAYS_MAX = 1024;
 
 export function fifoTimersFor(delayMs: number): FifoTimers {
   const shared = BY_DELAY.get(delayMs);

@@ -6,6 +6,7 @@ import { rmSync } from 'node:fs';
 import pino from 'pino';
 import { openGateway } from '../../src/gateway.ts';
 import { startServer } from '../../src/server.ts';
+import { fifoTimersFor } from '../../src/util/fifo-timers.ts';
 import { ADMIN_TOKEN, bearer, chatBody, closedAfterEach, testConfig } from '../support/gateway.ts';
 import { postHead, rawConnect } from '../support/raw-http.ts';
 
@@ -72,6 +73,31 @@ describe('the read deadline (request_read_timeout_ms), counted before auth', () 
         });
       }),
     );
+  });
+
+  test('a stalled body holds one read deadline, not those of the requests after it', async () => {
+    // A read timeout no other test uses, so that the list of its deadlines is this test's alone.
+    const readTimeoutMs = 7_321;
+    const t = await cleanup.server({ limits: { request_read_timeout_ms: readTimeoutMs } });
+    const deadlines = fifoTimersFor(readTimeoutMs);
+    const staller = await rawConnect(t.server.port);
+    staller.write(postHead('/api/v1/chat/completions', {}, JSON.stringify(chatBody()).length));
+    while (deadlines.length === 0) await new Promise((resolve) => setImmediate(resolve));
+    // Another key's requests, each with a read deadline behind the stalled one at the head.
+    const { key } = await t.createKey({ credits: 10 });
+    for (let i = 0; i < 40; i++) {
+      const response = await fetch(`${t.baseUrl}/api/v1/chat/completions`, {
+        method: 'POST',
+        headers: bearer(key),
+        body: JSON.stringify(chatBody()),
+      });
+      expect(response.status).toBe(200);
+      await response.text();
+    }
+    expect(deadlines.length).toBe(1);
+    // The stalled client goes: its read fails and its deadline goes with it.
+    staller.destroy();
+    while (deadlines.length > 0) await new Promise((resolve) => setImmediate(resolve));
   });
 
   test('a kept-alive connection that idles, or trickles its next request, is closed', async () => {

@@ -143,7 +143,7 @@ const MODULE = JSON.stringify(`${import.meta.dir}/../../src/util/fifo-timers.ts`
  */
 function runApart(body: string) {
   const script = `
-    import { FifoTimers, NOT_QUEUED } from ${MODULE};
+    import { DELAYS_MAX, FifoTimers, fifoTimersFor, NOT_QUEUED } from ${MODULE};
     const entry = (onTimer = () => {}) =>
       ({ timerPrev: null, timerNext: null, timerDueMs: NOT_QUEUED, onTimer });
     ${body}
@@ -180,4 +180,17 @@ test('an entry armed after the list emptied keeps the process alive until it fir
   `);
   expect(await child.exited).toBe(0);
   expect(await new Response(child.stdout).text()).toBe('fired\n');
+});
+
+test('past DELAYS_MAX distinct delays, lists are no longer kept, and still fire', async () => {
+  // Apart, so that the test runner's own shared lists are not crowded out.
+  const child = runApart(`
+    const first = fifoTimersFor(1);
+    for (let delayMs = 2; delayMs <= DELAYS_MAX + 100; delayMs++) fifoTimersFor(delayMs);
+    const past = DELAYS_MAX + 50;
+    console.log(fifoTimersFor(1) === first, fifoTimersFor(past) === fifoTimersFor(past));
+    fifoTimersFor(past).arm(entry(() => console.log('fired')));
+  `);
+  expect(await child.exited).toBe(0);
+  expect(await new Response(child.stdout).text()).toBe('true false\nfired\n');
 });
