@@ -5,16 +5,25 @@
 // Why: on a machine with 16 GiB of RAM or more, JSC lets the heap grow to up to 3× its size after
 // each collection (WebKit `proportionalHeapSize`, "aggressive" growth, `heapGrowthMaxIncrease` 2;
 // 2× below 16 GiB, `smallHeapGrowthFactor`), and the size it counts includes the bytes typed arrays
-// own. The gateway keeps ~30 MB of them live (the record table, the o200k tables, the log's
+// own. The gateway keeps ~25 MB of them live (the record table, the o200k tables, the log's
 // buffer) beside ~5 MB of objects, so ~60 MB of per-request garbage piled up between young
 // collections: a c=32 peak RSS of 160–185 MiB against the trivial proxy's 52 (bench/README.md,
-// issue 15). Growth 1.5× takes it to 130–140 MiB at the same CPU per request.
+// issue 15).
 //
-// Growth alone is not enough: after a young collection JSC collects everything once the young
-// generation is under a third of the heap's limit (`minEdenToOldGenerationRatio`), which a growth
-// of 1.5× or less reaches at once: a full collection after every young one (measured: pauses 20 →
-// 80–135 ms/s). With 0.2 a full collection comes once the old generation grew by about its own
-// live size again.
+// What sets the peak (JSC's `Heap::updateAllocationLimits`, read off `BUN_JSC_logGC`): a full
+// collection leaves a live size S and a limit of growth × S, so the young generation's budget is
+// (growth − 1) × S, and that budget stays fixed: each young collection raises the limit by what it
+// promoted. A full collection comes once the budget is under `minEdenToOldGenerationRatio` of the
+// limit, so the heap peaks near (growth − 1) × S ÷ ratio. Under stream load every young collection
+// promotes the ~32 streams in flight (~0.5 MB), which fills the old generation to that peak.
+//  - growth 1.5, ratio 0.2 (until 2026-11-24): a peak of 2.5 S, RSS 135–145 MiB under streams.
+//  - growth 1.4, ratio 0.2: 2 S, RSS ~10 MiB lower under streams, the same CPU per request within
+//    ±1.5 µs (bench/ab.ts, 20 rounds non-stream, 14 stream). Young collections come 1.25× as
+//    often; full ones ~1.7× (the old generation may grow by 0.6 S instead of S).
+//  - growth 1.5, ratio 0.25: also 2 S, but full collections twice as often, and a full one's last
+//    pause (~4 ms) is what the stream tail is made of.
+// The ratio must stay under (growth − 1) ÷ growth (0.29 at 1.4), or every young collection is
+// followed by a full one (measured at 1/3: pauses 20 → 80–135 ms/s).
 //
 // The operator's own values win: a variable already in the environment is kept. `execve` keeps the
 // pid, the open descriptors and the terminal, so supervisors, `npm start` and the compiled binary
@@ -23,9 +32,9 @@
 /** The JSC options, as Bun reads them from the environment, and our values. */
 export const HEAP_OPTIONS: Readonly<Record<string, string>> = {
   // Growth after a collection, machines with ≥ 16 GiB: up to (1 + this) × the heap (JSC: 2).
-  BUN_JSC_heapGrowthMaxIncrease: '0.5',
+  BUN_JSC_heapGrowthMaxIncrease: '0.4',
   // The same below 16 GiB (JSC: 2).
-  BUN_JSC_smallHeapGrowthFactor: '1.5',
+  BUN_JSC_smallHeapGrowthFactor: '1.4',
   // See above (JSC: 1/3).
   BUN_JSC_minEdenToOldGenerationRatio: '0.2',
 };
