@@ -2,20 +2,23 @@
 // re-executing the process once with JSC options in its environment (Bun reads them only from the
 // environment it starts with; there is no call to set one later).
 //
-// Why: on a machine with 16 GiB of RAM or more, JSC lets the heap grow to up to 3× its size after
-// each collection (WebKit `proportionalHeapSize`, "aggressive" growth, `heapGrowthMaxIncrease` 2;
-// 2× below 16 GiB, `smallHeapGrowthFactor`), and the size it counts includes the bytes typed arrays
-// own. The gateway keeps ~25 MB of them live (the record table, the o200k tables, the log's
-// buffer) beside ~5 MB of objects, so ~60 MB of per-request garbage piled up between young
-// collections: a c=32 peak RSS of 160–185 MiB against the trivial proxy's 52 (bench/README.md,
-// issue 15).
+// Why: on a machine with 16 GiB of RAM or more, JSC lets the heap grow to up to ~4× its size after
+// each full collection (WebKit `proportionalHeapSize`, "aggressive" growth: 1 +
+// `heapGrowthMaxIncrease`, 3 in Bun's WebKit; 2× below 16 GiB or once the heap passes a quarter of
+// the RAM, `smallHeapGrowthFactor`), and the size it counts includes the bytes typed arrays own.
+// The gateway keeps ~25 MB of them live (the record table, the o200k tables, the log's buffer)
+// beside ~5 MB of objects, so ~60 MB of per-request garbage piled up between young collections: a
+// c=32 peak RSS of 160–185 MiB against the trivial proxy's 52 (bench/README.md, issue 15).
 //
-// What sets the peak (JSC's `Heap::updateAllocationLimits`, read off `BUN_JSC_logGC`): a full
-// collection leaves a live size S and a limit of growth × S, so the young generation's budget is
+// What sets the peak (JSC's `Heap::updateAllocationLimits`, read in Bun's WebKit and seen in
+// `BUN_JSC_logGC`): a full collection leaves a live size S and a limit of growth × S (at least 32
+// MiB, `largeHeapSize`: not reached at our S of ~30 MB), so the young generation's budget is
 // (growth − 1) × S, and that budget stays fixed: each young collection raises the limit by what it
-// promoted. A full collection comes once the budget is under `minEdenToOldGenerationRatio` of the
-// limit, so the heap peaks near (growth − 1) × S ÷ ratio. Under stream load every young collection
-// promotes the ~32 streams in flight (~0.5 MB), which fills the old generation to that peak.
+// promoted. A full collection comes once what is left under the limit, after what a young one
+// promoted, is under `minEdenToOldGenerationRatio` of it (an option of Bun's WebKit only; upstream
+// hard-codes 1/3), so the heap peaks near (growth − 1) × S ÷ ratio in JSC's accounting (objects
+// plus the bytes they own). Under stream load every young collection promotes the ~32 streams in
+// flight (~0.5 MB), which fills the old generation to that peak.
 //  - growth 1.5, ratio 0.2 (until 2026-11-24): a peak of 2.5 S, RSS 135–145 MiB under streams.
 //  - growth 1.4, ratio 0.2: 2 S, RSS ~10 MiB lower under streams, the same CPU per request within
 //    ±1.5 µs (bench/ab.ts, 20 rounds non-stream, 14 stream). Young collections come 1.25× as
@@ -31,9 +34,9 @@
 
 /** The JSC options, as Bun reads them from the environment, and our values. */
 export const HEAP_OPTIONS: Readonly<Record<string, string>> = {
-  // Growth after a collection, machines with ≥ 16 GiB: up to (1 + this) × the heap (JSC: 2).
+  // Growth after a collection, machines with ≥ 16 GiB: up to (1 + this) × the heap (JSC: 3).
   BUN_JSC_heapGrowthMaxIncrease: '0.4',
-  // The same below 16 GiB (JSC: 2).
+  // The same below 16 GiB or past a quarter of the RAM (JSC: 2).
   BUN_JSC_smallHeapGrowthFactor: '1.4',
   // See above (JSC: 1/3).
   BUN_JSC_minEdenToOldGenerationRatio: '0.2',
