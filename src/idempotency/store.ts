@@ -13,7 +13,13 @@ export function parseIdempotencyKey(value: string | null): string | null {
       'invalid_idempotency_key',
       'Idempotency-Key must be 8 to 255 characters of ' +
         'A-Z, a-z, 0-9, dot, underscore, colon, hyphen.',
-      { param: 'Idempotency-Key' },
+      {
+        param: 'Idempotency-Key',
+        // Its length, not its text: a header may be anything up to Bun's header limit.
+        detail:
+          'the Idempotency-Key header must be 8-255 characters of A-Z a-z 0-9 . _ : -, got ' +
+          `${value.length} characters`,
+      },
     );
   }
   return value;
@@ -34,12 +40,19 @@ export function checkIdempotency(
 ): void {
   const binding = state.binding(keyId, idempotencyKey, nowMs);
   if (!binding) return;
+  // The 409 names the original: it must not be answered before what it reports is durable, or a
+  // crash in between would leave the client holding an id the restarted gateway has never heard of.
+  const settleFirst = live.get(binding.requestId)?.durable;
   if (binding.fingerprint !== fingerprint) {
     throw new GatewayError(
       'idempotency_key_reused',
       'This Idempotency-Key was used with a different request body.',
       {
         param: 'Idempotency-Key',
+        // A 409 about an existing request carries its id (CONTRACT §8): the client's own earlier
+        // request under this key, the one to look up.
+        headers: { 'x-request-id': binding.requestId },
+        ...(settleFirst ? { settleFirst } : {}),
       },
     );
   }
@@ -48,9 +61,6 @@ export function checkIdempotency(
   const status = record?.status ?? 'completed';
   const url = statusUrl(binding.requestId);
   const inProgress = status === 'in_progress';
-  // The 409 names the original: it must not be answered before what it reports is durable, or a
-  // crash in between would leave the client holding an id the restarted gateway has never heard of.
-  const settleFirst = live.get(binding.requestId)?.durable;
   throw new GatewayError(
     inProgress ? 'request_in_progress' : 'request_already_completed',
     inProgress

@@ -422,10 +422,13 @@ describe('idempotency', () => {
     const t = await server();
     const { key } = await t.createKey();
     const headers = { 'idempotency-key': 'reuse-key-01' };
-    expect((await post(t, key, chatBody(), headers)).status).toBe(200);
+    const original = await post(t, key, chatBody(), headers);
+    expect(original.status).toBe(200);
     const response = await post(t, key, chatBody({ temperature: 1 }), headers);
     expect(response.status).toBe(409);
     expect(((await response.json()) as any).error.code).toBe('idempotency_key_reused');
+    // A 409 about an existing request names it (CONTRACT §8), not the refused attempt.
+    expect(response.headers.get('x-request-id')).toBe(original.headers.get('x-request-id'));
   });
 
   test('the scope is (API key, Idempotency-Key): another key may use the same value', async () => {
