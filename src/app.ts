@@ -11,7 +11,7 @@ import { urlPath } from './http/routes.ts';
 import { healthController } from './ops/health.ts';
 import { AssertionError } from './util/assert.ts';
 import { GatewayError, internalError } from './util/errors.ts';
-import { randomBase62 } from './util/ids.ts';
+import { newDecisionRequestId, randomBase62 } from './util/ids.ts';
 
 export function createApp(gateway: Gateway) {
   const { logger } = gateway;
@@ -23,7 +23,7 @@ export function createApp(gateway: Gateway) {
       // The one place every operating error becomes the contract's envelope; nothing else renders
       // errors. Nothing here may throw on an odd URL (`Host: [` makes one `new URL` refuses).
       .onError(({ error, code, request }) => {
-        const headers = { 'x-request-id': `req_${randomBase62(20)}` };
+        const headers = { 'x-request-id': errorRequestId(request.url) };
         if (error instanceof GatewayError) return errorResponse(error, headers);
         if (code === 'NOT_FOUND') {
           return errorResponse(
@@ -70,3 +70,20 @@ export function createApp(gateway: Gateway) {
 }
 
 export type App = ReturnType<typeof createApp>;
+
+const DECISION_PREFIX = '/decision/v1';
+
+/**
+ * The id of an answer no controller gave (no route, a broken path): under the decision service a
+ * `dec_` id, as every answer of that service carries from its first byte (CONTRACT §5), elsewhere
+ * a `req_` one.
+ */
+function errorRequestId(url: string): string {
+  const path = urlPath(url);
+  if (
+    path.startsWith(DECISION_PREFIX) &&
+    (path.length === DECISION_PREFIX.length || path.charCodeAt(DECISION_PREFIX.length) === 47)
+  )
+    return newDecisionRequestId();
+  return `req_${randomBase62(20)}`;
+}

@@ -243,6 +243,7 @@ export function validateDecisionRequest(json: unknown, config: Config): Decision
         `not exist; use decision-fast or decision-accurate.`,
       {
         param: 'model',
+        detail: 'model must be "decision-fast" or "decision-accurate"',
       },
     );
   }

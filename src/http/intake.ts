@@ -67,6 +67,7 @@ export async function refusalResponse(
   service: Service,
 ): Promise<Response> {
   let error = asGatewayError(ctx, thrown, requestId);
+  if (service === 'chat') error = error.withoutDetail();
   if (error.settleFirst) {
     await error.settleFirst;
     // What the 409 reports may be what the log just failed to record.

@@ -102,6 +102,24 @@ export class GatewayError extends Error {
   get type(): string {
     return TYPE_BY_STATUS[this.status];
   }
+
+  /**
+   * The same error without its `detail`, for the chat service: CONTRACT §2 gives `detail` to the
+   * decision service only, and the parsers both services share name the problem for it.
+   */
+  withoutDetail(): GatewayError {
+    if (this.detail === undefined) return this;
+    const copy = new GatewayError(this.code, this.message, {
+      param: this.param,
+      ...(this.fields ? { fields: this.fields } : {}),
+      ...(this.topLevel ? { topLevel: this.topLevel } : {}),
+      ...(this.headers ? { headers: this.headers } : {}),
+      ...(this.settleFirst ? { settleFirst: this.settleFirst } : {}),
+      failover: this.failover,
+      ...(this.cause === undefined ? {} : { cause: this.cause }),
+    });
+    return copy;
+  }
 }
 
 /** A bug or an unknown failure: a 500 that never carries a stack, a key or a prompt. */

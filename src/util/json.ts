@@ -14,6 +14,9 @@ export const JSON_DEPTH_MAX = 256;
  */
 const SCAN_FROM_CHARS = 2 * JSON_DEPTH_MAX;
 
+/** Characters of the parser's message a malformed body's `detail` repeats. */
+const PARSE_REASON_CHARS_MAX = 120;
+
 /**
  * 400 invalid_request_error for malformed JSON, for JSON nested deeper than JSON_DEPTH_MAX (every
  * later step may recurse, and a stack overflow there would be a 500 for what is the client's
@@ -46,8 +49,14 @@ export function parseJsonBody(text: string, valuesMax: number): unknown {
   }
   try {
     return JSON.parse(text);
-  } catch {
-    throw new GatewayError('invalid_request_error', 'The body is not valid JSON.', { param: null });
+  } catch (thrown) {
+    // The parser's own words say what broke; they may quote a token of the body, so they are cut
+    // short.
+    const reason = String((thrown as Error)?.message).slice(0, PARSE_REASON_CHARS_MAX);
+    throw new GatewayError('invalid_request_error', 'The body is not valid JSON.', {
+      param: null,
+      detail: `the body is not valid JSON (${reason})`,
+    });
   }
 }
 

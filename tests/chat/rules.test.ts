@@ -579,6 +579,8 @@ describe('chat request rules', () => {
       else expect('param' in body.error).toBe(true);
       if (rule.reason) expect(body.error.reason).toBe(rule.reason);
       if (rule.message !== undefined) expect(body.error.message).toBe(rule.message);
+      // `detail` is the decision service's (CONTRACT §2), though chat shares its parsers.
+      expect('detail' in body.error).toBe(false);
     });
   }
 

@@ -590,6 +590,31 @@ describe('400 invalid_request_error: detail names the question id and the expect
     },
   );
 
+  test('an answer no route gives under /decision/v1 (no such route, a broken path) carries a dec_ id', async () => {
+    const t = gateway();
+    const { key } = await t.createKey({ credits: 10 });
+    const cases: Array<[string, string]> = [
+      ['GET', '/decision/v1/decide'],
+      ['GET', '/decision/v1/nope'],
+      ['GET', '/decision/v1'],
+      ['POST', '/decision/v1/requests/x/'],
+      ['GET', '/decision/v1/requests/%zz/'],
+    ];
+    for (const [method, path] of cases) {
+      const response = await t.request(path, { method, headers: bearer(key) });
+      expect({ path, status: response.status }).toEqual({ path, status: 404 });
+      expect(response.headers.get('x-request-id')).toMatch(REQUEST_ID_RE);
+      await response.body?.cancel();
+    }
+    // Outside the decision service such an answer is no decision's.
+    for (const path of ['/decision/v10/x', '/decisionx', '/api/v1/nope']) {
+      const response = await t.request(path, { headers: bearer(key) });
+      expect(response.status).toBe(404);
+      expect(response.headers.get('x-request-id')).toMatch(/^req_/);
+      await response.body?.cancel();
+    }
+  });
+
   test('malformed JSON is 400 invalid_request_error', async () => {
     const t = gateway();
     const { id: keyId, key } = await t.createKey({ credits: 10 });
@@ -601,6 +626,8 @@ describe('400 invalid_request_error: detail names the question id and the expect
     expect(body.error).toMatchObject({
       type: 'invalid_request_error',
       code: 'invalid_request_error',
+      // The problem is in the request and can be named (CONTRACT §2).
+      detail: expect.stringMatching(/^the body is not valid JSON \(.+\)$/),
     });
     expect(await balances(t, keyId)).toEqual(before);
   });
@@ -620,6 +647,8 @@ describe('400 invalid_idempotency_key', () => {
           status: 400,
           code: 'invalid_idempotency_key',
           param: 'Idempotency-Key',
+          // Named by its length, never echoed.
+          detail: expect.stringContaining(`got ${bad.length} characters`),
         });
         expect(await balances(t, keyId)).toEqual(before);
       }
@@ -683,7 +712,12 @@ describe('404 model_not_found', () => {
     for (const model of ['decision-slow', 'model_03']) {
       const before = await settledBalances(t, keyId);
       const response = await post(t, key, decisionBody({ model }));
-      await expectError(response, { status: 404, code: 'model_not_found', param: 'model' });
+      await expectError(response, {
+        status: 404,
+        code: 'model_not_found',
+        param: 'model',
+        detail: expect.stringContaining('decision-fast'),
+      });
       expect(await balances(t, keyId)).toEqual(before);
     }
     expect((await post(t, key, decisionBody({ model: 'decision-accurate' }))).status).toBe(200);
@@ -762,7 +796,8 @@ describe('409 Idempotency-Key collisions', () => {
     const t = gateway();
     const { id: keyId, key } = await t.createKey({ credits: 10 });
     const headers = { 'idempotency-key': 'reused-key-0001' };
-    expect((await post(t, key, decisionBody(), headers)).status).toBe(200);
+    const original = await post(t, key, decisionBody(), headers);
+    expect(original.status).toBe(200);
     const before = await settledBalances(t, keyId);
     const response = await post(
       t,
@@ -777,6 +812,8 @@ describe('409 Idempotency-Key collisions', () => {
       code: 'idempotency_key_reused',
       param: 'Idempotency-Key',
     });
+    // A 409 about an existing request names it (CONTRACT §8), not the refused attempt.
+    expect(response.headers.get('x-request-id')).toBe(original.headers.get('x-request-id'));
     expect(await balances(t, keyId)).toEqual(before);
   });
 
