@@ -3,6 +3,7 @@
 // something reached the client or `routing.max_attempts` were made. Every attempt is listed for the
 // request's status record; a deployment that keeps failing is skipped for a cooldown.
 import type { Config } from '../config/model.ts';
+import { type AbortKind, AbortReason, statusForAbort } from '../requests/actor.ts';
 import type { Attempt } from '../state/events.ts';
 import type { RunSignal } from '../util/abort.ts';
 import { AssertionError, assert } from '../util/assert.ts';
@@ -246,7 +247,14 @@ export class Router {
     attempt.latency_ms = Math.round(performance.now() - startedMs);
     const wasProbe = deployment.probing;
     deployment.probing = false;
-    if (error === null || signal.aborted) {
+    const stoppedBy = signal.aborted ? failedByAbort(signal.reason) : null;
+    if (stoppedBy !== null) {
+      // The request's own time ran out (or the gateway stopped) during this attempt: it failed with
+      // the request's code, not as a cancel. The deployment's health is not judged on it: the
+      // deadline is the request's, whatever part of it earlier attempts took.
+      attempt.outcome = 'error';
+      attempt.error_code = stoppedBy;
+    } else if (error === null || signal.aborted) {
       attempt.outcome = error === null && !signal.aborted ? 'ok' : 'cancelled';
       if (attempt.outcome === 'ok') {
         deployment.failures = 0;
@@ -284,6 +292,16 @@ function forDeployment(request: ProviderRequest, deployment: DeploymentState): P
   return request.model === deployment.upstreamModel
     ? request
     : { ...request, model: deployment.upstreamModel };
+}
+
+/**
+ * The error code of an abort that fails the request (its deadline, the stream's, a shutdown), or
+ * null for one that cancels it (the client's cancel or disconnect).
+ */
+function failedByAbort(reason: unknown): AbortKind | null {
+  return reason instanceof AbortReason && statusForAbort(reason.kind) === 'error'
+    ? reason.kind
+    : null;
 }
 
 function failsOver(error: unknown): boolean {

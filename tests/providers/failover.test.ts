@@ -217,6 +217,47 @@ test('a failure after the first streamed byte: an error event, no second call', 
   expect(status.attempts).toEqual([attempt('a', 'error', 'upstream_timeout')]);
 });
 
+test(
+  "the request's own deadline passing during an attempt: that attempt is an error with the " +
+    "request's code, not a cancel",
+  async () => {
+    // The provider's own silence timer (2 s) is longer than the request's deadline (300 ms): the
+    // run's deadline ends the attempt, through the run's signal.
+    const a = upstream('silent');
+    const b = upstream('answer');
+    const t = await twoDeployments(a, b, { limits: { upstream_timeout_ms: 300 } });
+    const { key } = await t.createKey({ credits: 10 });
+    const response = await post(t, key);
+    expect(response.status).toBe(504);
+    expect(((await response.json()) as any).error.code).toBe('upstream_timeout');
+    const status = await record(t, key, response.headers.get('x-request-id')!);
+    expect(status.error_code).toBe('upstream_timeout');
+    expect(status.attempts).toEqual([attempt('a', 'error', 'upstream_timeout')]);
+    expect(b.calls.length).toBe(0);
+  },
+);
+
+test('a cancel during an attempt: that attempt is cancelled, with no error code', async () => {
+  const a = upstream('silent');
+  const b = upstream('answer');
+  const t = await twoDeployments(a, b);
+  const { key } = await t.createKey({ credits: 10 });
+  const pending = post(t, key);
+  await a.call(0);
+  const listed = await fetch(`${t.baseUrl}/admin/v1/requests?state=in_progress`, {
+    headers: { authorization: 'Bearer test-admin-token-0123456789' },
+  });
+  const [live] = ((await listed.json()) as { data: Array<{ id: string }> }).data;
+  const cancelled = await fetch(`${t.baseUrl}/api/v1/requests/${live!.id}/cancel`, {
+    method: 'POST',
+    headers: bearer(key),
+  });
+  expect(cancelled.status).toBe(202);
+  expect((await pending).status).toBe(499);
+  const status = await record(t, key, live!.id);
+  expect(status.attempts).toEqual([attempt('a', 'cancelled')]);
+});
+
 test('ejection after failures in a row, one probe after the cooldown, recovery', async () => {
   let aFails = true;
   const a = upstream(() => (aFails ? { kind: 'fail', status: 500 } : { kind: 'answer' }));
