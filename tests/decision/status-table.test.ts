@@ -590,7 +590,7 @@ describe('400 invalid_request_error: detail names the question id and the expect
     },
   );
 
-  test('an answer no route gives under /decision/v1 (no such route, a broken path) carries a dec_ id', async () => {
+  test('no route under /decision/v1 (or a broken path): the 404 has a dec_ id', async () => {
     const t = gateway();
     const { key } = await t.createKey({ credits: 10 });
     const cases: Array<[string, string]> = [
