@@ -7,6 +7,7 @@ import { Elysia } from 'elysia';
 import type { Gateway } from '../gateway.ts';
 import { readBodyText } from '../http/body.ts';
 import { describeRoute, type RouteDoc } from '../http/openapi.ts';
+import { KeyViewSchema } from '../keys/model.ts';
 import {
   bearerToken,
   createKey,
@@ -16,12 +17,13 @@ import {
   keyView,
   revokeKey,
 } from '../keys/store.ts';
-import { cancelRequest } from '../requests/cancel.ts';
+import { CancelAnswerSchema, cancelRequest } from '../requests/cancel.ts';
 import { GatewayError } from '../util/errors.ts';
 import { parseJsonBody } from '../util/json.ts';
 import { fieldPath, firstProblem } from '../util/validation.ts';
 import { liveRequests } from './live.ts';
 import {
+  CreatedKeySchema,
   type CreateKeyBody,
   CreateKeySchema,
   type CreditKeyBody,
@@ -73,10 +75,14 @@ async function readJson<T>(
   check: { Check(v: unknown): v is T; Errors(v: unknown): ValueErrorIterator },
 ): Promise<T> {
   const { limits } = gateway.config;
-  const json = parseJsonBody(
-    await readBodyText(request, limits.max_body_bytes, limits.request_read_timeout_ms),
-    limits.max_body_json_values,
-  );
+  const text = await readBodyText(request, limits.max_body_bytes, limits.request_read_timeout_ms);
+  let json: unknown;
+  try {
+    json = parseJsonBody(text, limits.max_body_json_values);
+  } catch (thrown) {
+    // `detail` is the decision service's (CONTRACT §2); the parser names the problem for it.
+    throw thrown instanceof GatewayError ? thrown.withoutDetail() : thrown;
+  }
   if (!check.Check(json)) {
     // Named field and bound ("rate_limit_rpm must be ≤ 10000000"), never TypeBox's "Expected union
     // value".
@@ -112,7 +118,7 @@ const CREATE_DOC = adminDoc({
   answers: {
     201: {
       description: `The key with its secret \`key\` (\`tg-…\`): ${KEY_VIEW}`,
-      content: { 'application/json': {} },
+      content: { 'application/json': CreatedKeySchema },
     },
   },
   errors: [...ADMIN_ERRORS, ...BODY_ERRORS],
@@ -123,7 +129,7 @@ const LIST_DOC = adminDoc({
   answers: {
     200: {
       description: `\`{"object": "list", "data": [key]}\`, each key ${KEY_VIEW}`,
-      content: { 'application/json': {} },
+      content: { 'application/json': listOf(KeyViewSchema) },
     },
   },
   errors: ADMIN_ERRORS,
@@ -131,7 +137,7 @@ const LIST_DOC = adminDoc({
 
 const READ_DOC = adminDoc({
   summary: 'Read a key, its limits and balances',
-  answers: { 200: { description: KEY_VIEW, content: { 'application/json': {} } } },
+  answers: { 200: { description: KEY_VIEW, content: { 'application/json': KeyViewSchema } } },
   errors: [...ADMIN_ERRORS, ...KEY_ID_ERRORS],
 });
 
@@ -142,7 +148,7 @@ const CREDIT_DOC = adminDoc({
   answers: {
     200: {
       description: `The key after the top-up: ${KEY_VIEW}`,
-      content: { 'application/json': {} },
+      content: { 'application/json': KeyViewSchema },
     },
   },
   errors: [...ADMIN_ERRORS, ...KEY_ID_ERRORS, ...BODY_ERRORS],
@@ -151,7 +157,10 @@ const CREDIT_DOC = adminDoc({
 const REVOKE_DOC = adminDoc({
   summary: 'Revoke a key: its calls are refused from now on (401, reason revoked)',
   answers: {
-    200: { description: `The revoked key: ${KEY_VIEW}`, content: { 'application/json': {} } },
+    200: {
+      description: `The revoked key: ${KEY_VIEW}`,
+      content: { 'application/json': KeyViewSchema },
+    },
   },
   errors: [...ADMIN_ERRORS, ...KEY_ID_ERRORS],
 });
@@ -221,8 +230,8 @@ const CANCEL_DOC = adminDoc({
   summary: 'Cancel any running request, as its key’s own cancel does',
   answers: {
     202: {
-      description: '`{request_id, cancel_requested: true, request_status, status_url}`',
-      content: { 'application/json': {} },
+      description: 'The cancel was done (or the request ended meanwhile).',
+      content: { 'application/json': CancelAnswerSchema },
     },
   },
   errors: [...ADMIN_ERRORS, 'request_not_found', 'not_found', 'request_already_completed'],

@@ -1,6 +1,7 @@
 // Admin API schemas: the bodies of key creation and top-up, and the rows of the usage and live
 // request lists (the OpenAPI document shows them; the views are typed by them).
 import { type Static, type TSchema, Type } from '@sinclair/typebox';
+import { KeyViewSchema } from '../keys/model.ts';
 
 const Credits = Type.Number({ minimum: 0, maximum: 9_000_000_000 });
 
@@ -72,3 +73,9 @@ export type LiveRequest = Static<typeof LiveRequestSchema>;
 /** The list envelope of both. */
 export const listOf = <T extends TSchema>(item: T) =>
   Type.Object({ object: Type.Literal('list'), data: Type.Array(item) });
+
+/** POST /admin/v1/keys 201: the key, and its secret, shown this once. */
+export const CreatedKeySchema = Type.Composite([
+  KeyViewSchema,
+  Type.Object({ key: Type.String({ description: 'the secret: tg-…, or the one imported' }) }),
+]);

@@ -10,13 +10,21 @@ import { liftIdle, type NativeRoutes, nativePost, settleIdle } from '../http/rou
 import { parseIdempotencyKey } from '../idempotency/store.ts';
 import { authenticate, microToCredits } from '../keys/store.ts';
 import { statusUrl } from '../requests/admit.ts';
-import { cancelRequest } from '../requests/cancel.ts';
+import { CancelAnswerSchema, cancelRequest } from '../requests/cancel.ts';
 import type { RequestRecord } from '../state/records.ts';
 import { GatewayError } from '../util/errors.ts';
 import { newChatRequestId } from '../util/ids.ts';
 import { parseJsonBody } from '../util/json.ts';
 import { measureChat } from './measure.ts';
-import { type ChatRequest, ChatRequestDocumentSchema, validateChatRequest } from './model.ts';
+import {
+  ChatCompletionSchema,
+  type ChatRequest,
+  ChatRequestDocumentSchema,
+  type ChatRequestStatus,
+  ChatRequestStatusSchema,
+  ModelListSchema,
+  validateChatRequest,
+} from './model.ts';
 import { admitChat, type ChatAdmission, runChat } from './service.ts';
 import { ChunkEncoder, SseSink } from './sse.ts';
 import { completionBody } from './stream.ts';
@@ -143,7 +151,7 @@ function holdKept(gateway: Gateway, id: string): boolean {
   return (gateway.store.state.request(id)?.charge.credits_micro ?? 0) > 0;
 }
 
-function statusView(gateway: Gateway, record: RequestRecord): Record<string, unknown> {
+function statusView(gateway: Gateway, record: RequestRecord): ChatRequestStatus {
   return {
     object: 'request.status',
     request_id: record.id,
@@ -157,7 +165,7 @@ function statusView(gateway: Gateway, record: RequestRecord): Record<string, unk
     reserved_credits: microToCredits(record.hold.credits_micro),
     charged_credits: microToCredits(record.charge.credits_micro),
     error_code: record.errorCode,
-    attempts: gateway.registry.attemptsOf(record),
+    attempts: [...gateway.registry.attemptsOf(record)],
   };
 }
 
@@ -223,8 +231,10 @@ const COMPLETIONS_DOC = describeRoute({
   idempotencyKey: true,
   answers: {
     200: {
-      description: 'The completion (`chat.completion`), or its stream.',
-      content: { 'application/json': {}, 'text/event-stream': {} },
+      description:
+        'The completion (`chat.completion`), or with `stream: true` its SSE stream of ' +
+        '`chat.completion.chunk` events.',
+      content: { 'application/json': ChatCompletionSchema, 'text/event-stream': {} },
       requestId: true,
     },
   },
@@ -236,7 +246,9 @@ const MODELS_DOC = describeRoute({
   description: '`{"object": "list", "data": [{id, object: "model", created, owned_by}]}`.',
   tag: 'chat',
   auth: 'api_key',
-  answers: { 200: { description: 'The models.', content: { 'application/json': {} } } },
+  answers: {
+    200: { description: 'The models.', content: { 'application/json': ModelListSchema } },
+  },
   errors: KEY_ERRORS,
 });
 
@@ -248,7 +260,12 @@ const STATUS_DOC = describeRoute({
     "key's request is 404, as an unknown one.",
   tag: 'chat',
   auth: 'api_key',
-  answers: { 200: { description: "The request's status.", content: { 'application/json': {} } } },
+  answers: {
+    200: {
+      description: "The request's status.",
+      content: { 'application/json': ChatRequestStatusSchema },
+    },
+  },
   errors: [...KEY_ERRORS, 'request_not_found', 'not_found'],
 });
 
@@ -261,8 +278,8 @@ const CANCEL_DOC = describeRoute({
   auth: 'api_key',
   answers: {
     202: {
-      description: '`{request_id, cancel_requested: true, request_status, status_url}`.',
-      content: { 'application/json': {} },
+      description: 'The cancel was done (or the request ended meanwhile).',
+      content: { 'application/json': CancelAnswerSchema },
     },
   },
   errors: [...KEY_ERRORS, 'request_not_found', 'not_found', 'request_already_completed'],

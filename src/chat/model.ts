@@ -1,5 +1,5 @@
-// Chat request schemas (TypeBox, the single source of their types) and the request rules of spec
-// 000.
+// Chat request and answer schemas (TypeBox, the single source of their types) and the request
+// rules of spec 000.
 import { type Static, type TSchema, Type } from '@sinclair/typebox';
 import { type TypeCheck, TypeCompiler } from '@sinclair/typebox/compiler';
 import type { Config, ModelConfig } from '../config/model.ts';
@@ -14,6 +14,7 @@ import {
   type ToolDefinition,
   ToolSchema,
 } from '../providers/wire.ts';
+import { AttemptSchema, RequestStatusSchema, UsageSchema } from '../state/events.ts';
 import { assert } from '../util/assert.ts';
 import { GatewayError } from '../util/errors.ts';
 import { fieldPath, firstProblem, mustBe } from '../util/validation.ts';
@@ -378,3 +379,59 @@ function resolveModelId(config: Config, name: string): string {
     });
   return modelId;
 }
+
+// ─── Answers (the OpenAPI document shows them; the views are typed by them) ───────────────────
+
+const UnixSeconds = Type.Integer({ minimum: 0, description: 'Unix seconds' });
+
+/** A non-stream completion (`completionBody`, chat/stream.ts). */
+export const ChatCompletionSchema = Type.Object({
+  id: Type.String({ description: 'chatcmpl-…, also in X-Request-ID' }),
+  object: Type.Literal('chat.completion'),
+  created: UnixSeconds,
+  model: Type.String(),
+  choices: Type.Array(
+    Type.Object({
+      index: Type.Literal(0),
+      message: Type.Object({
+        role: Type.Literal('assistant'),
+        content: Nullable(Type.String()),
+        tool_calls: Type.Optional(Type.Array(ToolCallSchema)),
+      }),
+      finish_reason: Type.Union([Type.Literal('stop'), Type.Literal('tool_calls')]),
+    }),
+    { minItems: 1, maxItems: 1 },
+  ),
+  usage: UsageSchema,
+});
+
+/** GET /api/v1/models. */
+export const ModelListSchema = Type.Object({
+  object: Type.Literal('list'),
+  data: Type.Array(
+    Type.Object({
+      id: Type.String(),
+      object: Type.Literal('model'),
+      created: UnixSeconds,
+      owned_by: Type.String({ description: 'the provider' }),
+    }),
+  ),
+});
+
+/** GET /api/v1/requests/{id}: never the completion text. */
+export const ChatRequestStatusSchema = Type.Object({
+  object: Type.Literal('request.status'),
+  request_id: Type.String(),
+  request_status: RequestStatusSchema,
+  status_url: Type.String(),
+  model: Type.String(),
+  stream: Type.Boolean(),
+  created: UnixSeconds,
+  finished: Nullable(UnixSeconds),
+  usage: Nullable(UsageSchema),
+  reserved_credits: Type.Number({ minimum: 0 }),
+  charged_credits: Type.Number({ minimum: 0 }),
+  error_code: Nullable(Type.String()),
+  attempts: Type.Array(AttemptSchema),
+});
+export type ChatRequestStatus = Static<typeof ChatRequestStatusSchema>;

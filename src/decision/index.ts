@@ -17,7 +17,15 @@ import { GatewayError } from '../util/errors.ts';
 import { newDecisionRequestId } from '../util/ids.ts';
 import { parseJsonBody } from '../util/json.ts';
 import { type DecisionMeasure, measureDecision, measureLargeDecision } from './measure.ts';
-import { type DecisionRequest, DecisionRequestSchema, validateDecisionRequest } from './model.ts';
+import {
+  type DecisionLookup,
+  DecisionLookupSchema,
+  type DecisionRequest,
+  DecisionRequestSchema,
+  DecisionSchema,
+  type DecisionView,
+  validateDecisionRequest,
+} from './model.ts';
 import { admitDecision, runDecision } from './service.ts';
 
 const PREFIX = '/decision/v1';
@@ -56,7 +64,7 @@ async function decide(
     );
     const result = await runDecision(gateway, admission, decision);
     if (!result.ok) return errorResponse(result.error, idHeader);
-    const body = {
+    const body: DecisionView = {
       id: requestId,
       object: 'decision',
       created: admission.createdS,
@@ -121,7 +129,7 @@ async function prepareDecision(
   return { decision, prepared: measuring instanceof Promise ? await measuring : measuring };
 }
 
-function lookupView(gateway: Gateway, record: RequestRecord): Record<string, unknown> {
+function lookupView(gateway: Gateway, record: RequestRecord): DecisionLookup {
   return {
     id: record.id,
     object: 'decision.request',
@@ -131,10 +139,11 @@ function lookupView(gateway: Gateway, record: RequestRecord): Record<string, unk
     finished: record.finishedAtMs === null ? null : Math.floor(record.finishedAtMs / 1000),
     model: record.model,
     error_code: record.errorCode,
-    answers: record.answers,
+    // The log keeps what the decision service answered (its events type them loosely: JSON).
+    answers: record.answers as DecisionLookup['answers'],
     usage: record.usage,
     charged: { tokens: record.charge.tokens, credits: microToCredits(record.charge.credits_micro) },
-    attempts: gateway.registry.attemptsOf(record),
+    attempts: [...gateway.registry.attemptsOf(record)],
   };
 }
 
@@ -205,7 +214,7 @@ const DECIDE_DOC = describeRoute({
       description:
         '`{id: "dec_…", object: "decision", created, model, answers, usage, charged: {tokens, ' +
         'credits}}`.',
-      content: { 'application/json': {} },
+      content: { 'application/json': DecisionSchema },
       requestId: true,
     },
   },
@@ -221,7 +230,10 @@ const LOOKUP_DOC = describeRoute({
   tag: 'decision',
   auth: 'api_key',
   answers: {
-    200: { description: 'The decision request.', content: { 'application/json': {} } },
+    200: {
+      description: 'The decision request.',
+      content: { 'application/json': DecisionLookupSchema },
+    },
   },
   errors: ['invalid_api_key', 'service_unavailable', 'request_not_found', 'not_found'],
 });

@@ -1,7 +1,8 @@
-// Decision request schemas and validation; every shape error names the question and what was
-// expected.
-import { type Static, Type } from '@sinclair/typebox';
+// Decision request and answer schemas, and validation; every shape error names the question and
+// what was expected.
+import { type Static, type TSchema, Type } from '@sinclair/typebox';
 import type { Config, ModelConfig } from '../config/model.ts';
+import { AttemptSchema, RequestStatusSchema, UsageSchema } from '../state/events.ts';
 import { GatewayError } from '../util/errors.ts';
 
 export const QUESTION_ID_RE = /^[A-Za-z0-9_-]{1,64}$/;
@@ -57,9 +58,16 @@ export type ScoreQuestion = Static<typeof ScoreQuestionSchema>;
 export type Question = ChoiceQuestion | ScoreQuestion;
 export type DecisionRequestBody = Static<typeof DecisionRequestSchema>;
 
-export type Answer =
-  | { type: 'choice'; label: string }
-  | { type: 'score'; score: number; level: string };
+/** One question's answer: a label for a choice, a level (and its index) for a score. */
+export const DecisionAnswerSchema = Type.Union([
+  Type.Object({ type: Type.Literal('choice'), label: Type.String() }),
+  Type.Object({
+    type: Type.Literal('score'),
+    score: Type.Integer({ minimum: 0, description: 'the level index, 0 the lowest' }),
+    level: Type.String(),
+  }),
+]);
+export type Answer = Static<typeof DecisionAnswerSchema>;
 
 export interface DecisionRequest {
   body: DecisionRequestBody;
@@ -251,3 +259,42 @@ export function validateDecisionRequest(json: unknown, config: Config): Decision
   const model = config.models[modelId]!;
   return { body: json as DecisionRequestBody, modelName, modelId, model, questions: checked };
 }
+
+// ─── Answers (the OpenAPI document shows them; the views are typed by them) ───────────────────
+
+const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
+const UnixSeconds = Type.Integer({ minimum: 0, description: 'Unix seconds' });
+
+const ChargedSchema = Type.Object({
+  tokens: Type.Integer({ minimum: 0, description: 'from the token wallet' }),
+  credits: Type.Number({ minimum: 0 }),
+});
+
+/** POST /decision/v1/decide/ 200. */
+export const DecisionSchema = Type.Object({
+  id: Type.String({ description: 'dec_…, also in X-Request-ID' }),
+  object: Type.Literal('decision'),
+  created: UnixSeconds,
+  model: Type.Union(DECISION_MODELS.map((name) => Type.Literal(name))),
+  answers: Type.Record(Type.String(), DecisionAnswerSchema, { description: 'by question id' }),
+  usage: UsageSchema,
+  charged: ChargedSchema,
+});
+export type DecisionView = Static<typeof DecisionSchema>;
+
+/** GET /decision/v1/requests/{id}/. */
+export const DecisionLookupSchema = Type.Object({
+  id: Type.String(),
+  object: Type.Literal('decision.request'),
+  status: RequestStatusSchema,
+  http_status: Nullable(Type.Integer({ minimum: 100, maximum: 599 })),
+  created: UnixSeconds,
+  finished: Nullable(UnixSeconds),
+  model: Type.String(),
+  error_code: Nullable(Type.String()),
+  answers: Nullable(Type.Record(Type.String(), DecisionAnswerSchema)),
+  usage: Nullable(UsageSchema),
+  charged: ChargedSchema,
+  attempts: Type.Array(AttemptSchema),
+});
+export type DecisionLookup = Static<typeof DecisionLookupSchema>;

@@ -40,7 +40,8 @@ export const ErrorEnvelopeSchema = Type.Object(
       detail: Type.Optional(
         Type.String({
           description:
-            'Decision service: the question and the shape it expected (never infrastructure).',
+            'Decision service only: what in the request is wrong (the question and the shape it ' +
+            'expected, the JSON, the header, the model); never infrastructure.',
         }),
       ),
       reason: Type.Optional(

@@ -7,6 +7,7 @@ import type { Service } from '../state/events.ts';
 import type { StateStore } from '../state/store.ts';
 import { GatewayError } from '../util/errors.ts';
 import { newKeyId, randomBase62, sha256Hex } from '../util/ids.ts';
+import type { KeyView } from './model.ts';
 
 export const KEY_PREFIX = 'tg-';
 const KEY_RANDOM_CHARS = 43; // ≈ 256 bits of base62
@@ -176,7 +177,7 @@ function invalidKey(
 }
 
 /** The admin view of a key (CONTRACT §6): never the secret or its hash. */
-export function keyView(account: KeyAccount, defaultRateLimitRpm: number): Record<string, unknown> {
+export function keyView(account: KeyAccount, defaultRateLimitRpm: number): KeyView {
   return {
     id: account.id,
     name: account.name,

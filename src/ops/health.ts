@@ -1,5 +1,6 @@
 // Probes and metrics: /healthz (the process answers), /readyz (it can take work), /metrics
 // (Prometheus).
+import { type TProperties, Type } from '@sinclair/typebox';
 import { Elysia } from 'elysia';
 import { describeRoute } from '../http/openapi.ts';
 import type { Metrics } from './metrics.ts';
@@ -15,15 +16,27 @@ export interface ProbeSource {
   readonly draining: boolean;
 }
 
+/** A probe's answer: its status word, and what goes with it. */
+function probeAnswer<T extends TProperties>(status: string, extra: T) {
+  return Type.Object({ status: Type.Literal(status), ...extra });
+}
+
+export const HealthzSchema = probeAnswer('ok', {});
+const FailingSchema = probeAnswer('failing', { reason: Type.String() });
+export const ReadyzSchema = probeAnswer('ready', {
+  in_flight: Type.Integer({ minimum: 0, description: 'requests running' }),
+});
+const UnavailableSchema = probeAnswer('unavailable', { reason: Type.String() });
+
 const HEALTHZ_DOC = describeRoute({
   summary: 'Liveness: the process answers and its log can be written',
   tag: 'operations',
   auth: 'none',
   answers: {
-    200: { description: '`{"status": "ok"}`.', content: { 'application/json': {} } },
+    200: { description: 'The process answers.', content: { 'application/json': HealthzSchema } },
     503: {
-      description: '`{"status": "failing", "reason"}`: the log failed; the process will exit.',
-      content: { 'application/json': {} },
+      description: 'The log failed; the process will exit.',
+      content: { 'application/json': FailingSchema },
     },
   },
   errors: [],
@@ -35,12 +48,14 @@ const READYZ_DOC = describeRoute({
   auth: 'none',
   answers: {
     200: {
-      description: '`{"status": "ready", "in_flight"}`.',
-      content: { 'application/json': {} },
+      description: 'Takes new work.',
+      content: {
+        'application/json': ReadyzSchema,
+      },
     },
     503: {
-      description: '`{"status": "unavailable", "reason"}`: draining, or the log failed.',
-      content: { 'application/json': {} },
+      description: 'Draining, or the log failed.',
+      content: { 'application/json': UnavailableSchema },
     },
   },
   errors: [],

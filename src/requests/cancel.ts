@@ -1,6 +1,8 @@
 // Cancel of a running request (CONTRACT §4), one rule for the key's own cancel and the admin's:
 // the provider call is aborted and the answer waits, a bounded while, for the hold's release.
+import { type Static, Type } from '@sinclair/typebox';
 import type { Config } from '../config/model.ts';
+import { RequestStatusSchema } from '../state/events.ts';
 import type { RequestRecord } from '../state/records.ts';
 import type { StateStore } from '../state/store.ts';
 import { GatewayError } from '../util/errors.ts';
@@ -15,12 +17,14 @@ import type { ActorRegistry } from './registry.ts';
  */
 const CANCEL_SETTLE_MS_MAX = 1_000;
 
-export interface CancelAnswer {
-  request_id: string;
-  cancel_requested: true;
-  request_status: string;
-  status_url: string;
-}
+/** The 202 of a cancel, the key's own or the admin's (the OpenAPI document shows it). */
+export const CancelAnswerSchema = Type.Object({
+  request_id: Type.String(),
+  cancel_requested: Type.Literal(true),
+  request_status: RequestStatusSchema,
+  status_url: Type.String(),
+});
+export type CancelAnswer = Static<typeof CancelAnswerSchema>;
 
 /**
  * Cancels `record`'s request. A finished (or finishing) one is 409 request_already_completed once

@@ -2,12 +2,30 @@
 // the error table's codes per route, its request schemas the ones the controllers check.
 import { describe, expect, test } from 'bun:test';
 import { Validator } from '@seriousme/openapi-schema-validator';
+import type { TSchema } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
 import { version } from '../../package.json';
-import { CreateKeySchema, CreditKeySchema } from '../../src/admin/model.ts';
-import { ChatRequestDocumentSchema } from '../../src/chat/model.ts';
-import { DecisionRequestSchema } from '../../src/decision/model.ts';
+import {
+  CreatedKeySchema,
+  CreateKeySchema,
+  CreditKeySchema,
+  listOf,
+} from '../../src/admin/model.ts';
+import {
+  ChatCompletionSchema,
+  ChatRequestDocumentSchema,
+  ChatRequestStatusSchema,
+  ModelListSchema,
+} from '../../src/chat/model.ts';
+import {
+  DecisionLookupSchema,
+  DecisionRequestSchema,
+  DecisionSchema,
+} from '../../src/decision/model.ts';
 import { ErrorEnvelopeSchema } from '../../src/http/openapi.ts';
+import { KeyViewSchema } from '../../src/keys/model.ts';
+import { HealthzSchema, ReadyzSchema } from '../../src/ops/health.ts';
+import { CancelAnswerSchema } from '../../src/requests/cancel.ts';
 import { ERROR_CODES, type ErrorStatus, TYPE_BY_STATUS } from '../../src/util/errors.ts';
 import { ADMIN_TOKEN, bearer, closedAfterEach, type TestGateway } from '../support/gateway.ts';
 
@@ -437,6 +455,191 @@ describe('request bodies', () => {
       body: JSON.stringify(bodyOf(document, 'post', '/decision/v1/decide/').example),
     });
     expect(decided.status).toBe(200);
+  });
+});
+
+describe('the success answers in the document', () => {
+  /** The documented JSON schema of an operation's answer with `status`. */
+  function answerOf(document: Document, method: string, path: string, status: number): unknown {
+    return document.paths[path]![method]!.responses![String(status)]!.content!['application/json']!
+      .schema;
+  }
+
+  test('are the TypeBox schemas the views are typed by; the real answers pass them', async () => {
+    const gateway = t.gateway();
+    const document = await fetchDocument(gateway);
+    const admin = bearer(ADMIN_TOKEN);
+    const { id: keyId, key } = await gateway.createKey({ credits: 1000, token_wallet: 0 });
+    const call = (path: string, init: RequestInit = {}) => gateway.request(path, init);
+    const json = async (response: Response, status: number): Promise<any> => {
+      expect(response.status).toBe(status);
+      return response.json();
+    };
+    const chat = (body: unknown) =>
+      call('/api/v1/chat/completions', {
+        method: 'POST',
+        headers: bearer(key),
+        body: JSON.stringify(body),
+      });
+    const completion = await json(
+      await chat({ model: 'model_03', messages: [{ role: 'user', content: 'Say hello.' }] }),
+      200,
+    );
+    const toolCompletion = await json(
+      await chat({
+        model: 'model_03',
+        messages: [{ role: 'user', content: 'Weather?' }],
+        tools: [
+          {
+            type: 'function',
+            function: {
+              name: 'weather',
+              parameters: { type: 'object', properties: { city: { type: 'string' } } },
+            },
+          },
+        ],
+        tool_choice: 'required',
+      }),
+      200,
+    );
+    expect(toolCompletion.choices[0].finish_reason).toBe('tool_calls');
+    const decided = await json(
+      await call('/decision/v1/decide/', {
+        method: 'POST',
+        headers: bearer(key),
+        body: JSON.stringify(
+          document.paths['/decision/v1/decide/']!.post!.requestBody!.content['application/json']!
+            .example,
+        ),
+      }),
+      200,
+    );
+    const created = await json(
+      await call('/admin/v1/keys', {
+        method: 'POST',
+        headers: admin,
+        body: JSON.stringify({ name: 'doc', credits: 5 }),
+      }),
+      201,
+    );
+    const listed = await json(await call('/admin/v1/keys', { headers: admin }), 200);
+    const cases: Array<[string, string, number, TSchema, unknown]> = [
+      ['post', '/api/v1/chat/completions', 200, ChatCompletionSchema, completion],
+      ['post', '/api/v1/chat/completions', 200, ChatCompletionSchema, toolCompletion],
+      [
+        'get',
+        '/api/v1/models',
+        200,
+        ModelListSchema,
+        await json(await call('/api/v1/models', { headers: bearer(key) }), 200),
+      ],
+      [
+        'get',
+        '/api/v1/requests/{id}',
+        200,
+        ChatRequestStatusSchema,
+        await json(await call(`/api/v1/requests/${completion.id}`, { headers: bearer(key) }), 200),
+      ],
+      ['post', '/decision/v1/decide/', 200, DecisionSchema, decided],
+      [
+        'get',
+        '/decision/v1/requests/{id}/',
+        200,
+        DecisionLookupSchema,
+        await json(
+          await call(`/decision/v1/requests/${decided.id}/`, { headers: bearer(key) }),
+          200,
+        ),
+      ],
+      ['post', '/admin/v1/keys', 201, CreatedKeySchema, created],
+      ['get', '/admin/v1/keys', 200, listOf(KeyViewSchema), listed],
+      [
+        'get',
+        '/admin/v1/keys/{id}',
+        200,
+        KeyViewSchema,
+        await json(await call(`/admin/v1/keys/${keyId}`, { headers: admin }), 200),
+      ],
+      [
+        'post',
+        '/admin/v1/keys/{id}/credits',
+        200,
+        KeyViewSchema,
+        await json(
+          await call(`/admin/v1/keys/${created.id}/credits`, {
+            method: 'POST',
+            headers: admin,
+            body: JSON.stringify({ tokens: 10 }),
+          }),
+          200,
+        ),
+      ],
+      [
+        'post',
+        '/admin/v1/keys/{id}/revoke',
+        200,
+        KeyViewSchema,
+        await json(
+          await call(`/admin/v1/keys/${created.id}/revoke`, { method: 'POST', headers: admin }),
+          200,
+        ),
+      ],
+      ['get', '/healthz', 200, HealthzSchema, await json(await call('/healthz'), 200)],
+      ['get', '/readyz', 200, ReadyzSchema, await json(await call('/readyz'), 200)],
+    ];
+    for (const [method, path, status, schema, answer] of cases) {
+      // The same schema, as JSON: what holds for the TypeBox schema holds for the document's.
+      expect({ path, documented: answerOf(document, method, path, status) }).toEqual({
+        path,
+        documented: JSON.parse(JSON.stringify(schema)),
+      });
+      expect({ path, errors: [...Value.Errors(schema, answer)].map((e) => e.path) }).toEqual({
+        path,
+        errors: [],
+      });
+      // Nothing undocumented either: what the schema does not name, Clean removes.
+      expect({ path, answer: Value.Clean(schema, structuredClone(answer)) }).toEqual({
+        path,
+        answer,
+      });
+    }
+  });
+
+  test("a cancel answers the documented 202, the key's own and the admin's", async () => {
+    const gateway = t.gateway({
+      providers: { simulator: { type: 'simulator', ttft_ms: 60_000 } },
+    });
+    const document = await fetchDocument(gateway);
+    const { key } = await gateway.createKey({ credits: 1000 });
+    for (const [path, headers] of [
+      ['/api/v1/requests/{id}/cancel', bearer(key)],
+      ['/admin/v1/requests/{id}/cancel', bearer(ADMIN_TOKEN)],
+    ] as const) {
+      const running = gateway.request('/api/v1/chat/completions', {
+        method: 'POST',
+        headers: bearer(key),
+        body: JSON.stringify({ model: 'model_03', messages: [{ role: 'user', content: 'x' }] }),
+      });
+      let id: string | undefined;
+      while (id === undefined) {
+        const live = await gateway.request('/admin/v1/requests?state=in_progress', {
+          headers: bearer(ADMIN_TOKEN),
+        });
+        id = ((await live.json()) as { data: Array<{ id: string }> }).data[0]?.id;
+      }
+      const cancelled = await gateway.request(path.replace('{id}', id), {
+        method: 'POST',
+        headers,
+      });
+      expect(cancelled.status).toBe(202);
+      const answer = await cancelled.json();
+      expect(answerOf(document, 'post', path, 202)).toEqual(
+        JSON.parse(JSON.stringify(CancelAnswerSchema)),
+      );
+      expect([...Value.Errors(CancelAnswerSchema, answer)]).toEqual([]);
+      expect(Value.Clean(CancelAnswerSchema, structuredClone(answer))).toEqual(answer);
+      expect((await running).status).toBe(499);
+    }
   });
 });
 

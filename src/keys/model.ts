@@ -1,0 +1,28 @@
+// The key as the admin API shows it (CONTRACT §6): TypeBox, the one source of its type
+// (`keyView`, store.ts) and of its schema in the OpenAPI document. Never the secret or its hash.
+import { type Static, Type } from '@sinclair/typebox';
+import { ServiceSchema } from '../state/events.ts';
+
+/** Credits as JSON numbers: µcr / 1e6 (CONTRACT §3). */
+const Credits = Type.Number({ minimum: 0 });
+
+export const KeyViewSchema = Type.Object({
+  id: Type.String({ description: 'key_…' }),
+  name: Type.String(),
+  services: Type.Array(ServiceSchema, { minItems: 1, maxItems: 2 }),
+  revoked: Type.Boolean(),
+  created: Type.Integer({ minimum: 0, description: 'Unix seconds' }),
+  limits: Type.Object({
+    rate_limit_rpm: Type.Integer({ minimum: 1, description: 'in force (the default when unset)' }),
+    rate_limit_rpm_configured: Type.Union([Type.Integer({ minimum: 1 }), Type.Null()]),
+    daily_decision_budget: Type.Union([Credits, Type.Null()]),
+  }),
+  balances: Type.Object({
+    credits: Credits,
+    held: Credits,
+    charged: Credits,
+    credits_added: Credits,
+    token_wallet: Type.Integer({ minimum: 0 }),
+  }),
+});
+export type KeyView = Static<typeof KeyViewSchema>;
