@@ -20,10 +20,18 @@ export function nativePost(path: string, handler: NativeHandler): NativeRoutes {
 const IDLE_S_MAX = 255;
 
 /**
+ * Bun's idle timers are counted in sweeps of 4 s: a timeout of s seconds is ceil(s / 4) sweeps, the
+ * first of them whatever is left of the current one, so it fires between 4 × (ceil(s / 4) − 1) and
+ * 4 × ceil(s / 4) seconds after it is armed (measured in Bun 1.4.5: 1–4 s all fire within 0–4 s,
+ * 5–8 s within 4–8 s).
+ */
+const IDLE_SWEEP_S = 4;
+
+/**
  * The idle timeout Bun.serve gets: the read deadline in whole seconds (at least 1, at most Bun's
  * 255). Bun arms it at each request and after each answer, so it bounds a keep-alive connection's
  * idle time and the headers of its next request; the headers of a connection's first request have
- * uWS's own fixed 10 s. The timer is swept every 4 s, so it fires up to 4 s late.
+ * uWS's own fixed 10 s. Swept every 4 s (IDLE_SWEEP_S): it fires up to 4 s early or late.
  */
 export function readIdleSeconds(readTimeoutMs: number): number {
   return Math.min(IDLE_S_MAX, Math.max(1, Math.ceil(readTimeoutMs / 1000)));
@@ -44,8 +52,18 @@ export function liftIdle(
   waitMs: number,
 ): void {
   if (server === undefined) return;
-  const seconds = Math.ceil(waitMs / 1000) + 1;
-  server.timeout(request, seconds > IDLE_S_MAX ? 0 : seconds);
+  server.timeout(request, backstopSeconds(waitMs));
+}
+
+/**
+ * The idle timeout that fires no sooner than `waitMs` after it is armed, whenever in Bun's sweep
+ * that is (IDLE_SWEEP_S): one whole sweep more than the wait takes. 0 (off) past Bun's maximum. A
+ * backstop of ceil(wait) + 1 s fired before a 3 s stream deadline in ~3 streams of 4, resetting
+ * the client's connection before its stream_timeout event (billed as a cancel).
+ */
+export function backstopSeconds(waitMs: number): number {
+  const seconds = IDLE_SWEEP_S * (Math.ceil(waitMs / (IDLE_SWEEP_S * 1000)) + 1);
+  return seconds > IDLE_S_MAX ? 0 : seconds;
 }
 
 /** The connection idles under the read deadline (`readTimeoutMs`) again, after `liftIdle`. */

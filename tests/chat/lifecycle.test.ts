@@ -8,6 +8,7 @@ import {
   closedAfterEach,
   type TestServer,
 } from '../support/gateway.ts';
+import { startLifecycleUpstream } from '../support/lifecycle-harness.ts';
 import { SseReader } from '../support/sse.ts';
 import { type FakeUpstream, startFakeUpstream, upstreamOverrides } from '../support/upstream.ts';
 
@@ -316,6 +317,34 @@ describe('time limits', () => {
       expect(after.charged).toBe(body.reserved_credits);
     },
   );
+
+  const SILENT_STREAM =
+    'a stream silent past stream_timeout_ms gets its stream_timeout event, whenever the ' +
+    "connection's idle sweep comes (Bun sweeps every 4 s: the backstop must not fire first)";
+  test(SILENT_STREAM, async () => {
+    // Headers and one chunk, then silence: nothing re-arms the connection's idle timer. Three
+    // streams one after the other meet Bun's 4 s sweep at different points; a backstop armed
+    // for ceil(3 s) + 1 fired before the deadline in ~3 of 4 (the client saw a reset and the
+    // request was billed as cancelled).
+    const fake = cleanup.track(startLifecycleUpstream(() => ({ kind: 'hold' })));
+    const t = await server({
+      providers: { fake: { type: 'openai', base_url: fake.url, timeout_ms: 60_000 } },
+      models: { model_03: { provider: 'fake', upstream_model: 'up' } },
+      limits: { stream_timeout_ms: 3_000 },
+    });
+    const { key } = await t.createKey({ credits: 10 });
+    for (let round = 0; round < 3; round++) {
+      const response = await post(t, key, chatBody({ stream: true }));
+      expect(response.status).toBe(200);
+      const events = await new SseReader(response).rest();
+      expect({ round, last: JSON.parse(events.at(-1)!).error?.code }).toEqual({
+        round,
+        last: 'stream_timeout',
+      });
+      const { body } = await status(t, key, JSON.parse(events[0]!).id);
+      expect(body.error_code).toBe('stream_timeout');
+    }
+  }, 20_000); // Three streams of 3 s.
 
   test('a non-stream call past upstream_timeout_ms is 504 upstream_timeout', async () => {
     const fake = upstream('hang');
