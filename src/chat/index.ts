@@ -22,6 +22,7 @@ import {
   ChatRequestDocumentSchema,
   type ChatRequestStatus,
   ChatRequestStatusSchema,
+  type ModelList,
   ModelListSchema,
   validateChatRequest,
 } from './model.ts';
@@ -299,13 +300,16 @@ export function chatController(gateway: Gateway) {
       ({ request }) => {
         authenticate(gateway.store, request.headers.get('authorization'), 'chat');
         gateway.store.checkAvailable();
-        const data = Object.entries(config.models).map(([id, model]) => ({
-          id,
-          object: 'model',
-          created: model.created,
-          owned_by: model.provider,
-        }));
-        return Response.json({ object: 'list', data });
+        const list: ModelList = {
+          object: 'list',
+          data: Object.entries(config.models).map(([id, model]) => ({
+            id,
+            object: 'model',
+            created: model.created,
+            owned_by: model.provider,
+          })),
+        };
+        return Response.json(list);
       },
       { detail: MODELS_DOC },
     )

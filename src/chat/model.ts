@@ -384,6 +384,16 @@ function resolveModelId(config: Config, name: string): string {
 
 const UnixSeconds = Type.Integer({ minimum: 0, description: 'Unix seconds' });
 
+/**
+ * A tool call as the answer relays it: what the provider named, unbounded (the request's
+ * ToolCallSchema bounds what a client may send back, not what an upstream may say).
+ */
+const AnswerToolCallSchema = Type.Object({
+  id: Type.String(),
+  type: Type.Literal('function'),
+  function: Type.Object({ name: Type.String(), arguments: Type.String() }),
+});
+
 /** A non-stream completion (`completionBody`, chat/stream.ts). */
 export const ChatCompletionSchema = Type.Object({
   id: Type.String({ description: 'chatcmpl-…, also in X-Request-ID' }),
@@ -396,7 +406,7 @@ export const ChatCompletionSchema = Type.Object({
       message: Type.Object({
         role: Type.Literal('assistant'),
         content: Nullable(Type.String()),
-        tool_calls: Type.Optional(Type.Array(ToolCallSchema)),
+        tool_calls: Type.Optional(Type.Array(AnswerToolCallSchema)),
       }),
       finish_reason: Type.Union([Type.Literal('stop'), Type.Literal('tool_calls')]),
     }),
@@ -404,6 +414,7 @@ export const ChatCompletionSchema = Type.Object({
   ),
   usage: UsageSchema,
 });
+export type ChatCompletion = Static<typeof ChatCompletionSchema>;
 
 /** GET /api/v1/models. */
 export const ModelListSchema = Type.Object({
@@ -417,6 +428,8 @@ export const ModelListSchema = Type.Object({
     }),
   ),
 });
+
+export type ModelList = Static<typeof ModelListSchema>;
 
 /** GET /api/v1/requests/{id}: never the completion text. */
 export const ChatRequestStatusSchema = Type.Object({

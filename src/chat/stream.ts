@@ -1,6 +1,7 @@
 // Chat output without a stream: the completion body, built from actor deltas (streams: sse.ts).
 import type { ToolCall } from '../providers/provider.ts';
 import type { Usage } from '../state/events.ts';
+import type { ChatCompletion } from './model.ts';
 
 export type PublicFinishReason = 'stop' | 'tool_calls';
 
@@ -17,9 +18,9 @@ export function completionBody(
   toolCalls: readonly ToolCall[],
   finishReason: PublicFinishReason,
   usage: Usage,
-): Record<string, unknown> {
-  const message: Record<string, unknown> = { role: 'assistant', content };
-  if (toolCalls.length > 0) message.tool_calls = toolCalls;
+): ChatCompletion {
+  const message: ChatCompletion['choices'][number]['message'] = { role: 'assistant', content };
+  if (toolCalls.length > 0) message.tool_calls = [...toolCalls];
   return {
     id,
     object: 'chat.completion',

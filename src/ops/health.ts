@@ -1,6 +1,6 @@
 // Probes and metrics: /healthz (the process answers), /readyz (it can take work), /metrics
 // (Prometheus).
-import { type TProperties, Type } from '@sinclair/typebox';
+import { type Static, type TProperties, Type } from '@sinclair/typebox';
 import { Elysia } from 'elysia';
 import { describeRoute } from '../http/openapi.ts';
 import type { Metrics } from './metrics.ts';
@@ -17,7 +17,7 @@ export interface ProbeSource {
 }
 
 /** A probe's answer: its status word, and what goes with it. */
-function probeAnswer<T extends TProperties>(status: string, extra: T) {
+function probeAnswer<S extends string, T extends TProperties>(status: S, extra: T) {
   return Type.Object({ status: Type.Literal(status), ...extra });
 }
 
@@ -27,6 +27,10 @@ export const ReadyzSchema = probeAnswer('ready', {
   in_flight: Type.Integer({ minimum: 0, description: 'requests running' }),
 });
 const UnavailableSchema = probeAnswer('unavailable', { reason: Type.String() });
+type Healthz = Static<typeof HealthzSchema>;
+type Failing = Static<typeof FailingSchema>;
+type Readyz = Static<typeof ReadyzSchema>;
+type Unavailable = Static<typeof UnavailableSchema>;
 
 const HEALTHZ_DOC = describeRoute({
   summary: 'Liveness: the process answers and its log can be written',
@@ -79,8 +83,8 @@ export function healthController(gateway: ProbeSource) {
         () => {
           const reason = gateway.store.unavailableReason;
           return reason
-            ? Response.json({ status: 'failing', reason }, { status: 503 })
-            : Response.json({ status: 'ok' });
+            ? Response.json({ status: 'failing', reason } satisfies Failing, { status: 503 })
+            : Response.json({ status: 'ok' } satisfies Healthz);
         },
         { detail: HEALTHZ_DOC },
       )
@@ -97,8 +101,13 @@ export function healthController(gateway: ProbeSource) {
         () => {
           const reason = gateway.store.unavailableReason ?? (gateway.draining ? 'draining' : null);
           return reason
-            ? Response.json({ status: 'unavailable', reason }, { status: 503 })
-            : Response.json({ status: 'ready', in_flight: gateway.registry.size });
+            ? Response.json({ status: 'unavailable', reason } satisfies Unavailable, {
+                status: 503,
+              })
+            : Response.json({
+                status: 'ready',
+                in_flight: gateway.registry.size,
+              } satisfies Readyz);
         },
         { detail: READYZ_DOC },
       )

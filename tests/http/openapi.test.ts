@@ -605,6 +605,54 @@ describe('the success answers in the document', () => {
     }
   });
 
+  test("an upstream's tool call passes the documented completion, whatever its name", async () => {
+    // What a provider says is relayed as it is; the request's bounds on a tool call (a client
+    // sending one back) do not bound the answer.
+    for (const [name, id] of [
+      ['n'.repeat(100), 'call_1'],
+      ['weather', 'c'.repeat(300)],
+    ]) {
+      const upstream = t.track(
+        Bun.serve({
+          port: 0,
+          hostname: '127.0.0.1',
+          async fetch(request) {
+            await request.text();
+            const call = { id, type: 'function', function: { name, arguments: '{}' } };
+            return Response.json({
+              id: 'up',
+              object: 'chat.completion',
+              created: 0,
+              model: 'up',
+              choices: [
+                {
+                  index: 0,
+                  message: { role: 'assistant', content: null, tool_calls: [call] },
+                  finish_reason: 'tool_calls',
+                },
+              ],
+              usage: { prompt_tokens: 3, completion_tokens: 2, total_tokens: 5 },
+            });
+          },
+        }),
+      );
+      const gateway = t.gateway({
+        providers: { fake: { type: 'openai', base_url: `http://127.0.0.1:${upstream.port}` } },
+        models: { model_03: { provider: 'fake', upstream_model: 'up' } },
+      });
+      const { key } = await gateway.createKey({ credits: 10 });
+      const response = await gateway.request('/api/v1/chat/completions', {
+        method: 'POST',
+        headers: bearer(key),
+        body: JSON.stringify({ model: 'model_03', messages: [{ role: 'user', content: 'x' }] }),
+      });
+      expect(response.status).toBe(200);
+      const body = (await response.json()) as any;
+      expect(body.choices[0].message.tool_calls[0].function.name).toBe(name);
+      expect([...Value.Errors(ChatCompletionSchema, body)].map((e) => e.path)).toEqual([]);
+    }
+  });
+
   test("a cancel answers the documented 202, the key's own and the admin's", async () => {
     const gateway = t.gateway({
       providers: { simulator: { type: 'simulator', ttft_ms: 60_000 } },
