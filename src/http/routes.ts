@@ -25,7 +25,7 @@ const IDLE_S_MAX = 255;
  * 4 × ceil(s / 4) seconds after it is armed (measured in Bun 1.4.5: 1–4 s all fire within 0–4 s,
  * 5–8 s within 4–8 s).
  */
-const IDLE_SWEEP_S = 4;
+export const IDLE_SWEEP_S = 4;
 
 /**
  * The idle timeout Bun.serve gets: the read deadline in whole seconds (at least 1, at most Bun's
@@ -56,13 +56,21 @@ export function liftIdle(
 }
 
 /**
- * The idle timeout that fires no sooner than `waitMs` after it is armed, whenever in Bun's sweep
- * that is (IDLE_SWEEP_S): one whole sweep more than the wait takes. 0 (off) past Bun's maximum. A
- * backstop of ceil(wait) + 1 s fired before a 3 s stream deadline in ~3 streams of 4, resetting
- * the client's connection before its stream_timeout event (billed as a cancel).
+ * What the backstop leaves the stream past its own deadline at the least: time for its deadline
+ * timer to run late on a busy loop and for its error event to be written.
+ */
+const BACKSTOP_MARGIN_MS = 1_000;
+
+/**
+ * The idle timeout that fires no sooner than `waitMs` + BACKSTOP_MARGIN_MS after it is armed,
+ * whenever in Bun's sweep that is (IDLE_SWEEP_S): one whole sweep more than that takes. 0 (off)
+ * past Bun's maximum. A backstop of ceil(wait) + 1 s fired before a 3 s stream deadline in ~3
+ * streams of 4, resetting the client's connection before its stream_timeout event (billed as a
+ * cancel).
  */
 export function backstopSeconds(waitMs: number): number {
-  const seconds = IDLE_SWEEP_S * (Math.ceil(waitMs / (IDLE_SWEEP_S * 1000)) + 1);
+  const sweepMs = IDLE_SWEEP_S * 1000;
+  const seconds = IDLE_SWEEP_S * (Math.ceil((waitMs + BACKSTOP_MARGIN_MS) / sweepMs) + 1);
   return seconds > IDLE_S_MAX ? 0 : seconds;
 }
 

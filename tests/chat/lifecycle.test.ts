@@ -343,6 +343,8 @@ describe('time limits', () => {
       });
       const { body } = await status(t, key, JSON.parse(events[0]!).id);
       expect(body.error_code).toBe('stream_timeout');
+      // The deadline ended the attempt: an error with the request's code, not a cancel.
+      expect(body.attempts).toMatchObject([{ outcome: 'error', error_code: 'stream_timeout' }]);
     }
   }, 20_000); // Three streams of 3 s.
 
@@ -457,6 +459,7 @@ describe('idempotency', () => {
     expect(response.status).toBe(409);
     expect(((await response.json()) as any).error.code).toBe('idempotency_key_reused');
     // A 409 about an existing request names it (CONTRACT §8), not the refused attempt.
+    expect(original.headers.get('x-request-id')).toMatch(/^chatcmpl-/);
     expect(response.headers.get('x-request-id')).toBe(original.headers.get('x-request-id'));
   });
 
