@@ -15,10 +15,12 @@ export function parseIdempotencyKey(value: string | null): string | null {
         'A-Z, a-z, 0-9, dot, underscore, colon, hyphen.',
       {
         param: 'Idempotency-Key',
-        // Its length, not its text: a header may be anything up to Bun's header limit.
-        detail:
-          'the Idempotency-Key header must be 8-255 characters of A-Z a-z 0-9 . _ : -, got ' +
-          `${value.length} characters`,
+        // What is wrong with it, not its text: a header may be anything up to Bun's limit.
+        detail: `the Idempotency-Key header must be 8-255 characters of A-Z a-z 0-9 . _ : -; it ${
+          value.length < 8 || value.length > 255
+            ? `has ${value.length} characters`
+            : 'holds a character outside that set'
+        }`,
       },
     );
   }
