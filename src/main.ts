@@ -10,7 +10,7 @@ import {
   UsageError,
 } from './admin/cli.ts';
 import { DataDirLock, DataDirLockError } from './admin/lock.ts';
-import { resolveAdminToken } from './admin/token.ts';
+import { ADMIN_TOKEN_ADVISED_LENGTH, resolveAdminToken } from './admin/token.ts';
 import { ConfigError, loadConfig } from './config/load.ts';
 import type { Config } from './config/model.ts';
 import { execWithHeapOptions, heapOptionsInEffect } from './ops/heap-growth.ts';
@@ -45,6 +45,11 @@ async function serve(config: Config): Promise<number> {
   if (admin.generated)
     logger.info({ path: admin.path }, 'admin token generated; read it from this file');
   else if (admin.path) logger.info({ path: admin.path }, 'admin token read from file');
+  if (admin.token.length < ADMIN_TOKEN_ADVISED_LENGTH)
+    logger.warn(
+      `the admin token is shorter than ${ADMIN_TOKEN_ADVISED_LENGTH} characters: ` +
+        'anyone who guesses it controls every key',
+    );
 
   const gateway = openOrExit(() => openGateway(config, logger, admin.token), logger);
   if (typeof gateway === 'number') return gateway;

@@ -5,6 +5,9 @@ import { join } from 'node:path';
 import type { Config } from '../config/model.ts';
 import { randomBase62 } from '../util/ids.ts';
 
+/** Shorter than this, the start warns: the generated token has 44 characters. */
+export const ADMIN_TOKEN_ADVISED_LENGTH = 16;
+
 export interface AdminToken {
   token: string;
   /** Where it was read from or written to; null when it came from the environment or config. */

@@ -334,4 +334,32 @@ describe('generated admin token', () => {
     }
     expect([...server.stdout.all, ...server.stderr.all].join('\n')).not.toContain(ADMIN);
   });
+
+  test('a short ADMIN_TOKEN starts the gateway and works; the log warns without it', async () => {
+    const short = 'adm';
+    const server = await serve(env({ DATA_DIR: dataDir(), ADMIN_TOKEN: short }));
+    try {
+      const warning = JSON.parse(
+        await server.stdout.waitFor(
+          logLine(
+            'the admin token is shorter than 16 characters: ' +
+              'anyone who guesses it controls every key',
+          ),
+        ),
+      );
+      expect(warning.level).toBe(40);
+      const ok = await fetch(`${server.url}/admin/v1/keys`, {
+        headers: { authorization: `Bearer ${short}` },
+      });
+      expect(ok.status).toBe(200);
+      const wrong = await fetch(`${server.url}/admin/v1/keys`, {
+        headers: { authorization: 'Bearer adn' },
+      });
+      expect(wrong.status).toBe(401);
+    } finally {
+      expect(await server.stop()).toBe(0);
+    }
+    const log = [...server.stdout.all, ...server.stderr.all].join('\n');
+    expect(log).not.toMatch(/"adm"|Bearer adm/);
+  });
 });
