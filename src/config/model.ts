@@ -61,6 +61,7 @@ export const OpenAIProviderSchema = Type.Object(
     type: Type.Literal('openai'),
     base_url: Type.String({
       pattern: '^https?://',
+      default: 'https://api.openai.com/v1',
       description: 'OpenAI-compatible base URL, e.g. http://host/v1',
     }),
     ...httpProviderFields,

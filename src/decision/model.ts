@@ -87,6 +87,7 @@ function isObject(value: unknown): value is Record<string, unknown> {
 }
 
 function describe(value: unknown): string {
+  if (value === undefined) return 'nothing (the field is missing)';
   if (value === null) return 'null';
   if (Array.isArray(value)) return 'an array';
   return typeof value === 'object' ? 'an object' : `a ${typeof value}`;
@@ -121,6 +122,22 @@ function checkQuestion(id: string, raw: unknown): Question {
   return { type, prompt, criteria: scoreCriteria(id, param, criteria) };
 }
 
+/** What is wrong with a choice label (the detail names it), or null. */
+function labelProblem(label: string): string | null {
+  if (label.length === 0) return 'is empty';
+  if (label.length > LABEL_CHARS_MAX) return `is longer than ${LABEL_CHARS_MAX} characters`;
+  return null;
+}
+
+/** What is wrong with a label's description or a level (the detail names it), or null. */
+function descriptionProblem(description: unknown): string | null {
+  if (typeof description !== 'string') return `has a description that is ${describe(description)}`;
+  if (description.trim().length === 0) return 'has an empty description';
+  if (description.length > DESCRIPTION_CHARS_MAX)
+    return `has a description longer than ${DESCRIPTION_CHARS_MAX} characters`;
+  return null;
+}
+
 /** A choice question's labels, each with a non-empty description, within their bounds. */
 function choiceCriteria(id: string, param: string, criteria: unknown): Record<string, string> {
   const shape =
@@ -141,21 +158,13 @@ function choiceCriteria(id: string, param: string, criteria: unknown): Record<st
     );
   }
   for (const [label, description] of labels) {
-    if (
-      label.length === 0 ||
-      label.length > LABEL_CHARS_MAX ||
-      typeof description !== 'string' ||
-      description.trim().length === 0 ||
-      description.length > DESCRIPTION_CHARS_MAX
-    ) {
+    const problem = labelProblem(label) ?? descriptionProblem(description);
+    if (problem) {
+      const named = JSON.stringify(label.slice(0, LABEL_CHARS_MAX));
       throw invalid(
-        `question ${id}: criteria label ${JSON.stringify(label)} is invalid`,
+        `question ${id}: criteria label ${named} is invalid`,
         `${param}.criteria`,
-        `question "${id}": ${shape}; label ${JSON.stringify(label)} has ${
-          typeof description === 'string'
-            ? 'an empty or oversized description'
-            : `a description that is ${describe(description)}`
-        }`,
+        `question "${id}": ${shape}; label ${named} ${problem}`,
       );
     }
   }
@@ -181,16 +190,12 @@ function scoreCriteria(id: string, param: string, criteria: unknown): string[] {
     );
   }
   criteria.forEach((level, index) => {
-    if (
-      typeof level !== 'string' ||
-      level.trim().length === 0 ||
-      level.length > DESCRIPTION_CHARS_MAX
-    ) {
+    const problem = descriptionProblem(level);
+    if (problem) {
       throw invalid(
         `question ${id}: level ${index} is invalid`,
         `${param}.criteria[${index}]`,
-        `question "${id}": ${shape}; level ${index} is ` +
-          `${typeof level === 'string' ? 'empty or oversized' : describe(level)}`,
+        `question "${id}": ${shape}; level ${index} ${problem}`,
       );
     }
   });

@@ -583,6 +583,22 @@ describe(
       expect(config.providers.quick).toEqual({ ...defaults, ttft_ms: 0 });
     });
 
+    test('the HTTP providers too: {"type": "openai" | "anthropic" | "gemini"} alone loads', () => {
+      const config = loadWith({
+        providers: { o: { type: 'openai' }, a: { type: 'anthropic' }, g: { type: 'gemini' } },
+      });
+      expect(config.providers.o).toEqual({ type: 'openai', base_url: 'https://api.openai.com/v1' });
+      expect(config.providers.a).toEqual({
+        type: 'anthropic',
+        base_url: 'https://api.anthropic.com/v1',
+        version: '2023-06-01',
+      });
+      expect(config.providers.g).toEqual({
+        type: 'gemini',
+        base_url: 'https://generativelanguage.googleapis.com/v1beta',
+      });
+    });
+
     test('a chat call is served by such a provider', async () => {
       const t = openTestGateway({
         providers: { bare: { type: 'simulator' } },

@@ -530,6 +530,42 @@ describe('400 invalid_request_error: detail names the question id and the expect
       new RegExp(`"${'x'.repeat(65)}"`),
     ],
     ['too many questions (65)', questions(65), 'questions', /\b64\b/],
+    [
+      'an empty label (the label named, not its description)',
+      choice({ '': 'a', y: 'b' }),
+      'questions.urgency.criteria',
+      /"urgency".*; label "" is empty$/,
+    ],
+    [
+      'a label over 128 characters',
+      choice({ ['l'.repeat(129)]: 'a', y: 'b' }),
+      'questions.urgency.criteria',
+      /"urgency".*; label "l{128}" is longer than 128 characters$/,
+    ],
+    [
+      'a blank description',
+      choice({ x: '  ', y: 'b' }),
+      'questions.urgency.criteria',
+      /"urgency".*; label "x" has an empty description$/,
+    ],
+    [
+      'a description that is a number',
+      choice({ x: 7, y: 'b' }),
+      'questions.urgency.criteria',
+      /"urgency".*; label "x" has a description that is a number$/,
+    ],
+    [
+      'an empty level',
+      score(['low', '']),
+      'questions.quality.criteria[1]',
+      /"quality".*; level 1 has an empty description$/,
+    ],
+    [
+      'missing criteria',
+      { urgency: { type: 'choice', prompt: 'How urgent?' } },
+      'questions.urgency.criteria',
+      /"urgency".*, got nothing \(the field is missing\)$/,
+    ],
   ];
 
   test.each(cases)('%s', async (_name, questionsBody, param, detail) => {
