@@ -12,6 +12,7 @@ import { requestFingerprint } from '../idempotency/fingerprint.ts';
 import { statusUrl } from '../requests/admit.ts';
 import type { KeyAccount } from '../state/apply.ts';
 import type { ClientConnection } from '../util/abort.ts';
+import { nextTurn } from '../util/promise.ts';
 import type { ChatRequest } from './model.ts';
 
 export interface ChatMeasure {
@@ -69,6 +70,10 @@ async function measureChatOffLoop(
   path: string,
   signal: AbortSignal | null,
 ): Promise<ChatMeasure> {
+  // The body was parsed and validated in this turn (up to ~20 ms at 4 MB); handing it to the
+  // worker (a structured clone of every message) is the next turn's, so that no turn holds the
+  // loop for both (CONTRACT §8: 50 ms).
+  await nextTurn();
   const toolsInBody = chat.tools !== null && toolsJson === null;
   const job: CountJob = {
     body: (idempotencyKey && fingerprint === null) || toolsInBody ? body : null,
