@@ -1,6 +1,6 @@
 // Request bodies (src/http/body.ts): a large body reaches its handler a turn of the event loop
-// the turn that decoded it, so decoding and parsing 4 MB never share one turn (CONTRACT §8: no
-// request holds the loop for 50 ms); a small one goes straight on.
+// after the turn that decoded it, so decoding and parsing 4 MB never share one turn (CONTRACT §8:
+// no request holds the loop for 50 ms); a small one goes straight on.
 import { describe, expect, test } from 'bun:test';
 import { BODY_YIELD_CHARS, readBodyText } from '../../src/http/body.ts';
 
