@@ -191,6 +191,43 @@ function checkSimulatorTools(tools: ToolDefinition[], bytesMax: number): void {
 }
 
 /**
+ * Whether some deployment of `model` is an API that takes a tool call's arguments as an object
+ * (Anthropic's `tool_use.input`, Gemini's `functionCall.args`), not as OpenAI's string.
+ */
+function needsObjectArguments(config: Config, model: ModelConfig): boolean {
+  for (const deployment of model.deployments) {
+    const type = config.providers[deployment.provider]?.type;
+    if (type === 'anthropic' || type === 'gemini') return true;
+  }
+  return false;
+}
+
+/**
+ * Assistant tool calls sent back to such a model must carry a JSON object (or nothing) as
+ * arguments. Checked here, before any hold or binding, and for every deployment alike: found by
+ * the adapter, the same body would be refused or served by which deployment the pick chose.
+ */
+function checkObjectArguments(messages: ProviderMessage[]): void {
+  for (let i = 0; i < messages.length; i++) {
+    const message = messages[i]!;
+    if (message.role !== 'assistant' || !message.tool_calls) continue;
+    for (let j = 0; j < message.tool_calls.length; j++) {
+      const text = message.tool_calls[j]!.function.arguments;
+      if (text.trim() === '') continue;
+      let value: unknown;
+      try {
+        value = JSON.parse(text);
+      } catch {
+        value = null;
+      }
+      if (typeof value === 'object' && value !== null && !Array.isArray(value)) continue;
+      const param = `${messageParam(i)}.tool_calls[${j}].function.arguments`;
+      throw invalid(`${param} must be a JSON object for this model`, param);
+    }
+  }
+}
+
+/**
  * Applies the request rules in the contract's order: shape (400), then model (404), then model
  * capability (400). Context and quota come later, after idempotency and the rate limit.
  */
@@ -217,6 +254,7 @@ export function validateChatRequest(json: unknown, config: Config): ChatRequest 
   }
   if (tools && servedBySimulator(config, model))
     checkSimulatorTools(tools, config.limits.simulator_tool_arguments_bytes);
+  if (needsObjectArguments(config, model)) checkObjectArguments(messages);
   return {
     body,
     modelId,

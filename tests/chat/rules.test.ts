@@ -992,3 +992,101 @@ describe(
     );
   },
 );
+
+describe('tool-call arguments sent back to a model with an anthropic or gemini deployment', () => {
+  // A model served by Anthropic (whose tool_use.input is an object) beside the simulator (which
+  // takes OpenAI's string as is). The anthropic deployment is a dead port: nothing here reaches it.
+  let mixed: TestGateway;
+  let mixedKey: { id: string; key: string };
+  beforeAll(async () => {
+    mixed = openTestGateway({
+      providers: { claude: { type: 'anthropic', base_url: 'http://127.0.0.1:9/v1' } },
+      models: {
+        model_mixed: {
+          deployments: [
+            { provider: 'claude', upstream_model: 'claude-x' },
+            { provider: 'simulator', upstream_model: 'sim' },
+          ],
+          tools: true,
+          top_k: false,
+          seed: false,
+          rates: { input: 1, output: 1 },
+          context_window: 100_000,
+          max_output_tokens: 1_000,
+          created: 0,
+        },
+      },
+    });
+    mixedKey = await mixed.createKey({ credits: 1_000 });
+  });
+  afterAll(() => mixed.close());
+
+  const history = (args: string) => [
+    { role: 'user', content: 'weather?' },
+    { role: 'assistant', content: 'let me look' },
+    {
+      role: 'assistant',
+      content: null,
+      tool_calls: [
+        { id: 'call_1', type: 'function', function: { name: 'weather', arguments: '{}' } },
+        { id: 'call_2', type: 'function', function: { name: 'weather', arguments: args } },
+      ],
+    },
+    { role: 'tool', tool_call_id: 'call_1', content: 'sunny' },
+    { role: 'tool', tool_call_id: 'call_2', content: 'rainy' },
+  ];
+
+  test.each([
+    ['not JSON', 'not json'],
+    ['a JSON array', '[1,2]'],
+    ['a JSON string', '"city"'],
+    ['null', 'null'],
+  ])('%s: 400 naming the message and the call, before any hold or binding', async (_, args) => {
+    const body = { model: 'model_mixed', messages: history(args), tools: [weatherTool] };
+    const headers = { ...bearer(mixedKey.key), 'idempotency-key': 'tool-args-check-1' };
+    // Several times: whichever deployment the pick would choose, the same answer.
+    for (let i = 0; i < 4; i++) {
+      const response = await mixed.request('/api/v1/chat/completions', {
+        method: 'POST',
+        headers,
+        body: JSON.stringify(body),
+      });
+      expect(response.status).toBe(400);
+      const { error } = (await response.json()) as { error: Record<string, unknown> };
+      expect(error).toMatchObject({
+        code: 'invalid_request_error',
+        param: 'messages[2].tool_calls[1].function.arguments',
+      });
+    }
+    const view = (await (
+      await mixed.request(`/admin/v1/keys/${mixedKey.id}`, {
+        headers: { authorization: `Bearer ${ADMIN_TOKEN}` },
+      })
+    ).json()) as { balances: Record<string, number> };
+    expect(view.balances).toMatchObject({ held: 0, charged: 0, credits: 1_000 });
+  });
+
+  test('an object, or nothing, passes; an OpenAI-style model takes any string', async () => {
+    for (const args of ['{"city":"Paris"}', '', '  ']) {
+      const response = await mixed.request('/api/v1/chat/completions', {
+        method: 'POST',
+        headers: bearer(mixedKey.key),
+        body: JSON.stringify({
+          model: 'model_mixed',
+          messages: history(args),
+          tools: [weatherTool],
+        }),
+      });
+      // Served by the simulator, or failed over to it from the dead anthropic port: never a 400.
+      expect(response.status).toBe(200);
+      await response.text();
+    }
+    const response = await post({
+      model: 'model_03',
+      messages: history('not json'),
+      tools: [weatherTool],
+    });
+    expect(response.status).toBe(200);
+    await response.text();
+  });
+});
