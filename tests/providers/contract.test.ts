@@ -815,6 +815,17 @@ describe('openai adapter', () => {
     },
   );
 
+  test('a stream of [DONE] alone (no chunk at all) is upstream_invalid_response', async () => {
+    const upstream = track(
+      startUpstream(() => sseResponse([': keep-alive\n\n', 'data: [DONE]\n\n'])),
+    );
+    await expectGatewayError(
+      collect(adapter(upstream.baseUrl), makeRequest()),
+      'upstream_invalid_response',
+      502,
+    );
+  });
+
   test('a stream with a finish_reason but no [DONE] ends normally', async () => {
     const upstream = track(
       startUpstream(() =>

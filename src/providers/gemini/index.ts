@@ -31,6 +31,9 @@ export const GEMINI_DIALECT: Dialect = {
     const translator = new ChunkTranslator(name, Number.MAX_SAFE_INTEGER);
     const deltas: Delta[] = [];
     translator.translate(answer, deltas);
+    // A whole answer has a finish reason (or the block of its prompt); one without (`{}`, an empty
+    // list of candidates) is no answer, as the other providers' would be.
+    if (!translator.finished) throw invalid(name, 'answered without a finished candidate');
     deltas.push(translator.finish());
     return deltas;
   },

@@ -274,6 +274,7 @@ export class HttpProvider implements Provider {
     const translator = this.dialect.streamTranslator(this.name, this.bodyBytesMax);
     const out: Delta[] = [];
     let done = false;
+    let translated = 0;
     let deltasThisTurn = 0;
     while (!done) {
       const { value, done: ended } = await call.read();
@@ -290,9 +291,12 @@ export class HttpProvider implements Provider {
       for (const data of events) {
         // OpenAI's end marker; no other protocol sends it as data.
         if (data === '[DONE]') {
+          // The end marker before any chunk: an empty stream is no answer.
+          if (translated === 0) throw invalid(this.name, 'ended the stream before any chunk');
           done = true;
           break;
         }
+        translated++;
         translator.translate(parseJson(data, this.name), out);
         if (translator.ended) {
           done = true;
