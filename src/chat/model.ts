@@ -54,8 +54,12 @@ export const ChatRequestSchema = Type.Object({
   max_tokens: Type.Optional(Nullable(Type.Integer({ minimum: 1 }))),
   temperature: Type.Optional(Nullable(Type.Number({ minimum: 0, maximum: 2 }))),
   top_p: Type.Optional(Nullable(Type.Number({ minimum: 0, maximum: 1 }))),
-  top_k: Type.Optional(Nullable(Type.Integer({ minimum: 0 }))),
-  seed: Type.Optional(Nullable(Type.Integer())),
+  // Bounded so that what is passed on is what every provider can take (an int32 top_k; a seed JSON
+  // carries exactly): past them a provider's 400 would be a 502 with the hold kept.
+  top_k: Type.Optional(Nullable(Type.Integer({ minimum: 0, maximum: 2_147_483_647 }))),
+  seed: Type.Optional(
+    Nullable(Type.Integer({ minimum: Number.MIN_SAFE_INTEGER, maximum: Number.MAX_SAFE_INTEGER })),
+  ),
   stop: Type.Optional(Nullable(Type.Union([Type.String(), Type.Array(Type.String())]))),
   stream: Type.Optional(Nullable(Type.Boolean())),
   // Each tool is checked against ToolSchema on its own, so an error names the tool's field, not the

@@ -514,3 +514,27 @@ describe('gemini: an answer without a finished candidate', () => {
     expect(body.choices[0].message.content).toBe('');
   });
 });
+
+test('gemini: a seed past int32 is wrapped into one, the same each time', async () => {
+  process.env[KEY_ENV] = UPSTREAM_KEY;
+  const fake = cleanup.track(startFakeGemini('text'));
+  const server = await cleanup.server({
+    providers: { up: { type: 'gemini', base_url: fake.url, api_key_env: KEY_ENV } },
+    models: { model_03: { provider: 'up', upstream_model: 'vendor-model', seed: true } },
+  });
+  const { key } = await server.createKey({ credits: 1000 });
+  for (const seed of [2 ** 40 + 5, 2 ** 40 + 5, -(2 ** 33) - 7, 12]) {
+    const response = await server.request('/api/v1/chat/completions', {
+      method: 'POST',
+      headers: bearer(key),
+      body: JSON.stringify({
+        model: 'model_03',
+        seed,
+        messages: [{ role: 'user', content: 'hi' }],
+      }),
+    });
+    expect(response.status).toBe(200);
+    await response.text();
+  }
+  expect(fake.requests.map((r) => r.body.generationConfig.seed)).toEqual([5, 5, -7, 12]);
+});

@@ -74,7 +74,8 @@ function requestBody(request: ProviderRequest): Record<string, unknown> {
   if (request.temperature !== null) generation.temperature = request.temperature;
   if (request.topP !== null) generation.topP = request.topP;
   if (request.topK !== null) generation.topK = request.topK;
-  if (request.seed !== null) generation.seed = request.seed;
+  // Gemini's seed is an int32: a larger one is wrapped (the same seed still gives the same seed).
+  if (request.seed !== null) generation.seed = request.seed | 0;
   if (request.stop !== null && request.stop.length > 0) generation.stopSequences = request.stop;
   if (Object.keys(generation).length > 0) body.generationConfig = generation;
   if (request.tools !== null && request.tools.length > 0) {
