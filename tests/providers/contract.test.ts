@@ -938,7 +938,7 @@ describe('openai adapter', () => {
       'upstream_timeout',
       504,
     );
-    expect(error.message).toBe('Upstream fake-openai sent nothing for 200 ms.');
+    expect(error.message).toBe('Upstream fake-openai did not answer within 200 ms.');
     await upstream.closed;
   });
 
@@ -958,7 +958,7 @@ describe('openai adapter', () => {
         'upstream_timeout',
         504,
       );
-      expect(error.message).toBe('Upstream fake-openai sent nothing for 200 ms.');
+      expect(error.message).toBe('Upstream fake-openai did not answer within 200 ms.');
       await upstream.closed;
     },
   );
@@ -1012,6 +1012,65 @@ describe('openai adapter', () => {
     );
     expect(deltas).toEqual([{ type: 'text', text: 'Hi' }]);
     expect(error.message).toBe('Upstream fake-openai sent nothing for 200 ms.');
+    await upstream.requests[0]!.aborted;
+  });
+
+  test('once the answer began, keep-alives hold the silence timer off (a long pause)', async () => {
+    const upstream = track(
+      startUpstream(() => {
+        const encoder = new TextEncoder();
+        const body = new ReadableStream<Uint8Array>({
+          async start(controller) {
+            controller.enqueue(
+              encoder.encode('data: {"choices": [{"index": 0, "delta": {"content": "Hi"}}]}\n\n'),
+            );
+            // 600 ms of pings, three times the timeout, then the end.
+            for (let i = 0; i < 12; i++) {
+              await Bun.sleep(50);
+              controller.enqueue(encoder.encode(': ping\n\n'));
+            }
+            controller.enqueue(
+              encoder.encode(
+                'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\n' +
+                  'data: [DONE]\n\n',
+              ),
+            );
+            controller.close();
+          },
+        });
+        return new Response(body, { headers: { 'content-type': 'text/event-stream' } });
+      }),
+    );
+    expect(await collect(adapter(upstream.baseUrl, { timeout_ms: 200 }), makeRequest())).toEqual([
+      { type: 'text', text: 'Hi' },
+      { type: 'finish', reason: 'stop', usage: null },
+    ]);
+  });
+
+  test('before the answer, keep-alives do not: upstream_timeout at timeout_ms', async () => {
+    const upstream = track(
+      startUpstream((req) => {
+        let timer: ReturnType<typeof setInterval> | undefined;
+        const body = new ReadableStream<Uint8Array>({
+          start(controller) {
+            const ping = new TextEncoder().encode(': ping\n\n');
+            timer = setInterval(() => controller.enqueue(ping), 50);
+            req.signal.addEventListener('abort', () => {
+              clearInterval(timer);
+              controller.close();
+            });
+          },
+          cancel: () => clearInterval(timer),
+        });
+        return new Response(body, { headers: { 'content-type': 'text/event-stream' } });
+      }),
+    );
+    const error = await expectGatewayError(
+      collect(adapter(upstream.baseUrl, { timeout_ms: 200 }), makeRequest()),
+      'upstream_timeout',
+      504,
+    );
+    expect(error.message).toBe('Upstream fake-openai did not answer within 200 ms.');
     await upstream.requests[0]!.aborted;
   });
 

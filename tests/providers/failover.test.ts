@@ -351,3 +351,81 @@ test('routing.max_attempts above the bound of 16 is refused at start, naming the
     validateConfig(deepMerge(defaultSettings() as any, { routing: { max_attempts: 17 } } as any)),
   ).toThrow('routing.max_attempts');
 });
+
+/**
+ * An upstream that answers 200 at once and then sends only bytes that carry nothing: SSE comments
+ * to a stream, whitespace before a JSON body never sent. A call's body ends when its client goes.
+ */
+function keepAliveOnly(): { url: string; calls: number; stop(): void } {
+  const state = { calls: 0 };
+  const server = Bun.serve({
+    port: 0,
+    idleTimeout: 0,
+    async fetch(request) {
+      state.calls++;
+      const stream = ((await request.json()) as { stream?: boolean }).stream === true;
+      const filler = new TextEncoder().encode(stream ? ': keep-alive\n\n' : ' ');
+      let timer: ReturnType<typeof setInterval> | undefined;
+      const body = new ReadableStream<Uint8Array>({
+        start(controller) {
+          timer = setInterval(() => controller.enqueue(filler), 50);
+          request.signal.addEventListener('abort', () => {
+            clearInterval(timer);
+            controller.close();
+          });
+        },
+        cancel: () => clearInterval(timer),
+      });
+      const type = stream ? 'text/event-stream' : 'application/json';
+      return new Response(body, { headers: { 'content-type': type } });
+    },
+  });
+  const handle = {
+    url: `http://127.0.0.1:${server.port}/v1`,
+    get calls() {
+      return state.calls;
+    },
+    stop: () => server.stop(true),
+  };
+  cleanup.track(handle);
+  return handle;
+}
+
+for (const stream of [false, true]) {
+  test(
+    `keep-alives are no answer (${stream ? 'stream' : 'non-stream'}): the first deployment ` +
+      'times out at its timeout_ms and the second answers',
+    async () => {
+      const a = keepAliveOnly();
+      const b = upstream('answer');
+      const t = await cleanup.server({
+        providers: {
+          a: { type: 'openai', base_url: a.url, timeout_ms: 400 },
+          b: { type: 'openai', base_url: b.url, timeout_ms: 2_000 },
+        },
+        models: {
+          model_03: {
+            deployments: [
+              { provider: 'a', upstream_model: 'up-a', weight: A_FIRST },
+              { provider: 'b', upstream_model: 'up-b', weight: 1 },
+            ],
+          },
+        },
+        limits: { upstream_timeout_ms: 20_000, stream_timeout_ms: 20_000 },
+      });
+      const { key } = await t.createKey({ credits: 10 });
+      const response = await post(t, key, chatBody({ stream }));
+      expect(response.status).toBe(200);
+      const text = await response.text();
+      expect(text).toContain('Hello');
+      const id = /chatcmpl-[A-Za-z0-9]+/.exec(text)![0];
+      const status = await record(t, key, id);
+      expect(status.attempts).toEqual([
+        attempt('a', 'error', 'upstream_timeout'),
+        attempt('b', 'ok'),
+      ]);
+      expect(a.calls).toBe(1);
+      expect(b.calls.length).toBe(1);
+    },
+  );
+}

@@ -274,6 +274,7 @@ export class HttpProvider implements Provider {
     const translator = this.dialect.streamTranslator(this.name, this.bodyBytesMax);
     const out: Delta[] = [];
     let done = false;
+    let answered = false;
     let translated = 0;
     let deltasThisTurn = 0;
     while (!done) {
@@ -302,6 +303,11 @@ export class HttpProvider implements Provider {
           done = true;
           break;
         }
+      }
+      // The first piece of the answer: the call's timer becomes the silence between reads.
+      if (!answered && out.length > 0) {
+        answered = true;
+        call.answered();
       }
       for (const delta of out) {
         yield delta;

@@ -3,7 +3,7 @@
 import type { RunSignal } from '../../util/abort.ts';
 import { GatewayError } from '../../util/errors.ts';
 import { type FifoTimerEntry, type FifoTimers, NOT_QUEUED } from '../../util/fifo-timers.ts';
-import { nextTurn } from '../../util/promise.ts';
+import { nextTurn, RESOLVED } from '../../util/promise.ts';
 import { invalid, oversizedBody } from './answer.ts';
 import type {
   ExchangeHandler,
@@ -21,9 +21,12 @@ const QUEUED_BYTES_MAX = 256 * 1024;
 type ReadResult = { done: false; value: Uint8Array } | { done: true; value: undefined };
 
 /**
- * One HTTP exchange with its timer and its link to the caller's signal. The timer measures upstream
- * silence only while we wait (for headers, then for each read), so a slow consumer is not a
- * timeout. Body bytes arrive as the socket reads them and wait in a bounded queue for `read`.
+ * One HTTP exchange with its timer and its link to the caller's signal. Until the consumer has its
+ * first piece of the answer (`answered`), the timer runs from the request's send: bytes that carry
+ * nothing (an SSE comment, Anthropic's ping, whitespace before a JSON body) do not hold off the
+ * timeout, and with it the failover (CONTRACT §7). After that it measures upstream silence only
+ * while we wait for each read, so a slow consumer is not a timeout. Body bytes arrive as the socket
+ * reads them and wait in a bounded queue for `read`.
  */
 export class UpstreamCall implements ExchangeHandler, FifoTimerEntry {
   readonly signal: RunSignal;
@@ -54,6 +57,10 @@ export class UpstreamCall implements ExchangeHandler, FifoTimerEntry {
   /** The pending `send` or `read`, woken by the socket's next event. */
   private waiter: PromiseWithResolvers<void> | null = null;
   private phase: 'headers' | 'body' = 'headers';
+  /** The consumer has a piece of the answer: from now on the timer times each wait (see wait). */
+  private answeredYet = false;
+  /** The timer fired before the answer while nothing waited: the next wait is the timeout. */
+  private expired = false;
   /** After close: the answer was complete and the body's end is awaited (see close). */
   private draining = false;
   private drainTimer: ReturnType<typeof setTimeout> | null = null;
@@ -230,12 +237,27 @@ export class UpstreamCall implements ExchangeHandler, FifoTimerEntry {
     this.exchange = null;
   }
 
+  /**
+   * The consumer has its first delta: from here the timer is the silence between reads, no longer
+   * the deadline of the answer.
+   */
+  answered(): void {
+    this.answeredYet = true;
+  }
+
   private wait(): Promise<void> {
     this.bytesThisTurn = 0;
+    if (!this.answeredYet && this.expired) {
+      // The answer's deadline passed while the consumer was busy: the caller's next check throws.
+      this.timeOut();
+      return RESOLVED;
+    }
     this.waiter = Promise.withResolvers<void>();
-    // Timed from now: back to the list's tail, where every later due time is.
-    this.silence.cancel(this);
-    this.silence.arm(this);
+    if (this.answeredYet) {
+      // Timed from now: back to the list's tail, where every later due time is.
+      this.silence.cancel(this);
+      this.silence.arm(this);
+    }
     return this.waiter.promise;
   }
 
@@ -274,22 +296,30 @@ export class UpstreamCall implements ExchangeHandler, FifoTimerEntry {
     throw invalid(this.providerName, `broke the connection mid-answer${code}`);
   }
 
-  /** The silence timer fired. */
+  /** The timer fired: the answer's deadline, or the silence after it began. */
   onTimer(): void {
-    if (this.waiter === null) return; // the next wait re-arms the timer
-    this.timedOut = true;
-    this.exchange?.abort();
+    if (this.waiter === null) {
+      // Not waiting: after the answer began, the next wait re-arms the timer; before, the next
+      // wait is the timeout.
+      if (!this.answeredYet) this.expired = true;
+      return;
+    }
+    this.timeOut();
     this.wake(this.timeoutError());
   }
 
+  private timeOut(): void {
+    this.timedOut = true;
+    this.exchange?.abort();
+  }
+
   private timeoutError(): GatewayError {
-    return new GatewayError(
-      'upstream_timeout',
-      this.phase === 'headers'
-        ? `Upstream ${this.providerName} sent no response headers within ${this.timeoutMs} ms.`
-        : `Upstream ${this.providerName} sent nothing for ${this.timeoutMs} ms.`,
-      { failover: true },
-    );
+    let what: string;
+    if (this.phase === 'headers') what = 'sent no response headers within';
+    else if (!this.answeredYet) what = 'did not answer within';
+    else what = 'sent nothing for';
+    const message = `Upstream ${this.providerName} ${what} ${this.timeoutMs} ms.`;
+    return new GatewayError('upstream_timeout', message, { failover: true });
   }
 }
 
