@@ -51,14 +51,14 @@ export async function readOverview(gateway: OverviewSource, nowMs: number) {
     draining: gateway.draining,
     memory: { rss_bytes: memory.rss, heap_used_bytes: memory.heapUsed },
     event_loop: await eventLoop(gateway.metrics.loopDelay),
-    deployments: deployments(gateway.router.deployments(), nowMs),
+    deployments: deployments(gateway.router.deployments()),
   };
 }
 
-function deployments(all: Iterable<DeploymentState>, nowMs: number): DeploymentOverview[] {
+function deployments(all: Iterable<DeploymentState>): DeploymentOverview[] {
   const views: DeploymentOverview[] = [];
   for (const d of all) {
-    const state = d.health(nowMs);
+    const state = d.health();
     views.push({
       model: d.model,
       provider: d.providerName,

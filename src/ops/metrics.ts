@@ -193,7 +193,7 @@ export interface DeploymentView {
   readonly upstreamModel: string;
   readonly failures: number;
   readonly attemptsByOutcome: Readonly<Record<'ok' | 'error' | 'cancelled', number>>;
-  health(nowMs: number): 'healthy' | 'ejected' | 'probing';
+  health(): 'healthy' | 'ejected' | 'probing';
 }
 
 const HEALTH_STATES = ['healthy', 'ejected', 'probing'] as const;
@@ -348,9 +348,8 @@ function registerDeployments(
     registers,
     collect() {
       this.reset();
-      const nowMs = Date.now();
       for (const d of deployments()) {
-        const current = d.health(nowMs);
+        const current = d.health();
         for (const state of HEALTH_STATES)
           this.set({ ...labelsOf(d), state }, state === current ? 1 : 0);
       }

@@ -34,9 +34,13 @@ export class DeploymentState {
     readonly weight: number,
   ) {}
 
-  health(nowMs: number): DeploymentHealth {
+  /**
+   * Ejected until a probe answers: past its cooldown it is pickable (the next pick probes it) but
+   * not yet shown healthy, which only an answer proves.
+   */
+  health(): DeploymentHealth {
     if (this.probing) return 'probing';
-    return this.ejectedUntilMs > nowMs ? 'ejected' : 'healthy';
+    return this.ejectedUntilMs !== 0 ? 'ejected' : 'healthy';
   }
 
   /** Whether a call may pick it now; an ejected one whose cooldown ended becomes the probe. */

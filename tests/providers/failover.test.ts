@@ -281,6 +281,8 @@ test('ejection after failures in a row, one probe after the cooldown, recovery',
   // After the cooldown, one call probes it; it answers and is healthy again.
   aFails = false;
   await Bun.sleep(cooldownMs);
+  // Pickable again, but only an answer shows it healthy.
+  expect(await metrics()).toContain(series('ejected'));
   const probe = (await (await post(t, key)).json()) as any;
   expect(a.calls.length).toBe(3);
   expect((await record(t, key, probe.id)).attempts).toEqual([attempt('a', 'ok')]);
