@@ -51,11 +51,11 @@ export async function readOverview(gateway: OverviewSource, nowMs: number) {
     draining: gateway.draining,
     memory: { rss_bytes: memory.rss, heap_used_bytes: memory.heapUsed },
     event_loop: await eventLoop(gateway.metrics.loopDelay),
-    deployments: deployments(gateway.router.deployments()),
+    deployments: deployments(gateway.router.deployments(), nowMs),
   };
 }
 
-function deployments(all: Iterable<DeploymentState>): DeploymentOverview[] {
+function deployments(all: Iterable<DeploymentState>, nowMs: number): DeploymentOverview[] {
   const views: DeploymentOverview[] = [];
   for (const d of all) {
     const state = d.health();
@@ -66,7 +66,8 @@ function deployments(all: Iterable<DeploymentState>): DeploymentOverview[] {
       weight: d.weight,
       state,
       consecutive_failures: d.failures,
-      retry_at: state === 'ejected' ? Math.ceil(d.ejectedUntilMs / 1000) : null,
+      // Past its cooldown an ejected deployment is retried by the next call: now, not a past time.
+      retry_at: state === 'ejected' ? Math.ceil(Math.max(d.ejectedUntilMs, nowMs) / 1000) : null,
       attempts: { ...d.attemptsByOutcome },
     });
   }

@@ -17,6 +17,7 @@ import {
 import { AttemptSchema, RequestStatusSchema, UsageSchema } from '../state/events.ts';
 import { assert } from '../util/assert.ts';
 import { GatewayError } from '../util/errors.ts';
+import { countJsonValues, DEPTH_PASSED, JSON_DEPTH_MAX } from '../util/json.ts';
 import { fieldPath, firstProblem, mustBe } from '../util/validation.ts';
 
 export const TextPartSchema = Type.Object({ type: Type.Literal('text'), text: Type.String() });
@@ -210,14 +211,31 @@ function needsObjectArguments(config: Config, model: ModelConfig): boolean {
  * Assistant tool calls sent back to such a model must carry a JSON object (or nothing) as
  * arguments. Checked here, before any hold or binding, and for every deployment alike: found by
  * the adapter, the same body would be refused or served by which deployment the pick chose.
+ *
+ * Each is a JSON text inside a string, which the body's own bound does not see (a 4 MB string of
+ * 250,000 keys is one value of the body, and 200 ms of JSON.parse): the values of all of them
+ * together are bounded, at a quarter of the body's bound, counted before any is parsed. So this
+ * parse, in the body's turn, stays a fraction of the body's own (CONTRACT §8).
  */
-function checkObjectArguments(messages: ProviderMessage[]): void {
+function checkObjectArguments(messages: ProviderMessage[], bodyValuesMax: number): void {
+  const valuesMax = Math.floor(bodyValuesMax / 4);
+  let valuesLeft = valuesMax;
   for (let i = 0; i < messages.length; i++) {
     const message = messages[i]!;
     if (message.role !== 'assistant' || !message.tool_calls) continue;
     for (let j = 0; j < message.tool_calls.length; j++) {
       const text = message.tool_calls[j]!.function.arguments;
       if (text.trim() === '') continue;
+      const param = `${messageParam(i)}.tool_calls[${j}].function.arguments`;
+      const values = countJsonValues(text, valuesLeft, JSON_DEPTH_MAX);
+      if (values === DEPTH_PASSED)
+        throw invalid(`${param} nests deeper than ${JSON_DEPTH_MAX} levels`, param);
+      if (values > valuesLeft)
+        throw invalid(
+          `${param}: the tool-call arguments of a request hold at most ${valuesMax} JSON values`,
+          param,
+        );
+      valuesLeft -= values;
       let value: unknown;
       try {
         value = JSON.parse(text);
@@ -225,7 +243,6 @@ function checkObjectArguments(messages: ProviderMessage[]): void {
         value = null;
       }
       if (typeof value === 'object' && value !== null && !Array.isArray(value)) continue;
-      const param = `${messageParam(i)}.tool_calls[${j}].function.arguments`;
       throw invalid(`${param} must be a JSON object for this model`, param);
     }
   }
@@ -258,7 +275,8 @@ export function validateChatRequest(json: unknown, config: Config): ChatRequest 
   }
   if (tools && servedBySimulator(config, model))
     checkSimulatorTools(tools, config.limits.simulator_tool_arguments_bytes);
-  if (needsObjectArguments(config, model)) checkObjectArguments(messages);
+  if (needsObjectArguments(config, model))
+    checkObjectArguments(messages, config.limits.max_body_json_values);
   return {
     body,
     modelId,

@@ -70,6 +70,19 @@ export function scanJson(
   valuesMax: number,
   depthMax: number,
 ): 'values' | 'depth' | null {
+  const values = countJsonValues(text, valuesMax, depthMax);
+  if (values === DEPTH_PASSED) return 'depth';
+  return values > valuesMax ? 'values' : null;
+}
+
+/** What countJsonValues answers for a text nested deeper than its bound. */
+export const DEPTH_PASSED = -1;
+
+/**
+ * The values of a JSON text as scanJson counts them; `valuesMax + 1` once past that bound,
+ * DEPTH_PASSED once nested deeper than `depthMax` (both stop the scan there).
+ */
+export function countJsonValues(text: string, valuesMax: number, depthMax: number): number {
   let values = 1;
   let depth = 0;
   const length = text.length;
@@ -79,7 +92,7 @@ export function scanJson(
       // To the closing quote: the next one not escaped (preceded by an even run of backslashes).
       for (let from = i + 1; ; ) {
         const quote = text.indexOf('"', from);
-        if (quote === -1) return null;
+        if (quote === -1) return values;
         let backslashes = 0;
         while (text.charCodeAt(quote - 1 - backslashes) === 92 /* \ */) backslashes++;
         from = quote + 1;
@@ -89,15 +102,15 @@ export function scanJson(
         }
       }
     } else if (c === 91 /* [ */ || c === 123 /* { */) {
-      if (++depth > depthMax) return 'depth';
-      if (++values > valuesMax) return 'values';
+      if (++depth > depthMax) return DEPTH_PASSED;
+      if (++values > valuesMax) return values;
     } else if (c === 93 /* ] */ || c === 125 /* } */) {
       depth--;
     } else if (c === 44 /* , */) {
-      if (++values > valuesMax) return 'values';
+      if (++values > valuesMax) return values;
     }
   }
-  return null;
+  return values;
 }
 
 /**

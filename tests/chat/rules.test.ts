@@ -1035,7 +1035,7 @@ describe('tool-call arguments sent back to a model with an anthropic or gemini d
           top_k: false,
           seed: false,
           rates: { input: 1, output: 1 },
-          context_window: 100_000,
+          context_window: 1_000_000,
           max_output_tokens: 1_000,
           created: 0,
         },
@@ -1088,6 +1088,39 @@ describe('tool-call arguments sent back to a model with an anthropic or gemini d
       })
     ).json()) as { balances: Record<string, number> };
     expect(view.balances).toMatchObject({ held: 0, charged: 0, credits: 1_000 });
+  });
+
+  test.each([
+    ['too many values in all', 25_001, 1, 'hold at most 25000 JSON values'],
+    ['nested too deep', 1, 300, 'nests deeper than 256 levels'],
+  ])('arguments %s: 400 before they are parsed', async (_, keys, depth, words) => {
+    const object = `{${Array.from({ length: keys }, (_, k) => `"k${k}":0`).join(',')}}`;
+    const args = '{"a":'.repeat(depth - 1) + object + '}'.repeat(depth - 1);
+    const response = await mixed.request('/api/v1/chat/completions', {
+      method: 'POST',
+      headers: bearer(mixedKey.key),
+      body: JSON.stringify({ model: 'model_mixed', messages: history(args), tools: [weatherTool] }),
+    });
+    expect(response.status).toBe(400);
+    const { error } = (await response.json()) as { error: { param: string; message: string } };
+    expect(error.param).toBe('messages[2].tool_calls[1].function.arguments');
+    expect(error.message).toContain(words);
+  });
+
+  test('arguments just within the bound are parsed and pass', async () => {
+    // `{}` of the first call is 2 values (see countJsonValues); n keys are n + 1.
+    const object = `{${Array.from({ length: 24_997 }, (_, k) => `"k${k}":0`).join(',')}}`;
+    const response = await mixed.request('/api/v1/chat/completions', {
+      method: 'POST',
+      headers: bearer(mixedKey.key),
+      body: JSON.stringify({
+        model: 'model_mixed',
+        messages: history(object),
+        tools: [weatherTool],
+      }),
+    });
+    expect(response.status).toBe(200);
+    await response.text();
   });
 
   test('an object, or nothing, passes; an OpenAI-style model takes any string', async () => {

@@ -958,7 +958,7 @@ describe('openai adapter', () => {
         'upstream_timeout',
         504,
       );
-      expect(error.message).toBe('Upstream fake-openai did not answer within 200 ms.');
+      expect(error.message).toBe('Upstream fake-openai sent nothing for 200 ms.');
       await upstream.closed;
     },
   );
@@ -1045,6 +1045,92 @@ describe('openai adapter', () => {
       { type: 'text', text: 'Hi' },
       { type: 'finish', reason: 'stop', usage: null },
     ]);
+  });
+
+  /** A body sent in `pieces`, one every 50 ms: 600 ms for 12, three times a 200 ms timeout. */
+  function trickled(pieces: string[], status = 200, type = 'text/event-stream'): Response {
+    const encoder = new TextEncoder();
+    const body = new ReadableStream<Uint8Array>({
+      async start(controller) {
+        for (const piece of pieces) {
+          controller.enqueue(encoder.encode(piece));
+          await Bun.sleep(50);
+        }
+        controller.close();
+      },
+    });
+    return new Response(body, { status, headers: { 'content-type': type } });
+  }
+
+  test('reasoning the gateway drops is part of the answer: it holds the timeout off', async () => {
+    const thinking = Array.from(
+      { length: 12 },
+      (_, i) =>
+        `data: {"choices": [{"index": 0, "delta": {"reasoning_content": "step ${i}"}}]}\n\n`,
+    );
+    const upstream = track(
+      startUpstream(() =>
+        trickled([
+          ...thinking,
+          'data: {"choices": [{"index": 0, "delta": {"content": "Hi"}, ' +
+            '"finish_reason": "stop"}]}\n\n',
+          'data: [DONE]\n\n',
+        ]),
+      ),
+    );
+    expect(await collect(adapter(upstream.baseUrl, { timeout_ms: 200 }), makeRequest())).toEqual([
+      { type: 'text', text: 'Hi' },
+      { type: 'finish', reason: 'stop', usage: null },
+    ]);
+  });
+
+  test('a JSON body that began is read against the silence between reads', async () => {
+    const json = JSON.stringify({
+      id: 'chatcmpl-1',
+      choices: [{ index: 0, message: { role: 'assistant', content: 'Hi' }, finish_reason: 'stop' }],
+    });
+    const pieces = Array.from({ length: 12 }, (_, i) => json.slice(i * 10, (i + 1) * 10));
+    pieces.push(json.slice(120));
+    const upstream = track(startUpstream(() => trickled(pieces, 200, 'application/json')));
+    const deltas = await collect(
+      adapter(upstream.baseUrl, { timeout_ms: 200 }),
+      makeRequest({ stream: false }),
+    );
+    expect(deltas).toEqual([
+      { type: 'text', text: 'Hi' },
+      { type: 'finish', reason: 'stop', usage: null },
+    ]);
+  });
+
+  test('a slow error body stays the error (400: no failover), not a timeout', async () => {
+    const body = JSON.stringify({
+      error: { code: 'bad_thing', message: 'no', padding: 'x'.repeat(100) },
+    });
+    const pieces = Array.from({ length: 12 }, (_, i) => body.slice(i * 10, (i + 1) * 10));
+    pieces.push(body.slice(120));
+    const upstream = track(startUpstream(() => trickled(pieces, 400, 'application/json')));
+    const error = await expectGatewayError(
+      collect(adapter(upstream.baseUrl, { timeout_ms: 200 }), makeRequest()),
+      'upstream_error',
+      502,
+    );
+    expect(error.failover).toBe(false);
+  });
+
+  test('a role-only chunk and [DONE] is no answer: upstream_invalid_response', async () => {
+    const upstream = track(
+      startUpstream(() =>
+        sseResponse([
+          'data: {"choices": [{"index": 0, "delta": {"role": "assistant"}}]}\n\n',
+          'data: [DONE]\n\n',
+        ]),
+      ),
+    );
+    await expectGatewayError(
+      collect(adapter(upstream.baseUrl), makeRequest()),
+      'upstream_invalid_response',
+      502,
+    );
   });
 
   test('before the answer, keep-alives do not: upstream_timeout at timeout_ms', async () => {

@@ -488,31 +488,38 @@ describe('gemini: an answer without a finished candidate', () => {
     expect(((await response.json()) as any).error.code).toBe('upstream_invalid_response');
   });
 
-  test('a blocked prompt (promptFeedback.blockReason) is an empty answer', async () => {
-    const upstream = cleanup.track(
-      Bun.serve({
-        port: 0,
-        fetch: () =>
-          Response.json({
-            promptFeedback: { blockReason: 'SAFETY' },
-            usageMetadata: { promptTokenCount: 3 },
-          }),
-      }),
-    );
-    const server = await cleanup.server({
-      providers: { up: { type: 'gemini', base_url: `http://127.0.0.1:${upstream.port}/v1beta` } },
-      models: { model_03: { provider: 'up', upstream_model: 'vendor-model' } },
-    });
-    const { key } = await server.createKey({ credits: 1000 });
-    const response = await server.request('/api/v1/chat/completions', {
-      method: 'POST',
-      headers: bearer(key),
-      body: JSON.stringify({ model: 'model_03', messages: [{ role: 'user', content: 'hi' }] }),
-    });
-    expect(response.status).toBe(200);
-    const body = (await response.json()) as any;
-    expect(body.choices[0].message.content).toBe('');
-  });
+  test.each([
+    ['no candidates', {}],
+    ['an empty list of them', { candidates: [] }],
+  ])(
+    'a blocked prompt (promptFeedback.blockReason), %s: an empty answer',
+    async (_, candidates) => {
+      const upstream = cleanup.track(
+        Bun.serve({
+          port: 0,
+          fetch: () =>
+            Response.json({
+              ...candidates,
+              promptFeedback: { blockReason: 'SAFETY' },
+              usageMetadata: { promptTokenCount: 3 },
+            }),
+        }),
+      );
+      const server = await cleanup.server({
+        providers: { up: { type: 'gemini', base_url: `http://127.0.0.1:${upstream.port}/v1beta` } },
+        models: { model_03: { provider: 'up', upstream_model: 'vendor-model' } },
+      });
+      const { key } = await server.createKey({ credits: 1000 });
+      const response = await server.request('/api/v1/chat/completions', {
+        method: 'POST',
+        headers: bearer(key),
+        body: JSON.stringify({ model: 'model_03', messages: [{ role: 'user', content: 'hi' }] }),
+      });
+      expect(response.status).toBe(200);
+      const body = (await response.json()) as any;
+      expect(body.choices[0].message.content).toBe('');
+    },
+  );
 });
 
 test('gemini: a seed past int32 is wrapped into one, the same each time', async () => {

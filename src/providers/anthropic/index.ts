@@ -212,6 +212,8 @@ function upstreamErrorInAnswer(name: string, event: Record<string, unknown>): Ga
 /** Turns the Messages stream's events into deltas. */
 class EventTranslator implements StreamTranslator {
   ended = false;
+  /** A content block (thinking too) or the message's end came; message_start and ping do not. */
+  answering = false;
   private reason: FinishReason | null = null;
   private promptTokens: number | null = null;
   private completionTokens: number | null = null;
@@ -240,12 +242,16 @@ class EventTranslator implements StreamTranslator {
         return;
       }
       case 'content_block_start':
+        this.answering = true;
         this.startBlock(event, out);
         return;
       case 'content_block_delta':
+        // Thinking too: the model is answering, though the gateway drops what it thinks.
+        this.answering = true;
         this.blockDelta(event, out);
         return;
       case 'message_delta': {
+        this.answering = true;
         const delta = isRecord(event.delta) ? event.delta : {};
         if (delta.stop_reason !== undefined && delta.stop_reason !== null)
           this.reason = finishReasonOf(delta.stop_reason);

@@ -166,6 +166,8 @@ function toolResponse(content: string): Record<string, unknown> {
 class ChunkTranslator implements StreamTranslator {
   /** The stream ends with the connection; there is no end marker. */
   readonly ended = false;
+  /** A candidate (a thought too) or a blocked prompt came. */
+  answering = false;
   private reason: FinishReason | null = null;
   private promptTokens: number | null = null;
   private completionTokens: number | null = null;
@@ -193,17 +195,19 @@ class ChunkTranslator implements StreamTranslator {
       );
     }
     if (isRecord(chunk.usageMetadata)) this.readUsage(chunk.usageMetadata);
-    const candidates = chunk.candidates;
-    if (candidates === undefined || candidates === null) {
-      // A prompt the provider blocked answers with no candidate at all: an empty answer.
-      if (isRecord(chunk.promptFeedback) && chunk.promptFeedback.blockReason !== undefined)
-        this.reason = 'stop';
-      return;
+    // A prompt the provider blocked answers with no candidate (or an empty list): an empty answer.
+    if (isRecord(chunk.promptFeedback) && chunk.promptFeedback.blockReason !== undefined) {
+      this.reason = 'stop';
+      this.answering = true;
     }
+    const candidates = chunk.candidates;
+    if (candidates === undefined || candidates === null) return;
     if (!Array.isArray(candidates)) throw invalid(name, 'sent candidates that are not a list');
     const candidate: unknown = candidates[0];
     if (candidate === undefined) return;
     if (!isRecord(candidate)) throw invalid(name, 'sent a candidate that is not an object');
+    // Thought parts too: the model is answering, though the gateway drops what it thinks.
+    this.answering = true;
     const content = candidate.content;
     if (isRecord(content) && content.parts !== undefined) {
       if (!Array.isArray(content.parts)) throw invalid(name, 'sent parts that are not a list');

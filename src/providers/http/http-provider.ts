@@ -54,6 +54,12 @@ export interface StreamTranslator {
   readonly ended: boolean;
   /** A finish reason came: the answer is whole even if the stream ends without its end marker. */
   readonly finished: boolean;
+  /**
+   * Some event carried part of the answer, relayed or not (reasoning the gateway drops counts):
+   * from then on the call's timer is the silence between reads. Keep-alives, pings and a message's
+   * opening carry none.
+   */
+  readonly answering: boolean;
   /** The last delta: the finish, with the usage the stream reported. */
   finish(): Delta;
 }
@@ -218,6 +224,7 @@ export class HttpProvider implements Provider {
     if (head.bodyBytes !== null && head.bodyBytes > this.bodyBytesMax)
       throw oversizedBody(this.name, this.bodyBytesMax);
     call.limitBody(this.bodyBytesMax);
+    call.answerAtFirstNonBlank();
     return 'json';
   }
 
@@ -275,7 +282,7 @@ export class HttpProvider implements Provider {
     const out: Delta[] = [];
     let done = false;
     let answered = false;
-    let translated = 0;
+    let relayed = false;
     let deltasThisTurn = 0;
     while (!done) {
       const { value, done: ended } = await call.read();
@@ -292,12 +299,12 @@ export class HttpProvider implements Provider {
       for (const data of events) {
         // OpenAI's end marker; no other protocol sends it as data.
         if (data === '[DONE]') {
-          // The end marker before any chunk: an empty stream is no answer.
-          if (translated === 0) throw invalid(this.name, 'ended the stream before any chunk');
+          // The end marker with nothing before it (no delta, no finish reason) is no answer.
+          if (!relayed && out.length === 0 && !translator.finished)
+            throw invalid(this.name, 'ended the stream without an answer');
           done = true;
           break;
         }
-        translated++;
         translator.translate(parseJson(data, this.name), out);
         if (translator.ended) {
           done = true;
@@ -305,10 +312,11 @@ export class HttpProvider implements Provider {
         }
       }
       // The first piece of the answer: the call's timer becomes the silence between reads.
-      if (!answered && out.length > 0) {
+      if (!answered && (out.length > 0 || translator.answering)) {
         answered = true;
         call.answered();
       }
+      if (out.length > 0) relayed = true;
       for (const delta of out) {
         yield delta;
         call.throwIfAborted();
@@ -329,6 +337,9 @@ export class HttpProvider implements Provider {
   }
 
   private async errorFromResponse(status: number, call: UpstreamCall): Promise<GatewayError> {
+    // The status is the answer: its body is read against the silence between reads, so a slow
+    // error body stays the error it is (a 400 never fails over), not a timeout.
+    call.answered();
     let code: string | null = null;
     let message = '';
     try {

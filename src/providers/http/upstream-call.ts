@@ -61,6 +61,8 @@ export class UpstreamCall implements ExchangeHandler, FifoTimerEntry {
   private answeredYet = false;
   /** The timer fired before the answer while nothing waited: the next wait is the timeout. */
   private expired = false;
+  /** A JSON body: its first byte that is not whitespace is the answer (see onBody). */
+  private answerOnNonBlank = false;
   /** After close: the answer was complete and the body's end is awaited (see close). */
   private draining = false;
   private drainTimer: ReturnType<typeof setTimeout> | null = null;
@@ -169,6 +171,10 @@ export class UpstreamCall implements ExchangeHandler, FifoTimerEntry {
 
   onBody(bytes: Uint8Array): void {
     if (this.draining) return;
+    if (this.answerOnNonBlank && hasNonBlank(bytes)) {
+      this.answerOnNonBlank = false;
+      this.answeredYet = true;
+    }
     this.bodyBytes += bytes.length;
     if (this.bodyBytes > this.bodyBytesMax) {
       this.refuseBody();
@@ -243,6 +249,21 @@ export class UpstreamCall implements ExchangeHandler, FifoTimerEntry {
    */
   answered(): void {
     this.answeredYet = true;
+  }
+
+  /**
+   * A JSON body: whitespace before it is a keep-alive (some servers send it while they work), its
+   * first other byte the answer. Bytes that came with the head count.
+   */
+  answerAtFirstNonBlank(): void {
+    if (this.answeredYet) return;
+    for (const bytes of this.queue) {
+      if (hasNonBlank(bytes)) {
+        this.answeredYet = true;
+        return;
+      }
+    }
+    this.answerOnNonBlank = true;
   }
 
   private wait(): Promise<void> {
@@ -324,6 +345,15 @@ export class UpstreamCall implements ExchangeHandler, FifoTimerEntry {
 }
 
 const DECODER = new TextDecoder();
+
+/** Whether `bytes` hold a byte other than JSON's whitespace (space, tab, CR, LF). */
+function hasNonBlank(bytes: Uint8Array): boolean {
+  for (let i = 0; i < bytes.length; i++) {
+    const b = bytes[i]!;
+    if (b !== 0x20 && b !== 0x0a && b !== 0x0d && b !== 0x09) return true;
+  }
+  return false;
+}
 /** Socket errors that are this process's own shortage, not the upstream's doing. */
 const LOCAL_RESOURCE_ERRORS = new Set(['EMFILE', 'ENFILE', 'ENOBUFS', 'ENOMEM']);
 

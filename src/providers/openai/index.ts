@@ -56,6 +56,8 @@ class ChunkTranslator implements StreamTranslator {
   finishReason: FinishReason | null = null;
   /** Its end is `[DONE]`, which the relay sees before any translator. */
   readonly ended = false;
+  /** A chunk with a choice came (content, tool calls, reasoning the gateway drops, a finish). */
+  answering = false;
   private usage: Usage | null = null;
   private readonly providerName: string;
   /** Tool-call indexes already announced: the first delta of each carries id and name. */
@@ -83,6 +85,7 @@ class ChunkTranslator implements StreamTranslator {
     if (choices === undefined || choices === null) return;
     if (!Array.isArray(choices))
       throw invalid(this.providerName, 'sent a stream chunk whose choices is not an array');
+    if (choices.length > 0) this.answering = true;
     for (const choice of choices) {
       if (!isRecord(choice))
         throw invalid(this.providerName, 'sent a stream choice that is not an object');
