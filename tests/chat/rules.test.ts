@@ -1045,6 +1045,14 @@ describe('tool-call arguments sent back to a model with an anthropic or gemini d
   });
   afterAll(() => mixed.close());
 
+  /** A chat call to model_mixed whose history's second tool call has `args` as its arguments. */
+  const postMixed = (args: string, headers: Record<string, string> = bearer(mixedKey.key)) =>
+    mixed.request('/api/v1/chat/completions', {
+      method: 'POST',
+      headers,
+      body: JSON.stringify({ model: 'model_mixed', messages: history(args), tools: [weatherTool] }),
+    });
+
   const history = (args: string) => [
     { role: 'user', content: 'weather?' },
     { role: 'assistant', content: 'let me look' },
@@ -1066,15 +1074,10 @@ describe('tool-call arguments sent back to a model with an anthropic or gemini d
     ['a JSON string', '"city"'],
     ['null', 'null'],
   ])('%s: 400 naming the message and the call, before any hold or binding', async (_, args) => {
-    const body = { model: 'model_mixed', messages: history(args), tools: [weatherTool] };
     const headers = { ...bearer(mixedKey.key), 'idempotency-key': 'tool-args-check-1' };
     // Several times: whichever deployment the pick would choose, the same answer.
     for (let i = 0; i < 4; i++) {
-      const response = await mixed.request('/api/v1/chat/completions', {
-        method: 'POST',
-        headers,
-        body: JSON.stringify(body),
-      });
+      const response = await postMixed(args, headers);
       expect(response.status).toBe(400);
       const { error } = (await response.json()) as { error: Record<string, unknown> };
       expect(error).toMatchObject({
@@ -1096,11 +1099,7 @@ describe('tool-call arguments sent back to a model with an anthropic or gemini d
   ])('arguments %s: 400 before they are parsed', async (_, keys, depth, words) => {
     const object = `{${Array.from({ length: keys }, (_, k) => `"k${k}":0`).join(',')}}`;
     const args = '{"a":'.repeat(depth - 1) + object + '}'.repeat(depth - 1);
-    const response = await mixed.request('/api/v1/chat/completions', {
-      method: 'POST',
-      headers: bearer(mixedKey.key),
-      body: JSON.stringify({ model: 'model_mixed', messages: history(args), tools: [weatherTool] }),
-    });
+    const response = await postMixed(args);
     expect(response.status).toBe(400);
     const { error } = (await response.json()) as { error: { param: string; message: string } };
     expect(error.param).toBe('messages[2].tool_calls[1].function.arguments');
@@ -1110,30 +1109,14 @@ describe('tool-call arguments sent back to a model with an anthropic or gemini d
   test('arguments just within the bound are parsed and pass', async () => {
     // `{}` of the first call is 2 values (see countJsonValues); n keys are n + 1.
     const object = `{${Array.from({ length: 24_997 }, (_, k) => `"k${k}":0`).join(',')}}`;
-    const response = await mixed.request('/api/v1/chat/completions', {
-      method: 'POST',
-      headers: bearer(mixedKey.key),
-      body: JSON.stringify({
-        model: 'model_mixed',
-        messages: history(object),
-        tools: [weatherTool],
-      }),
-    });
+    const response = await postMixed(object);
     expect(response.status).toBe(200);
     await response.text();
   });
 
   test('an object, or nothing, passes; an OpenAI-style model takes any string', async () => {
     for (const args of ['{"city":"Paris"}', '', '  ']) {
-      const response = await mixed.request('/api/v1/chat/completions', {
-        method: 'POST',
-        headers: bearer(mixedKey.key),
-        body: JSON.stringify({
-          model: 'model_mixed',
-          messages: history(args),
-          tools: [weatherTool],
-        }),
-      });
+      const response = await postMixed(args);
       // Served by the simulator, or failed over to it from the dead anthropic port: never a 400.
       expect(response.status).toBe(200);
       await response.text();

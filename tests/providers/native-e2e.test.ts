@@ -468,22 +468,27 @@ describe.each(VENDORS)('$type through the openai SDK', (vendor) => {
 });
 
 describe('gemini: an answer without a finished candidate', () => {
-  test.each([
-    ['{}', {}],
-    ['no candidates', { candidates: [], usageMetadata: { promptTokenCount: 3 } }],
-    ['a candidate without a finish reason', { candidates: [{ content: { parts: [] } }] }],
-  ])('%s → 502 upstream_invalid_response', async (_, answer) => {
+  /** A chat call to model_03 on a gemini upstream that answers every call with `answer`. */
+  async function chatAgainst(answer: unknown): Promise<Response> {
     const upstream = cleanup.track(Bun.serve({ port: 0, fetch: () => Response.json(answer) }));
     const server = await cleanup.server({
       providers: { up: { type: 'gemini', base_url: `http://127.0.0.1:${upstream.port}/v1beta` } },
       models: { model_03: { provider: 'up', upstream_model: 'vendor-model' } },
     });
     const { key } = await server.createKey({ credits: 1000 });
-    const response = await server.request('/api/v1/chat/completions', {
+    return server.request('/api/v1/chat/completions', {
       method: 'POST',
       headers: bearer(key),
       body: JSON.stringify({ model: 'model_03', messages: [{ role: 'user', content: 'hi' }] }),
     });
+  }
+
+  test.each([
+    ['{}', {}],
+    ['no candidates', { candidates: [], usageMetadata: { promptTokenCount: 3 } }],
+    ['a candidate without a finish reason', { candidates: [{ content: { parts: [] } }] }],
+  ])('%s → 502 upstream_invalid_response', async (_, answer) => {
+    const response = await chatAgainst(answer);
     expect(response.status).toBe(502);
     expect(((await response.json()) as any).error.code).toBe('upstream_invalid_response');
   });
@@ -494,26 +499,10 @@ describe('gemini: an answer without a finished candidate', () => {
   ])(
     'a blocked prompt (promptFeedback.blockReason), %s: an empty answer',
     async (_, candidates) => {
-      const upstream = cleanup.track(
-        Bun.serve({
-          port: 0,
-          fetch: () =>
-            Response.json({
-              ...candidates,
-              promptFeedback: { blockReason: 'SAFETY' },
-              usageMetadata: { promptTokenCount: 3 },
-            }),
-        }),
-      );
-      const server = await cleanup.server({
-        providers: { up: { type: 'gemini', base_url: `http://127.0.0.1:${upstream.port}/v1beta` } },
-        models: { model_03: { provider: 'up', upstream_model: 'vendor-model' } },
-      });
-      const { key } = await server.createKey({ credits: 1000 });
-      const response = await server.request('/api/v1/chat/completions', {
-        method: 'POST',
-        headers: bearer(key),
-        body: JSON.stringify({ model: 'model_03', messages: [{ role: 'user', content: 'hi' }] }),
+      const response = await chatAgainst({
+        ...candidates,
+        promptFeedback: { blockReason: 'SAFETY' },
+        usageMetadata: { promptTokenCount: 3 },
       });
       expect(response.status).toBe(200);
       const body = (await response.json()) as any;
