@@ -1,6 +1,6 @@
 // Shared benchmark plumbing: child processes that always get cleaned up, /proc readings, wrk,
 // statistics.
-import { mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { mkdtempSync, readdirSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import type { Subprocess } from 'bun';
@@ -289,6 +289,45 @@ export function cpuSeconds(pid: number): number {
   const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
   // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after the name and state.
   return (Number(fields[11]) + Number(fields[12])) / CLK_TCK;
+}
+
+/**
+ * User + system CPU time, in seconds, of each of the process's threads whose name starts with
+ * `prefix`, by thread id (JavaScriptCore's compiler threads are `JITWorker`): how much of a run's
+ * CPU went to compiling rather than serving, which says whether the warm-up was long enough. See
+ * threadCpuSince.
+ */
+export function threadCpu(pid: number, prefix: string): Map<string, number> {
+  const seconds = new Map<string, number>();
+  let tids: string[];
+  try {
+    tids = readdirSync(`/proc/${pid}/task`);
+  } catch {
+    return seconds;
+  }
+  for (const tid of tids) {
+    try {
+      const stat = readFileSync(`/proc/${pid}/task/${tid}/stat`, 'utf8');
+      const name = stat.slice(stat.indexOf('(') + 1, stat.lastIndexOf(')'));
+      if (!name.startsWith(prefix)) continue;
+      const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+      seconds.set(tid, (Number(fields[11]) + Number(fields[12])) / CLK_TCK);
+    } catch {
+      // the thread ended meanwhile
+    }
+  }
+  return seconds;
+}
+
+/**
+ * CPU seconds those threads used since `before` (threadCpu then): a thread that came since counts
+ * whole. JSC's compiler threads come and go, and one that ended takes its time since `before`
+ * with it, so this is a lower bound.
+ */
+export function threadCpuSince(pid: number, prefix: string, before: Map<string, number>): number {
+  let seconds = 0;
+  for (const [tid, now] of threadCpu(pid, prefix)) seconds += now - (before.get(tid) ?? 0);
+  return seconds;
 }
 
 /**

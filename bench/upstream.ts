@@ -16,6 +16,8 @@
 //                            otherwise → one Message JSON.
 //   POST /bench/release      ends every held stream normally; answers {"released":n}.
 //   GET  /bench/stats        {"requests":n,"held":n}. Exits on SIGTERM/SIGINT.
+// UPSTREAM_BURST=1 in its environment writes each (unheld) stream whole, in one send: a gateway's
+// CPU per stream then leaves out what each read costs it (bench/README, issue 15).
 
 export const CHUNKS_PER_STREAM = 20;
 
@@ -139,6 +141,8 @@ export const MESSAGE_JSON = JSON.stringify(
 const SSE_HEADERS = { 'content-type': 'text/event-stream', 'cache-control': 'no-cache' };
 const JSON_HEADERS = { 'content-type': 'application/json' };
 
+const BURST = process.env.UPSTREAM_BURST === '1';
+
 function nextTurn(): Promise<void> {
   return new Promise((resolve) => setImmediate(resolve));
 }
@@ -154,6 +158,12 @@ function sseStream(
   return new ReadableStream<Uint8Array>({
     type: 'direct',
     async pull(controller: ReadableStreamDirectController) {
+      if (BURST && !gate) {
+        for (const frame of frames) controller.write(frame);
+        await controller.flush();
+        controller.close();
+        return;
+      }
       for (let i = 0; i < frames.length; i++) {
         if (i === 1 && gate) await gate;
         controller.write(frames[i]!);
