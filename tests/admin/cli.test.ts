@@ -21,6 +21,16 @@ async function cliJson(args: string[], childEnv: Record<string, string>): Promis
 /**
  * The key view the CLI prints (CONTRACT §6 plus `created` and `limits.rate_limit_rpm_configured`).
  */
+/** The admin API takes `token` and refuses `wrong` with a 401. */
+async function expectAdminTokenChecked(url: string, token: string, wrong: string): Promise<void> {
+  const ok = await fetch(`${url}/admin/v1/keys`, { headers: { authorization: `Bearer ${token}` } });
+  expect(ok.status).toBe(200);
+  const refused = await fetch(`${url}/admin/v1/keys`, {
+    headers: { authorization: `Bearer ${wrong}` },
+  });
+  expect(refused.status).toBe(401);
+}
+
 function view(id: string, name: string, credits: number, revoked = false) {
   return {
     id,
@@ -278,14 +288,7 @@ describe('generated admin token', () => {
         expect(generated.path).toBe(path);
 
         // The token in the file is the one the server checks.
-        const ok = await fetch(`${server.url}/admin/v1/keys`, {
-          headers: { authorization: `Bearer ${token}` },
-        });
-        expect(ok.status).toBe(200);
-        const wrong = await fetch(`${server.url}/admin/v1/keys`, {
-          headers: { authorization: 'Bearer tga-guess' },
-        });
-        expect(wrong.status).toBe(401);
+        await expectAdminTokenChecked(server.url, token, 'tga-guess');
 
         // The CLI finds the token in the file when ADMIN_TOKEN is not set.
         const key = await cliJson(
@@ -348,14 +351,7 @@ describe('generated admin token', () => {
         ),
       );
       expect(warning.level).toBe(40);
-      const ok = await fetch(`${server.url}/admin/v1/keys`, {
-        headers: { authorization: `Bearer ${short}` },
-      });
-      expect(ok.status).toBe(200);
-      const wrong = await fetch(`${server.url}/admin/v1/keys`, {
-        headers: { authorization: 'Bearer adn' },
-      });
-      expect(wrong.status).toBe(401);
+      await expectAdminTokenChecked(server.url, short, 'adn');
     } finally {
       expect(await server.stop()).toBe(0);
     }

@@ -453,6 +453,11 @@ describe('openai adapter', () => {
       { type: 'openai', base_url: baseUrl, ...extra },
       PROVIDER_OPTIONS,
     );
+  /** The adapter's deltas for an upstream that answers every call with these SSE frames. */
+  const collectSse = (frames: string[]): Promise<Delta[]> => {
+    const upstream = track(startUpstream(() => sseResponse(frames)));
+    return collect(adapter(upstream.baseUrl), makeRequest());
+  };
 
   test('sends the request as OpenAI Chat Completions, with the key and extra headers', async () => {
     const keyEnv = 'TOLLGATE_TEST_PROVIDER_KEY';
@@ -755,16 +760,11 @@ describe('openai adapter', () => {
   });
 
   test('garbage SSE data is upstream_invalid_response', async () => {
-    const upstream = track(
-      startUpstream(() =>
-        sseResponse([
-          'data: {"choices": [{"index": 0, "delta": {"content": "hi"}}]}\n\n',
-          'data: {not json\n\n',
-        ]),
-      ),
-    );
     await expectGatewayError(
-      collect(adapter(upstream.baseUrl), makeRequest()),
+      collectSse([
+        'data: {"choices": [{"index": 0, "delta": {"content": "hi"}}]}\n\n',
+        'data: {not json\n\n',
+      ]),
       'upstream_invalid_response',
       502,
     );
@@ -777,11 +777,8 @@ describe('openai adapter', () => {
       '{"choices": [{"delta": {"content": 7}}]}',
       '{"choices": [{"delta": {"tool_calls": [{"index": 0}]}}]}',
     ]) {
-      const upstream = track(
-        startUpstream(() => sseResponse([`data: ${chunk}\n\n`, 'data: [DONE]\n\n'])),
-      );
       await expectGatewayError(
-        collect(adapter(upstream.baseUrl), makeRequest()),
+        collectSse([`data: ${chunk}\n\n`, 'data: [DONE]\n\n']),
         'upstream_invalid_response',
         502,
       );
@@ -789,11 +786,8 @@ describe('openai adapter', () => {
   });
 
   test('an error object inside the stream is upstream_error', async () => {
-    const upstream = track(
-      startUpstream(() => sseResponse(['data: {"error": {"message": "overloaded"}}\n\n'])),
-    );
     await expectGatewayError(
-      collect(adapter(upstream.baseUrl), makeRequest()),
+      collectSse(['data: {"error": {"message": "overloaded"}}\n\n']),
       'upstream_error',
       502,
     );
@@ -802,13 +796,8 @@ describe('openai adapter', () => {
   test(
     'a stream that ends without finish_reason and ' + 'without [DONE] is upstream_invalid_response',
     async () => {
-      const upstream = track(
-        startUpstream(() =>
-          sseResponse(['data: {"choices": [{"index": 0, "delta": {"content": "half"}}]}\n\n']),
-        ),
-      );
       await expectGatewayError(
-        collect(adapter(upstream.baseUrl), makeRequest()),
+        collectSse(['data: {"choices": [{"index": 0, "delta": {"content": "half"}}]}\n\n']),
         'upstream_invalid_response',
         502,
       );
@@ -816,11 +805,8 @@ describe('openai adapter', () => {
   );
 
   test('a stream of [DONE] alone (no chunk at all) is upstream_invalid_response', async () => {
-    const upstream = track(
-      startUpstream(() => sseResponse([': keep-alive\n\n', 'data: [DONE]\n\n'])),
-    );
     await expectGatewayError(
-      collect(adapter(upstream.baseUrl), makeRequest()),
+      collectSse([': keep-alive\n\n', 'data: [DONE]\n\n']),
       'upstream_invalid_response',
       502,
     );
@@ -1118,16 +1104,11 @@ describe('openai adapter', () => {
   });
 
   test('a role-only chunk and [DONE] is no answer: upstream_invalid_response', async () => {
-    const upstream = track(
-      startUpstream(() =>
-        sseResponse([
-          'data: {"choices": [{"index": 0, "delta": {"role": "assistant"}}]}\n\n',
-          'data: [DONE]\n\n',
-        ]),
-      ),
-    );
     await expectGatewayError(
-      collect(adapter(upstream.baseUrl), makeRequest()),
+      collectSse([
+        'data: {"choices": [{"index": 0, "delta": {"role": "assistant"}}]}\n\n',
+        'data: [DONE]\n\n',
+      ]),
       'upstream_invalid_response',
       502,
     );

@@ -24,22 +24,23 @@ function upstream(act: UpstreamAct['kind'] | ((index: number) => UpstreamAct)): 
   return cleanup.track(startLifecycleUpstream((call) => decide(call.index)));
 }
 
+/** Deployment a (picked first) and b of model_03; `aTimeoutMs` is a's provider timeout_ms. */
 async function twoDeployments(
-  a: LifecycleUpstream,
+  a: { url: string },
   b: LifecycleUpstream,
   extra: Record<string, unknown> = {},
-  weights: [number, number] = [A_FIRST, 1],
+  aTimeoutMs = 2_000,
 ): Promise<TestServer> {
   return cleanup.server({
     providers: {
-      a: { type: 'openai', base_url: a.url, timeout_ms: 2_000 },
+      a: { type: 'openai', base_url: a.url, timeout_ms: aTimeoutMs },
       b: { type: 'openai', base_url: b.url, timeout_ms: 2_000 },
     },
     models: {
       model_03: {
         deployments: [
-          { provider: 'a', upstream_model: 'up-a', weight: weights[0] },
-          { provider: 'b', upstream_model: 'up-b', weight: weights[1] },
+          { provider: 'a', upstream_model: 'up-a', weight: A_FIRST },
+          { provider: 'b', upstream_model: 'up-b', weight: 1 },
         ],
       },
     },
@@ -400,21 +401,12 @@ for (const stream of [false, true]) {
     async () => {
       const a = keepAliveOnly();
       const b = upstream('answer');
-      const t = await cleanup.server({
-        providers: {
-          a: { type: 'openai', base_url: a.url, timeout_ms: 400 },
-          b: { type: 'openai', base_url: b.url, timeout_ms: 2_000 },
-        },
-        models: {
-          model_03: {
-            deployments: [
-              { provider: 'a', upstream_model: 'up-a', weight: A_FIRST },
-              { provider: 'b', upstream_model: 'up-b', weight: 1 },
-            ],
-          },
-        },
-        limits: { upstream_timeout_ms: 20_000, stream_timeout_ms: 20_000 },
-      });
+      const t = await twoDeployments(
+        a,
+        b,
+        { limits: { upstream_timeout_ms: 20_000, stream_timeout_ms: 20_000 } },
+        400,
+      );
       const { key } = await t.createKey({ credits: 10 });
       const response = await post(t, key, chatBody({ stream }));
       expect(response.status).toBe(200);
