@@ -351,7 +351,9 @@ export class HttpProvider implements Provider {
     }
     const safeCode = code !== null && isIdentifier(code) ? code : null;
     this.logger.warn({ status, upstreamCode: safeCode }, 'upstream answered an error');
-    // The message itself is never passed on (it may quote the prompt).
+    // Nothing of the body is passed on (CONTRACT §7): its message may quote the prompt, and even
+    // its code is the provider's text (an account or project name fits an identifier); the log
+    // above keeps the code for the operator.
     if (status === 400 && this.dialect.contextExceeded(status, code, message)) {
       return new GatewayError(
         'context_length_exceeded',
@@ -359,12 +361,9 @@ export class HttpProvider implements Provider {
         { param: 'messages' },
       );
     }
-    const suffix = safeCode === null ? '' : ` (${safeCode})`;
     // Overloaded, rate limited or failing here may not be so at another deployment (CONTRACT §7).
-    return new GatewayError(
-      'upstream_error',
-      `Upstream ${this.name} answered HTTP ${status}${suffix}.`,
-      { failover: status === 429 || status >= 500 },
-    );
+    return new GatewayError('upstream_error', `Upstream ${this.name} answered HTTP ${status}.`, {
+      failover: status === 429 || status >= 500,
+    });
   }
 }
