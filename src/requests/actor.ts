@@ -414,7 +414,7 @@ export class RequestActor implements FifoTimerEntry {
     return {
       status,
       error,
-      errorCode: error.code,
+      errorCode: kind === 'interrupted' ? 'interrupted' : error.code,
       usage: null,
       charge: { credits_micro: keep ? this.init.hold.credits_micro : 0, tokens: 0 },
       budgetSpendMicro: 0,
@@ -473,7 +473,12 @@ export function abortError(kind: AbortKind): GatewayError {
     case 'stream_timeout':
       return new GatewayError('stream_timeout', 'The stream ran past its time limit.');
     case 'interrupted':
-      return new GatewayError('interrupted', 'The gateway shut down before the request finished.');
+      // The client's code is the table's for a gateway that is stopping (CONTRACT §2, §8); the
+      // record keeps `interrupted`, as recovery writes it for a crash (see failure).
+      return new GatewayError(
+        'service_unavailable',
+        'The gateway shut down before the request finished; retry shortly.',
+      );
   }
 }
 

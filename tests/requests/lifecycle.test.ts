@@ -411,12 +411,12 @@ describe('shutdown', () => {
       await call.aborted;
       let id: string;
       if (running) {
-        await expectStreamError(running.reader!, 'interrupted');
+        await expectStreamError(running.reader!, 'service_unavailable');
         id = running.id;
       } else
         id = await expectHttpError(await pending, {
           status: 503,
-          code: 'interrupted',
+          code: 'service_unavailable',
           shouldRetry: true,
         });
       await stopping;
