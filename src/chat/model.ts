@@ -266,7 +266,8 @@ export function validateChatRequest(json: unknown, config: Config): ChatRequest 
   // Shape is settled; now the model (404), then what the model can do (400).
   const modelId = resolveModelId(config, body.model);
   const model = config.models[modelId]!;
-  if (tools && !model.tools) {
+  // Sent at all, even empty: spec 000 accepts the field only for models with Tools = yes.
+  if (body.tools !== undefined && body.tools !== null && !model.tools) {
     throw new GatewayError(
       'unsupported_parameter',
       `The model ${modelId} does not support tools.`,

@@ -484,6 +484,14 @@ const rules: Rule[] = [
     param: 'tools',
   },
   {
+    // The field is accepted only for models with tools (spec 000), empty or not.
+    name: 'an empty tools array on model_09',
+    body: chatBody({ model: 'model_09', tools: [] }),
+    status: 400,
+    code: 'unsupported_parameter',
+    param: 'tools',
+  },
+  {
     name: 'malformed Idempotency-Key',
     body: chatBody(),
     headers: () => bearer(key, { 'idempotency-key': 'short' }),
