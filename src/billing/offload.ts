@@ -5,6 +5,7 @@ import { checkIdempotency } from '../idempotency/store.ts';
 import type { RateLimiter } from '../keys/rate-limit.ts';
 import type { ActorRegistry } from '../requests/registry.ts';
 import type { GatewayState, KeyAccount } from '../state/apply.ts';
+import type { Service } from '../state/events.ts';
 import { RunAbort, type RunSignal } from '../util/abort.ts';
 import { GatewayError } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
@@ -209,6 +210,7 @@ export class StreamedText {
  */
 export async function countOffLoop(
   gateway: OffloadHost,
+  service: Service,
   statusUrl: (requestId: string) => string,
   account: KeyAccount,
   job: CountJob,
@@ -230,6 +232,7 @@ export async function countOffLoop(
     checkIdempotency(
       store.state,
       registry,
+      service,
       account.id,
       idempotencyKey,
       fingerprint,

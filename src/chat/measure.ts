@@ -82,6 +82,7 @@ async function measureChatOffLoop(
   };
   const result = await countOffLoop(
     gateway,
+    'chat',
     (id) => statusUrl(gateway.config, 'chat', id),
     account,
     job,

@@ -118,6 +118,7 @@ async function decisionOffLoop(
 ): Promise<DecisionMeasure> {
   const result = await countOffLoop(
     gateway,
+    'decision',
     (id) => statusUrl(gateway.config, 'decision', id),
     account,
     job,

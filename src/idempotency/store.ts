@@ -1,6 +1,7 @@
 // Idempotency-Key rules: the key format, and what a bound (API key, Idempotency-Key) pair answers.
 
 import type { GatewayState } from '../state/apply.ts';
+import type { Service } from '../state/events.ts';
 import { GatewayError } from '../util/errors.ts';
 
 export const IDEMPOTENCY_KEY_RE = /^[A-Za-z0-9._:-]{8,255}$/;
@@ -34,6 +35,7 @@ export function parseIdempotencyKey(value: string | null): string | null {
 export function checkIdempotency(
   state: GatewayState,
   live: { get(requestId: string): { durable: Promise<void> } | undefined },
+  service: Service,
   keyId: string,
   idempotencyKey: string,
   fingerprint: string,
@@ -45,20 +47,23 @@ export function checkIdempotency(
   // The 409 names the original: it must not be answered before what it reports is durable, or a
   // crash in between would leave the client holding an id the restarted gateway has never heard of.
   const settleFirst = live.get(binding.requestId)?.durable;
+  const record = state.request(binding.requestId);
   if (binding.fingerprint !== fingerprint) {
+    // A 409 about an existing request carries its id (CONTRACT §8): the client's own earlier
+    // request under this key, the one to look up. Not across services: each surface's
+    // X-Request-ID is of its own kind (§4 chatcmpl-, §5 dec_), and the other's id could not be
+    // looked up there; this refused request's own id stays.
+    const sameService = record?.service === service;
     throw new GatewayError(
       'idempotency_key_reused',
       'This Idempotency-Key was used with a different request body.',
       {
         param: 'Idempotency-Key',
-        // A 409 about an existing request carries its id (CONTRACT §8): the client's own earlier
-        // request under this key, the one to look up.
-        headers: { 'x-request-id': binding.requestId },
+        ...(sameService ? { headers: { 'x-request-id': binding.requestId } } : {}),
         ...(settleFirst ? { settleFirst } : {}),
       },
     );
   }
-  const record = state.request(binding.requestId);
   // A bound key whose record was evicted still names its request; it is finished by then.
   const status = record?.status ?? 'completed';
   const url = statusUrl(binding.requestId);

@@ -79,6 +79,7 @@ export function admit(ctx: AdmitContext, command: AdmitCommand): Admission {
     checkIdempotency(
       store.state,
       registry,
+      service,
       account.id,
       idempotency.key,
       idempotency.fingerprint,

@@ -859,6 +859,39 @@ describe('409 Idempotency-Key collisions', () => {
   });
 
   test(
+    'one Idempotency-Key on both services: each 409 carries an X-Request-ID of its own ' +
+      'surface, never the other service id',
+    async () => {
+      const t = gateway();
+      const { key } = await t.createKey({ credits: 10, services: ['chat', 'decision'] });
+      const chat = (headers: Record<string, string>) =>
+        t.request('/api/v1/chat/completions', {
+          method: 'POST',
+          headers: bearer(key, headers),
+          body: JSON.stringify({ model: 'model_03', messages: [{ role: 'user', content: 'hi' }] }),
+        });
+      const chatFirst = { 'idempotency-key': 'cross-service-1' };
+      const chatOriginal = await chat(chatFirst);
+      expect(chatOriginal.status).toBe(200);
+      await chatOriginal.text();
+      const decision = await post(t, key, decisionBody(), chatFirst);
+      await expectError(decision, {
+        status: 409,
+        code: 'idempotency_key_reused',
+        param: 'Idempotency-Key',
+      });
+      expect(decision.headers.get('x-request-id')).toMatch(REQUEST_ID_RE);
+
+      const decisionFirst = { 'idempotency-key': 'cross-service-2' };
+      expect((await post(t, key, decisionBody(), decisionFirst)).status).toBe(200);
+      const chatAfter = await chat(decisionFirst);
+      expect(chatAfter.status).toBe(409);
+      expect(((await chatAfter.json()) as any).error.code).toBe('idempotency_key_reused');
+      expect(chatAfter.headers.get('x-request-id')).toMatch(/^chatcmpl-/);
+    },
+  );
+
+  test(
     'identical requests arriving together with one Idempotency-Key make exactly one decision and ' +
       'one charge',
     async () => {
