@@ -322,18 +322,19 @@ export function adminController(gateway: Gateway) {
     )
     .get(
       '/requests',
-      ({ request }) => {
+      async ({ request }) => {
         const wanted = queryOf(request).get('state') ?? 'in_progress';
         if (wanted !== 'in_progress') {
           throw new GatewayError('invalid_request_error', 'state must be in_progress', {
             param: 'state',
           });
         }
-        const { state } = gateway.store;
-        return Response.json({
-          object: 'list',
-          data: liveRequests(state, gateway.registry, Date.now()),
-        });
+        const { store } = gateway;
+        const data = liveRequests(store.state, gateway.registry, Date.now());
+        // Every request listed is on disk before the list is answered: one the operator saw is
+        // still there after a crash, as error/interrupted (CONTRACT §3).
+        await store.durableSoFar();
+        return Response.json({ object: 'list', data });
       },
       { detail: LIVE_DOC },
     )

@@ -1,6 +1,5 @@
-// Verbs → events: the only module that builds an event and decides whether it is logged now,
-// logged with a later event, or (never) not at all. Services call these verbs, never the store.
-import { RESOLVED } from '../util/promise.ts';
+// Verbs → events: the only module that builds an event and decides when it is logged. Services
+// call these verbs, never the store.
 import type { Amount, Attempt, RequestFinished, RequestStarted, Service, Usage } from './events.ts';
 import type { StateStore } from './store.ts';
 
@@ -22,11 +21,11 @@ export interface HoldPlacement {
  * admission sees it); resolves when it is durable, and rejects with the store's 503 if it cannot
  * be.
  *
- * A request someone can name before its answer (a stream's first chunk carries its id; an
- * Idempotency-Key finds it) is logged now, overlapping the provider call. Any other request is
- * first named by its answer, so its start is logged with its finish, in one record and one fsync: a
- * crash before that loses nothing anyone was told, and the hold vanishes with the memory that held
- * it.
+ * Every start is logged now, overlapping the provider call. Until stop 32 a non-stream call without
+ * an Idempotency-Key logged its start with its finish (one record, one fsync), on the grounds that
+ * nobody could name it before its answer; but the live list names it, and a crash then lost a
+ * request that had reached the provider: no error/interrupted record (CONTRACT §3), no count in
+ * the usage.
  */
 export function placeHold(store: StateStore, placement: HoldPlacement): Promise<void> {
   const { idempotency } = placement;
@@ -48,9 +47,7 @@ export function placeHold(store: StateStore, placement: HoldPlacement): Promise<
     budget_hold_micro: placement.budgetHoldMicro,
     at_ms: placement.atMs,
   };
-  if (placement.stream || idempotency) return store.commit([started]);
-  store.applyUnlogged(placement.requestId, [started]);
-  return RESOLVED;
+  return store.commit([started]);
 }
 
 export interface Finish {

@@ -3,9 +3,7 @@
 
 import { assert } from '../util/assert.ts';
 import { GatewayError } from '../util/errors.ts';
-import { IdMap } from '../util/id-map.ts';
 import type { Logger } from '../util/log.ts';
-import { ignore } from '../util/promise.ts';
 import { type FsyncPolicy, WriteAheadLog } from '../wal/log.ts';
 import { GatewayState, type StateLimits } from './apply.ts';
 import { checkEvent, type Event } from './events.ts';
@@ -42,15 +40,6 @@ export class StateStore {
   readonly state: GatewayState;
   private readonly wal: WriteAheadLog;
   private snapshotting: Promise<void> | null = null;
-  /**
-   * Starts applied in memory but not yet logged, by request id. A request nobody outside can name
-   * yet (a non-stream call without an Idempotency-Key: its id is first sent with its answer) needs
-   * no durable start: its start is logged together with its finish, in one record and one fsync. A
-   * crash before that loses nothing anyone was told, and the hold vanishes with the memory that
-   * held it. (An IdMap, not a Map: the events must not outlive their request, util/id-map.ts.)
-   */
-  private readonly unlogged = new IdMap<Event[]>();
-
   private constructor(
     state: GatewayState,
     wal: WriteAheadLog,
@@ -114,47 +103,11 @@ export class StateStore {
     if (this.wal.failure) throw unavailableError();
     for (const event of events) checkEvent(event);
     for (const event of events) this.state.apply(event);
-    let record = events;
-    if (this.unlogged.size > 0) {
-      for (const event of events) {
-        if (event.type !== 'request.finished') continue;
-        const start = this.unlogged.get(event.request_id);
-        if (!start) continue;
-        this.unlogged.delete(event.request_id);
-        // The start's array is the store's own (see applyUnlogged): it takes the record's events
-        // after its own, rather than both being copied into a third per request.
-        for (const later of record) start.push(later);
-        record = start;
-      }
-    }
     // A failed log throws or rejects with the store's own 503 (the `unavailable` option), so no
     // wrapper here.
-    const durable = this.wal.append(record);
+    const durable = this.wal.append(events);
     this.maybeSnapshot();
     return durable;
-  }
-
-  /**
-   * Applies the start of `requestId` now and logs it with the request's finish (see `unlogged`).
-   * Same checks as `commit`; the caller must commit the request's `request.finished` later.
-   * `events` is the store's from here on (the finish's record is appended to it): a caller keeps no
-   * reference to it.
-   */
-  applyUnlogged(requestId: string, events: Event[]): void {
-    if (this.wal.failure) throw unavailableError();
-    for (const event of events) checkEvent(event);
-    for (const event of events) this.state.apply(event);
-    this.unlogged.set(requestId, events);
-  }
-
-  /**
-   * Logs every start still waiting for its finish (before a snapshot, which must match the log).
-   */
-  private logUnlogged(): void {
-    if (this.unlogged.size === 0) return;
-    const record = this.unlogged.values().flat();
-    this.unlogged.clear();
-    this.wal.append(record).catch(ignore);
   }
 
   private maybeSnapshot(): void {
@@ -165,9 +118,6 @@ export class StateStore {
 
   /** Writes a snapshot of the current state and drops the log segments it covers. */
   async snapshot(): Promise<void> {
-    // The snapshot holds every in-flight request, so every start it holds must be in the log by
-    // `seq`.
-    this.logUnlogged();
     const seq = this.wal.lastSeq;
     // Captured now, at `seq`; serialized in steps while the log goes on.
     const serializing = serializeState(this.state);
@@ -186,6 +136,14 @@ export class StateStore {
 
   flush(): Promise<void> {
     return this.wal.flush();
+  }
+
+  /**
+   * Resolves when everything committed so far is durable: the batch holding the last record, not
+   * the log going idle (under steady load it never does).
+   */
+  durableSoFar(): Promise<void> {
+    return this.wal.flushThrough(this.wal.lastSeq);
   }
 
   async close(): Promise<void> {

@@ -93,6 +93,11 @@ export class WriteAheadLog {
     return this.commits.flush();
   }
 
+  /** Resolves when every record up to `seq` is durable (see GroupCommit.flushThrough). */
+  flushThrough(seq: number): Promise<void> {
+    return this.commits.flushThrough(seq);
+  }
+
   /**
    * Writes `content` (captured by the caller at `seq`, so later changes cannot leak in) as the new
    * snapshot, then removes the segments it covers. Crash-safe: the snapshot is
