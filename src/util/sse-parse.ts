@@ -19,6 +19,8 @@ const CR = 13;
 const COLON = 58;
 const SPACE = 32;
 const DATA = 'data';
+/** The decoder's options for every read: one object, not one per read. */
+const STREAMING = { stream: true } as const;
 
 export class SseEventTooLargeError extends Error {
   override name = 'SseEventTooLargeError';
@@ -61,7 +63,7 @@ export class SseParser {
     const ascii = isAscii(bytes);
     this.charsAreBytes = ascii && this.previousAscii;
     this.previousAscii = ascii;
-    const text = this.decoder.decode(bytes, { stream: true });
+    const text = this.decoder.decode(bytes, STREAMING);
     if (text.length > 0) this.scan(text);
     return this.events;
   }
