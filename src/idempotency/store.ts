@@ -3,6 +3,7 @@
 import type { GatewayState } from '../state/apply.ts';
 import type { Service } from '../state/events.ts';
 import { GatewayError } from '../util/errors.ts';
+import { serviceOfRequestId } from '../util/ids.ts';
 
 export const IDEMPOTENCY_KEY_RE = /^[A-Za-z0-9._:-]{8,255}$/;
 
@@ -52,8 +53,9 @@ export function checkIdempotency(
     // A 409 about an existing request carries its id (CONTRACT §8): the client's own earlier
     // request under this key, the one to look up. Not across services: each surface's
     // X-Request-ID is of its own kind (§4 chatcmpl-, §5 dec_), and the other's id could not be
-    // looked up there; this refused request's own id stays.
-    const sameService = record?.service === service;
+    // looked up there; this refused request's own id stays. (The record may have been evicted
+    // while its binding lives: the id says its service.)
+    const sameService = (record?.service ?? serviceOfRequestId(binding.requestId)) === service;
     throw new GatewayError(
       'idempotency_key_reused',
       'This Idempotency-Key was used with a different request body.',

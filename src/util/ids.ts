@@ -45,12 +45,22 @@ function prefixedBase62(prefix: string, length: number): string {
   return CODES.toString('latin1', 0, total);
 }
 
+const CHAT_REQUEST_PREFIX = 'chatcmpl-';
+const DECISION_REQUEST_PREFIX = 'dec_';
+
 export function newChatRequestId(): string {
-  return prefixedBase62('chatcmpl-', 24);
+  return prefixedBase62(CHAT_REQUEST_PREFIX, 24);
 }
 
 export function newDecisionRequestId(): string {
-  return prefixedBase62('dec_', 24);
+  return prefixedBase62(DECISION_REQUEST_PREFIX, 24);
+}
+
+/** The service whose request ids look like `id` (its record may be gone; its id says it). */
+export function serviceOfRequestId(id: string): 'chat' | 'decision' | null {
+  if (id.startsWith(CHAT_REQUEST_PREFIX)) return 'chat';
+  if (id.startsWith(DECISION_REQUEST_PREFIX)) return 'decision';
+  return null;
 }
 
 export function newKeyId(): string {

@@ -463,6 +463,23 @@ describe('idempotency', () => {
     expect(response.headers.get('x-request-id')).toBe(original.headers.get('x-request-id'));
   });
 
+  test('idempotency_key_reused names the original even once its record was evicted', async () => {
+    // One record per key: the original's record goes, its binding stays (CONTRACT §8).
+    const t = await server({
+      limits: { request_records_per_key: 1, idempotency_keys_per_key: 100 },
+    });
+    const { key } = await t.createKey();
+    const headers = { 'idempotency-key': 'evicted-original-1' };
+    const original = await post(t, key, chatBody(), headers);
+    expect(original.status).toBe(200);
+    await original.text();
+    for (let i = 0; i < 3; i++) await (await post(t, key, chatBody())).text();
+    const response = await post(t, key, chatBody({ temperature: 1 }), headers);
+    expect(response.status).toBe(409);
+    expect(((await response.json()) as any).error.code).toBe('idempotency_key_reused');
+    expect(response.headers.get('x-request-id')).toBe(original.headers.get('x-request-id'));
+  });
+
   test('the scope is (API key, Idempotency-Key): another key may use the same value', async () => {
     const t = await server();
     const a = await t.createKey();
