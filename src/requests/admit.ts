@@ -136,7 +136,9 @@ function settledBy(ctx: AdmitContext): (actor: RequestActor, outcome: Outcome) =
       ctx.metrics.requestFinished(
         actor.init.service,
         outcome.status,
-        outcome.error?.code ?? null,
+        // The record's code: a shutdown's interrupt is `interrupted` here, not the 503 its client
+        // was told (a rolling restart must not look like a failing log).
+        outcome.errorCode,
         outcome.charge.credits_micro,
       );
     };

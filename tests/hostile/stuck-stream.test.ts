@@ -187,6 +187,9 @@ describe('a stream whose client stops reading', () => {
       expect(record.status).toBe('error');
       expect(record.errorCode).toBe('interrupted');
       expect(record.charge.credits_micro).toBe(0);
+      // Counted as an interrupt, not as the 503 its client was told (a failing log's code).
+      const { text } = await t.gateway.metrics.expose();
+      expect(text).toMatch(/tollgate_requests_finished_total\{[^}]*code="interrupted"[^}]*\} 1/);
       await client.closed;
       expect(Date.now() - startMs).toBeLessThan(graceMs + 1000);
     },
