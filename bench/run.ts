@@ -72,6 +72,13 @@ const WARMUP_SECONDS = quick ? 1 : 3;
 const WARMUP_STEP_SECONDS = 2;
 const JIT_SETTLED_SHARE = 0.02;
 const WARMUP_MAX_SECONDS = quick ? 0 : 40;
+// Every round runs one mode on all targets, then the other. JavaScriptCore compiles each function
+// for the shapes it has seen, so a gateway's first seconds of a mode after the other mode recompile
+// what both share (the actor, the router, the answer): 0.3-0.5 s of its core per switch here, a
+// JIT burst that landed in the first run after it (bench/README, stop 32). A gateway's traffic does
+// not change mode every 3 s, so before a mode's runs each gateway takes that mode unmeasured for
+// this long, and what its JIT threads took meanwhile is reported on its own.
+const SWITCH_WARMUP_SECONDS = quick ? 0 : 2;
 /** JavaScriptCore's compiler threads' name (see threadCpu). */
 const JIT_THREAD = 'JITWorker';
 const LATENCY_REQUESTS = quick ? 100 : 300; // per target and mode, in the sequential client
@@ -177,6 +184,19 @@ interface ServerRun {
   ioStallMs: number | null;
 }
 
+/**
+ * A gateway process's unmeasured load of a mode before that mode's runs in a round (see
+ * SWITCH_WARMUP_SECONDS): each target it serves, in turn.
+ */
+interface SwitchWarmup {
+  round: number;
+  mode: Mode;
+  /** The labels of the targets the process serves, joined. */
+  gateway: string;
+  /** CPU milliseconds its JIT threads took during it: the recompiling a mode switch costs. */
+  jitMs: number;
+}
+
 /** Each run's disk stall (PSI, ms), in round order: which rounds the disk disturbed. */
 function diskStalls(runs: ServerRun[]): string {
   return runs.some((run) => run.ioStallMs === null)
@@ -274,14 +294,7 @@ async function warmUntilJitSettles(
   targets: Record<TargetName, Target>,
   scripts: Map<string, string>,
 ): Promise<void> {
-  const byPid = new Map<number, Target[]>();
-  for (const target of Object.values(targets)) {
-    if (target.pid === null) continue;
-    const sharing = byPid.get(target.pid) ?? [];
-    sharing.push(target);
-    byPid.set(target.pid, sharing);
-  }
-  for (const [pid, sharing] of byPid) {
+  for (const [pid, sharing] of byProcess(targets)) {
     let spentS = 0;
     let share = 1;
     while (spentS < WARMUP_MAX_SECONDS) {
@@ -309,10 +322,45 @@ async function warmUntilJitSettles(
   }
 }
 
+/** The targets by the gateway process serving them (direct, with none, left out). */
+function byProcess(targets: Record<TargetName, Target>): Map<number, Target[]> {
+  const out = new Map<number, Target[]>();
+  for (const target of Object.values(targets)) {
+    if (target.pid === null) continue;
+    const sharing = out.get(target.pid) ?? [];
+    sharing.push(target);
+    out.set(target.pid, sharing);
+  }
+  return out;
+}
+
+/** Each gateway takes `mode` unmeasured before the round's runs of it; its JIT time is kept. */
+async function switchWarmup(
+  targets: Record<TargetName, Target>,
+  scripts: Map<string, string>,
+  mode: Mode,
+  round: number,
+): Promise<SwitchWarmup[]> {
+  const out: SwitchWarmup[] = [];
+  if (SWITCH_WARMUP_SECONDS === 0) return out;
+  for (const [pid, sharing] of byProcess(targets)) {
+    const jitBefore = threadCpu(pid, JIT_THREAD);
+    for (const target of sharing)
+      await runWrk(target.url, scripts.get(`${target.name}/${mode}`)!, 32, SWITCH_WARMUP_SECONDS);
+    const jitMs = threadCpuSince(pid, JIT_THREAD, jitBefore) * 1000;
+    out.push({ round, mode, gateway: sharing.map((t) => t.label).join(' + '), jitMs });
+  }
+  log(
+    `round ${round + 1}/${ROUNDS} ${mode}: ${SWITCH_WARMUP_SECONDS} s of it first, JIT ms: ` +
+      out.map((w) => `${w.gateway} ${fmt(w.jitMs, 0)}`).join(', '),
+  );
+  return out;
+}
+
 async function serverBench(
   targets: Record<TargetName, Target>,
   upstream: Service,
-): Promise<ServerRun[]> {
+): Promise<{ runs: ServerRun[]; switches: SwitchWarmup[] }> {
   const dir = tempDir('wrk');
   const scripts = new Map<string, string>();
   for (const target of Object.values(targets)) {
@@ -331,8 +379,10 @@ async function serverBench(
   }
   await warmUntilJitSettles(targets, scripts);
   const runs: ServerRun[] = [];
+  const switches: SwitchWarmup[] = [];
   for (let round = 0; round < ROUNDS; round++) {
     for (const mode of ['nonstream', 'stream'] as const) {
+      switches.push(...(await switchWarmup(targets, scripts, mode, round)));
       for (const { connections, targets: names, seconds } of PLAN) {
         for (const name of runOrder(names, round)) {
           const result = await measure(
@@ -359,7 +409,7 @@ async function serverBench(
       }
     }
   }
-  return runs;
+  return { runs, switches };
 }
 
 // ------------------------------------------------------------------------------------------
@@ -928,7 +978,7 @@ interface Report {
     loadAvgAtStart: string;
   };
   settings: Record<string, number>;
-  server?: { idleRssMiB: Record<string, number>; runs: ServerRun[] };
+  server?: { idleRssMiB: Record<string, number>; runs: ServerRun[]; switches: SwitchWarmup[] };
   latency?: {
     addedMs: Record<string, number>;
     p50Ms: Record<string, { ttft: number; total: number }>;
@@ -945,6 +995,7 @@ type LatencyTable = ReturnType<typeof latencyTable>;
 /** What the phases measured, for the checks and the markdown; empty or null when skipped. */
 interface Measured {
   runs: ServerRun[];
+  switches: SwitchWarmup[];
   /** Each gateway's RSS once started and idle, before any load. */
   idleRssMiB?: Record<string, number>;
   latency: LatencyTable | null;
@@ -993,7 +1044,14 @@ async function startReport(startedMs: number): Promise<Report> {
  * then the WAL and micro benchmarks in their own processes.
  */
 async function measureAll(report: Report): Promise<Measured> {
-  const measured: Measured = { runs: [], latency: null, memory: null, wal: null, micro: null };
+  const measured: Measured = {
+    runs: [],
+    switches: [],
+    latency: null,
+    memory: null,
+    wal: null,
+    micro: null,
+  };
   if (!SKIP.has('server') || !SKIP.has('latency') || !SKIP.has('memory'))
     await upstreamPhases(report, measured);
   if (!SKIP.has('wal')) {
@@ -1041,9 +1099,9 @@ async function gatewayPhases(report: Report, measured: Measured, upstream: Servi
       .map((t) => [t.name, rssMiB(t.pid!)]),
   );
   if (!SKIP.has('server')) {
-    measured.runs = await serverBench(targets, upstream);
+    ({ runs: measured.runs, switches: measured.switches } = await serverBench(targets, upstream));
     measured.idleRssMiB = idleRss;
-    report.server = { idleRssMiB: idleRss, runs: measured.runs };
+    report.server = { idleRssMiB: idleRss, runs: measured.runs, switches: measured.switches };
   }
   if (!SKIP.has('latency')) measured.latency = await latencyPhase(report, targets);
   for (const service of gateways) await stopChild(service.child);
@@ -1395,7 +1453,7 @@ function renderMarkdown(report: Report, measured: Measured, checks: Check[]): st
       '',
     );
   }
-  if (runs.length > 0) sections.push(...serverSection(runs));
+  if (runs.length > 0) sections.push(...serverSection(runs, measured.switches));
   if (latency) sections.push(...latencySection(latency));
   if (memory) sections.push(...memorySection(memory));
   if (wal)
@@ -1437,7 +1495,30 @@ function headSection(report: Report): string[] {
   ];
 }
 
-function serverSection(runs: ServerRun[]): string[] {
+/**
+ * What the switch warm-ups say, or nothing when there were none (--quick): per gateway process,
+ * the JIT milliseconds of its warm-ups, median (range).
+ */
+function switchSentence(switches: SwitchWarmup[]): string {
+  if (switches.length === 0) return '';
+  const byGateway = new Map<string, number[]>();
+  for (const w of switches)
+    byGateway.set(w.gateway, [...(byGateway.get(w.gateway) ?? []), w.jitMs]);
+  const figures = [...byGateway]
+    .map(([gateway, ms]) => {
+      const [low, high] = range(ms);
+      return `${gateway} ${fmt(median(ms), 0)} (${fmt(low, 0)}–${fmt(high, 0)})`;
+    })
+    .join('; ');
+  return (
+    `In each round, before the runs of a mode, every gateway first takes ` +
+    `${SWITCH_WARMUP_SECONDS} s of that mode at 32 connections per target it serves, unmeasured: ` +
+    'the recompiling a change of mode costs is not spread over the next run. What its JIT ' +
+    `threads took meanwhile, ms median (range) over the switches: ${figures}. `
+  );
+}
+
+function serverSection(runs: ServerRun[], switches: SwitchWarmup[]): string[] {
   return [
     '## Whole server, side by side',
     '',
@@ -1445,6 +1526,7 @@ function serverSection(runs: ServerRun[]): string[] {
       `after a ${WARMUP_SECONDS} s warm-up per target and mode, then more of both on each ` +
       `gateway until its JIT threads use under ${JIT_SETTLED_SHARE * 100} % of its time ` +
       `(at most ${WARMUP_MAX_SECONDS} s; the JIT column says what was left). ` +
+      switchSentence(switches) +
       "Direct and proxy pass the client's `stream` flag to the upstream (non-stream = one JSON " +
       'reply); so does tollgate (since 8200c6f; before, it always streamed from the ' +
       'upstream). ' +
