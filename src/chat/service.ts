@@ -398,7 +398,8 @@ async function chatWork(run: ChatRun): Promise<Completion<ChatAnswer>> {
       actor.attempts,
     );
     if (actor.signal.aborted) throw actor.signal.reason;
-    await actor.startDurable;
+    // Not waiting for the start to be durable: nothing reaches the client before the finish is,
+    // which the log writes after the start (a plain call's start waits for that write, placeHold).
     gateway.metrics.firstToken(chat.modelId, (Date.now() - admission.createdMs) / 1000);
     for (const delta of deltas) answer.add(delta, null);
   }

@@ -21,11 +21,15 @@ export interface HoldPlacement {
  * admission sees it); resolves when it is durable, and rejects with the store's 503 if it cannot
  * be.
  *
- * Every start is logged now, overlapping the provider call. Until stop 32 a non-stream call without
- * an Idempotency-Key logged its start with its finish (one record, one fsync), on the grounds that
- * nobody could name it before its answer; but the live list names it, and a crash then lost a
- * request that had reached the provider: no error/interrupted record (CONTRACT §3), no count in
- * the usage.
+ * Every start is logged, overlapping the provider call. A stream's and a keyed call's are
+ * written at once: they wait for it before their first byte or their provider call. A plain call
+ * (non-stream, no Idempotency-Key) waits for nobody's: its start goes with the next write, within
+ * START_WRITE_DELAY_MS at the latest, so a provider that answers sooner has start and finish
+ * share one fsync. (Until stop 32 such a start was logged only with its finish; but the live list
+ * names the call while it runs, and a crash then lost a request that had reached the provider: no
+ * error/interrupted record, CONTRACT §3, no count in the usage. Now a crash loses at most a call
+ * admitted in the last few ms, whose client has been told nothing, as one whose start's fsync
+ * was still running.)
  */
 export function placeHold(store: StateStore, placement: HoldPlacement): Promise<void> {
   const { idempotency } = placement;
@@ -47,8 +51,12 @@ export function placeHold(store: StateStore, placement: HoldPlacement): Promise<
     budget_hold_micro: placement.budgetHoldMicro,
     at_ms: placement.atMs,
   };
-  return store.commit([started]);
+  if (placement.stream || idempotency) return store.commit([started]);
+  return store.commitWithin([started], START_WRITE_DELAY_MS);
 }
+
+/** How long a plain call's start may wait for another write to take it (see placeHold). */
+const START_WRITE_DELAY_MS = 2;
 
 export interface Finish {
   status: RequestFinished['status'];

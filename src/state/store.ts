@@ -100,12 +100,21 @@ export class StateStore {
    * atomic.
    */
   commit(events: Event[]): Promise<void> {
+    return this.commitWithin(events, 0);
+  }
+
+  /**
+   * As `commit`, but the events are written with the next write, or `delayMs` from now at the
+   * latest (WriteAheadLog.appendDeferred): for a commit nobody waits on yet.
+   */
+  commitWithin(events: Event[], delayMs: number): Promise<void> {
     if (this.wal.failure) throw unavailableError();
     for (const event of events) checkEvent(event);
     for (const event of events) this.state.apply(event);
     // A failed log throws or rejects with the store's own 503 (the `unavailable` option), so no
     // wrapper here.
-    const durable = this.wal.append(events);
+    const durable =
+      delayMs === 0 ? this.wal.append(events) : this.wal.appendDeferred(events, delayMs);
     this.maybeSnapshot();
     return durable;
   }

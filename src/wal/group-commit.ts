@@ -60,6 +60,8 @@ export class GroupCommit {
   private rollRequest: PromiseWithResolvers<number> | null = null;
   private flushing: Promise<void> | null = null;
   private flushScheduled = false;
+  /** Set while deferred records wait with no write scheduled (see appendDeferred). */
+  private deferredTimer: ReturnType<typeof setTimeout> | null = null;
   private readonly expectedCommits: () => number;
 
   /** Appends go on from `seq`, the last one replay found. */
@@ -84,6 +86,31 @@ export class GroupCommit {
    * failed.
    */
   append(payload: unknown): Promise<void> {
+    const durable = this.queue(payload);
+    this.scheduleFlush();
+    return durable;
+  }
+
+  /**
+   * Queues one record like `append` without starting a write for it: the next write takes it
+   * (another record's, which under any load comes within a turn or two), and at the latest one
+   * `delayMs` from now. For a record nobody waits on yet: a plain call's start, whose finish comes
+   * first when its provider answers within the delay, so that both share one fsync.
+   */
+  appendDeferred(payload: unknown, delayMs: number): Promise<void> {
+    const durable = this.queue(payload);
+    if (!this.flushScheduled && this.flushing === null && this.deferredTimer === null)
+      this.deferredTimer = setTimeout(this.flushDeferred, delayMs);
+    return durable;
+  }
+
+  private readonly flushDeferred = (): void => {
+    this.deferredTimer = null;
+    if (this.pendingTexts.length > 0) this.scheduleFlush();
+  };
+
+  /** Adds one record to the pending batch; returns the batch's promise. */
+  private queue(payload: unknown): Promise<void> {
     this.files.assertWritable();
     assert(!this.files.closed, 'append after close');
     const json = JSON.stringify(payload);
@@ -104,7 +131,6 @@ export class GroupCommit {
       // Appenders handle the failure; the batch itself must never be an unhandled rejection.
       batch.promise.catch(ignore);
     }
-    this.scheduleFlush();
     return batch.promise;
   }
 

@@ -80,6 +80,13 @@ export class WriteAheadLog {
     return durable;
   }
 
+  /** Like `append`, but written with the next write, or `delayMs` from now at the latest. */
+  appendDeferred(payload: unknown, delayMs: number): Promise<void> {
+    const durable = this.commits.appendDeferred(payload, delayMs);
+    this.recordsSinceSnapshot++;
+    return durable;
+  }
+
   /**
    * Resolves once no next segment is being prepared: under fsync `always`, one is then ready (or
    * could not be made). Tests and benchmarks wait on it; the log never needs to.

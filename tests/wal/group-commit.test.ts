@@ -51,10 +51,7 @@ describe('group commit', () => {
     await Promise.all([first, second]);
     await wal.close();
     expect(await replayOnly(dir)).toEqual({ snapshot: null, records: records(1, 2) });
-    const batches = segmentFiles(dir).flatMap((name) => {
-      const bytes = new Uint8Array(readFileSync(join(dir, name)));
-      return bytes.length === 0 ? [] : batchRanges(bytes).map((batch) => batch.seqs);
-    });
+    const batches = batchesOf(dir);
     expect(batches.flat()).toEqual([1, 2]);
     return batches.length === 1;
   }
@@ -69,6 +66,42 @@ describe('group commit', () => {
 
   test('fsync always: alone (nothing else in flight), a commit does not wait', async () => {
     expect(await sharedOneFsync(1)).toBe(false);
+  });
+
+  /** The seqs of each batch on disk, in order. */
+  function batchesOf(dir: string): number[][] {
+    return segmentFiles(dir).flatMap((name) => {
+      const bytes = new Uint8Array(readFileSync(join(dir, name)));
+      return bytes.length === 0 ? [] : batchRanges(bytes).map((batch) => batch.seqs);
+    });
+  }
+
+  test('a deferred record waits for the next write and shares its fsync', async () => {
+    const dir = dirs.make();
+    const { wal } = openRecording(dir, { fsync: 'always' });
+    let deferredDone = false;
+    // A delay no test waits out: only the next append can write it.
+    const deferred = wal.appendDeferred({ n: 1 }, 600_000).then(() => {
+      deferredDone = true;
+    });
+    for (let turn = 0; turn < 5; turn++) await new Promise((resolve) => setImmediate(resolve));
+    expect(deferredDone).toBe(false);
+    // Not even written: an append's write comes at the end of its turn.
+    expect(batchesOf(dir)).toEqual([]);
+    await wal.append({ n: 2 });
+    await deferred;
+    await wal.close();
+    expect(await replayOnly(dir)).toEqual({ snapshot: null, records: records(1, 2) });
+    expect(batchesOf(dir)).toEqual([[1, 2]]);
+  });
+
+  test('a deferred record with nothing after it is written once its delay is up', async () => {
+    const dir = dirs.make();
+    const { wal } = openRecording(dir, { fsync: 'always' });
+    await wal.appendDeferred({ n: 1 }, 5);
+    expect(batchesOf(dir)).toEqual([[1]]);
+    await wal.close();
+    expect(await replayOnly(dir)).toEqual({ snapshot: null, records: records(1, 1) });
   });
 
   for (const fsync of POLICIES) {
