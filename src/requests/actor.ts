@@ -189,8 +189,8 @@ export class RequestActor implements FifoTimerEntry {
   }
 
   /**
-   * Resolves when the start is durable, or rejects with the store's 503: what a run must wait for
-   * before its first byte reaches the client.
+   * Resolves when the start is durable, or rejects with the store's 503: what a stream must wait
+   * for before its first byte reaches the client.
    */
   get startDurable(): Promise<void> {
     return this.startCommit;
@@ -333,9 +333,10 @@ export class RequestActor implements FifoTimerEntry {
     let value: T | undefined;
     try {
       // A request with an Idempotency-Key must not reach the provider before its binding is
-      // durable; any other start overlaps the provider call (the work waits before its first byte).
-      // The deadline starts after that wait: a slow disk is the gateway's, never a provider timeout
-      // billed to the key.
+      // durable; any other start overlaps the provider call (a stream's work waits for it before
+      // its first byte; a plain call's answer waits for its finish, which the log writes after the
+      // start). The deadline starts after that wait: a slow disk is the gateway's, never a
+      // provider timeout billed to the key.
       if (this.init.idempotent) {
         // Its wait for the fsync may be long (a slow disk): the client watch runs through it, so
         // a client gone meanwhile is heard within CLIENT_WATCH_DELAY_MS, and a quick disk still

@@ -62,6 +62,8 @@ export class GroupCommit {
   private flushScheduled = false;
   /** Set while deferred records wait with no write scheduled (see appendDeferred). */
   private deferredTimer: ReturnType<typeof setTimeout> | null = null;
+  /** How many of the pending records are deferred ones (not the commits a batch waits for). */
+  private deferredPending = 0;
   private readonly expectedCommits: () => number;
 
   /** Appends go on from `seq`, the last one replay found. */
@@ -99,6 +101,7 @@ export class GroupCommit {
    */
   appendDeferred(payload: unknown, delayMs: number): Promise<void> {
     const durable = this.queue(payload);
+    this.deferredPending++;
     if (!this.flushScheduled && this.flushing === null && this.deferredTimer === null)
       this.deferredTimer = setTimeout(this.flushDeferred, delayMs);
     return durable;
@@ -108,6 +111,17 @@ export class GroupCommit {
     this.deferredTimer = null;
     if (this.pendingTexts.length > 0) this.scheduleFlush();
   };
+
+  /**
+   * A write takes every pending record: the deferred ones' timer is done with (left running, it
+   * would write the next call's start on its own, which is what deferring avoids).
+   */
+  private stopDeferredTimer(): void {
+    this.deferredPending = 0;
+    if (this.deferredTimer === null) return;
+    clearTimeout(this.deferredTimer);
+    this.deferredTimer = null;
+  }
 
   /** Adds one record to the pending batch; returns the batch's promise. */
   private queue(payload: unknown): Promise<void> {
@@ -181,7 +195,8 @@ export class GroupCommit {
           const startedMs = performance.now();
           for (let turn = 0; turn < COMMIT_DELAY_TURNS_MAX; turn++) {
             if (
-              this.expectedCommits() - this.pendingTexts.length < COMMIT_SIBLINGS_MIN ||
+              this.expectedCommits() - (this.pendingTexts.length - this.deferredPending) <
+                COMMIT_SIBLINGS_MIN ||
               performance.now() - startedMs > COMMIT_DELAY_MS_MAX
             )
               break;
@@ -248,11 +263,11 @@ export class GroupCommit {
   async flushThrough(seq: number): Promise<void> {
     while (this.durableSeq < seq) {
       this.files.assertWritable();
-      const batch =
-        this.writingBatch !== null && seq <= this.writingLastSeq
-          ? this.writingBatch
-          : this.pendingBatch;
+      const writing = this.writingBatch !== null && seq <= this.writingLastSeq;
+      const batch = writing ? this.writingBatch : this.pendingBatch;
       if (batch === null) return;
+      // Someone waits for it: deferred records go now, not when their delay is up.
+      if (!writing && !this.flushScheduled && this.flushing === null) this.scheduleFlush();
       await batch.promise.catch(ignore);
     }
   }
@@ -262,6 +277,7 @@ export class GroupCommit {
     this.pendingBatch = null;
     this.pendingTexts = [];
     this.pendingBytesMax = 0;
+    this.stopDeferredTimer();
     return batch;
   }
 
@@ -276,6 +292,7 @@ export class GroupCommit {
     const bytesMax = this.pendingBytesMax;
     this.pendingTexts = this.spareTexts;
     this.pendingBytesMax = 0;
+    this.stopDeferredTimer();
     try {
       const batch = this.frameBatch(texts, batchLastSeq - texts.length + 1, bytesMax);
       this.files.write(batch, batchLastSeq);

@@ -95,6 +95,19 @@ describe('group commit', () => {
     expect(batchesOf(dir)).toEqual([[1, 2]]);
   });
 
+  test('a deferred record is written at once for whoever waits for it, and by close', async () => {
+    const dir = dirs.make();
+    const { wal } = openRecording(dir, { fsync: 'always' });
+    // Delays no test waits out: only the wait (the live list's) and close can write them.
+    wal.appendDeferred({ n: 1 }, 600_000);
+    await wal.flushThrough(wal.lastSeq);
+    expect(batchesOf(dir)).toEqual([[1]]);
+    const closing = wal.appendDeferred({ n: 2 }, 600_000);
+    await wal.close();
+    await closing;
+    expect(await replayOnly(dir)).toEqual({ snapshot: null, records: records(1, 2) });
+  });
+
   test('a deferred record with nothing after it is written once its delay is up', async () => {
     const dir = dirs.make();
     const { wal } = openRecording(dir, { fsync: 'always' });
