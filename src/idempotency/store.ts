@@ -48,14 +48,13 @@ export function checkIdempotency(
   // The 409 names the original: it must not be answered before what it reports is durable, or a
   // crash in between would leave the client holding an id the restarted gateway has never heard of.
   const settleFirst = live.get(binding.requestId)?.durable;
-  const record = state.request(binding.requestId);
   if (binding.fingerprint !== fingerprint) {
     // A 409 about an existing request carries its id (CONTRACT §8): the client's own earlier
     // request under this key, the one to look up. Not across services: each surface's
     // X-Request-ID is of its own kind (§4 chatcmpl-, §5 dec_), and the other's id could not be
-    // looked up there; this refused request's own id stays. (The record may have been evicted
-    // while its binding lives: the id says its service.)
-    const sameService = (record?.service ?? serviceOfRequestId(binding.requestId)) === service;
+    // looked up there; this refused request's own id stays. (Told by the id, which outlives an
+    // evicted record.)
+    const sameService = serviceOfRequestId(binding.requestId) === service;
     throw new GatewayError(
       'idempotency_key_reused',
       'This Idempotency-Key was used with a different request body.',
@@ -66,6 +65,7 @@ export function checkIdempotency(
       },
     );
   }
+  const record = state.request(binding.requestId);
   // A bound key whose record was evicted still names its request; it is finished by then.
   const status = record?.status ?? 'completed';
   const url = statusUrl(binding.requestId);

@@ -52,7 +52,7 @@ export function placeHold(store: StateStore, placement: HoldPlacement): Promise<
     at_ms: placement.atMs,
   };
   if (placement.stream || idempotency) return store.commit([started]);
-  return store.commitWithin([started], START_WRITE_DELAY_MS);
+  return store.commit([started], START_WRITE_DELAY_MS);
 }
 
 /** How long a plain call's start may wait for another write to take it (see placeHold). */

@@ -97,24 +97,16 @@ export class StateStore {
   /**
    * Applies `events` at once (so the next command sees them) and returns when they are durable.
    * Callers check and commit without an `await` in between; that is what makes check-then-act
-   * atomic.
+   * atomic. With `deferMs`, the events wait for the next write, `deferMs` at the most
+   * (GroupCommit.append): for a commit nobody waits on yet.
    */
-  commit(events: Event[]): Promise<void> {
-    return this.commitWithin(events, 0);
-  }
-
-  /**
-   * As `commit`, but the events are written with the next write, or `delayMs` from now at the
-   * latest (WriteAheadLog.appendDeferred): for a commit nobody waits on yet.
-   */
-  commitWithin(events: Event[], delayMs: number): Promise<void> {
+  commit(events: Event[], deferMs = 0): Promise<void> {
     if (this.wal.failure) throw unavailableError();
     for (const event of events) checkEvent(event);
     for (const event of events) this.state.apply(event);
     // A failed log throws or rejects with the store's own 503 (the `unavailable` option), so no
     // wrapper here.
-    const durable =
-      delayMs === 0 ? this.wal.append(events) : this.wal.appendDeferred(events, delayMs);
+    const durable = this.wal.append(events, deferMs);
     this.maybeSnapshot();
     return durable;
   }

@@ -60,7 +60,7 @@ export class GroupCommit {
   private rollRequest: PromiseWithResolvers<number> | null = null;
   private flushing: Promise<void> | null = null;
   private flushScheduled = false;
-  /** Set while deferred records wait with no write scheduled (see appendDeferred). */
+  /** Set while deferred records wait with no write scheduled (see append's `deferMs`). */
   private deferredTimer: ReturnType<typeof setTimeout> | null = null;
   /** How many of the pending records are deferred ones (not the commits a batch waits for). */
   private deferredPending = 0;
@@ -86,24 +86,20 @@ export class GroupCommit {
    * (group commit). The promise resolves when the record is as durable as the policy promises: on
    * disk for `always`, written to the OS for `interval` and `off`. Throws at once when the log has
    * failed.
+   *
+   * With `deferMs`, the record starts no write of its own: the next write takes it (another
+   * record's, which under any load comes within a turn or two), and at the latest one `deferMs`
+   * from now. For a record nobody waits on yet: a plain call's start, whose finish comes first when
+   * its provider answers within the delay, so that both share one fsync.
    */
-  append(payload: unknown): Promise<void> {
+  append(payload: unknown, deferMs = 0): Promise<void> {
     const durable = this.queue(payload);
-    this.scheduleFlush();
-    return durable;
-  }
-
-  /**
-   * Queues one record like `append` without starting a write for it: the next write takes it
-   * (another record's, which under any load comes within a turn or two), and at the latest one
-   * `delayMs` from now. For a record nobody waits on yet: a plain call's start, whose finish comes
-   * first when its provider answers within the delay, so that both share one fsync.
-   */
-  appendDeferred(payload: unknown, delayMs: number): Promise<void> {
-    const durable = this.queue(payload);
-    this.deferredPending++;
-    if (!this.flushScheduled && this.flushing === null && this.deferredTimer === null)
-      this.deferredTimer = setTimeout(this.flushDeferred, delayMs);
+    if (deferMs === 0) this.scheduleFlush();
+    else {
+      this.deferredPending++;
+      if (!this.flushScheduled && this.flushing === null && this.deferredTimer === null)
+        this.deferredTimer = setTimeout(this.flushDeferred, deferMs);
+    }
     return durable;
   }
 

@@ -72,17 +72,11 @@ export class WriteAheadLog {
    * Queues one record. Records appended in the same event-loop turn share one write and one fsync
    * (group commit). The promise resolves when the record is as durable as the policy promises: on
    * disk for `always`, written to the OS for `interval` and `off`. Throws at once when the log has
-   * failed.
+   * failed. With `deferMs`, it waits for the next write, `deferMs` at the most
+   * (GroupCommit.append).
    */
-  append(payload: unknown): Promise<void> {
-    const durable = this.commits.append(payload);
-    this.recordsSinceSnapshot++;
-    return durable;
-  }
-
-  /** Like `append`, but written with the next write, or `delayMs` from now at the latest. */
-  appendDeferred(payload: unknown, delayMs: number): Promise<void> {
-    const durable = this.commits.appendDeferred(payload, delayMs);
+  append(payload: unknown, deferMs = 0): Promise<void> {
+    const durable = this.commits.append(payload, deferMs);
     this.recordsSinceSnapshot++;
     return durable;
   }

@@ -81,7 +81,7 @@ describe('group commit', () => {
     const { wal } = openRecording(dir, { fsync: 'always' });
     let deferredDone = false;
     // A delay no test waits out: only the next append can write it.
-    const deferred = wal.appendDeferred({ n: 1 }, 600_000).then(() => {
+    const deferred = wal.append({ n: 1 }, 600_000).then(() => {
       deferredDone = true;
     });
     for (let turn = 0; turn < 5; turn++) await new Promise((resolve) => setImmediate(resolve));
@@ -99,10 +99,10 @@ describe('group commit', () => {
     const dir = dirs.make();
     const { wal } = openRecording(dir, { fsync: 'always' });
     // Delays no test waits out: only the wait (the live list's) and close can write them.
-    wal.appendDeferred({ n: 1 }, 600_000);
+    wal.append({ n: 1 }, 600_000);
     await wal.flushThrough(wal.lastSeq);
     expect(batchesOf(dir)).toEqual([[1]]);
-    const closing = wal.appendDeferred({ n: 2 }, 600_000);
+    const closing = wal.append({ n: 2 }, 600_000);
     await wal.close();
     await closing;
     expect(await replayOnly(dir)).toEqual({ snapshot: null, records: records(1, 2) });
@@ -111,7 +111,7 @@ describe('group commit', () => {
   test('a deferred record with nothing after it is written once its delay is up', async () => {
     const dir = dirs.make();
     const { wal } = openRecording(dir, { fsync: 'always' });
-    await wal.appendDeferred({ n: 1 }, 5);
+    await wal.append({ n: 1 }, 5);
     expect(batchesOf(dir)).toEqual([[1]]);
     await wal.close();
     expect(await replayOnly(dir)).toEqual({ snapshot: null, records: records(1, 1) });
