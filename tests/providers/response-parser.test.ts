@@ -113,6 +113,28 @@ describe('framing', () => {
     }
   });
 
+  test('body parts at and past the copy bound (16 KiB) come out whole, Buffer or not', () => {
+    // Parts up to the bound are copied out of the read, larger ones viewed: both the same bytes.
+    const sizes = [1, 16 * 1024 - 1, 16 * 1024, 16 * 1024 + 1, 40_000];
+    const data = sizes.map((size, n) =>
+      Array.from({ length: size }, (_, i) => String.fromCharCode(97 + ((i + n) % 26))).join(''),
+    );
+    const chunked =
+      'HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n' +
+      data.map((d) => `${d.length.toString(16)}\r\n${d}\r\n`).join('') +
+      '0\r\n\r\n';
+    const whole = data.join('');
+    const length = `HTTP/1.1 200 OK\r\ncontent-length: ${whole.length}\r\n\r\n${whole}`;
+    for (const text of [chunked, length]) {
+      const bytes = encoder.encode(text);
+      for (const read of [bytes, Buffer.from(bytes)]) {
+        const parsed = parse([read]);
+        expect(parsed.ended).toBe(true);
+        expect(parsed.body).toBe(whole);
+      }
+    }
+  });
+
   test('chunk sizes of either case, up to 13 digits, spaced or bare-LF, cut at every byte', () => {
     // Sizes whole in one read are read from the bytes; split or unusual ones, as text: both alike.
     const response =

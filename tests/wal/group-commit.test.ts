@@ -108,6 +108,40 @@ describe('group commit', () => {
     expect(await replayOnly(dir)).toEqual({ snapshot: null, records: records(1, 2) });
   });
 
+  test('thousands of deferred records admitted at once are written in few batches', async () => {
+    const dir = dirs.make();
+    const { wal } = openRecording(dir, { fsync: 'always' });
+    const count = 5_000;
+    const acks = Array.from({ length: count }, (_, i) => wal.append({ n: i + 1 }, 5));
+    await Promise.all(acks);
+    // Every one is on disk, in order, without a write (or a timer) per record.
+    expect(batchesOf(dir).length).toBeLessThanOrEqual(2);
+    await wal.close();
+    expect(await replayOnly(dir)).toEqual({ snapshot: null, records: records(1, count) });
+  });
+
+  test('a wait for what was committed so far ends under steady appends', async () => {
+    const dir = dirs.make();
+    const { wal } = openRecording(dir, { fsync: 'always' });
+    // Another key's steady load: an append every turn, so the log never goes idle.
+    let appending = true;
+    let n = 0;
+    const load = (async () => {
+      while (appending) {
+        wal.append({ n: ++n });
+        await new Promise((resolve) => setImmediate(resolve));
+      }
+    })();
+    for (let i = 0; i < 20; i++) await new Promise((resolve) => setImmediate(resolve));
+    const seq = wal.lastSeq;
+    await wal.flushThrough(seq);
+    appending = false;
+    await load;
+    await wal.close();
+    const { records: replayed } = await replayOnly(dir);
+    expect(replayed.length).toBeGreaterThanOrEqual(seq);
+  });
+
   test('a deferred record with nothing after it is written once its delay is up', async () => {
     const dir = dirs.make();
     const { wal } = openRecording(dir, { fsync: 'always' });
