@@ -22,8 +22,15 @@ import { countTextsSteps, INLINE_TEXT_CHARS_MAX, runSteps, settledPrefixLength }
 export const OFFLOAD_BODY_CHARS = 128 * 1024;
 /** One worker: this host has 2 cores, one for the event loop and one for counting. */
 const COUNT_JOBS_MAX = 128;
-/** A key's large requests waiting or being counted; the next is refused (429) until one is done. */
-const COUNT_KEY_JOBS_MAX = 8;
+/**
+ * A key's large requests waiting or being counted; the next is refused (429) until one is done.
+ * This bounds the bodies one key keeps in memory while they wait (32 × 4 MB), not other keys'
+ * latency: the pool gives keys their slices in turn however long a key's queue is. At 8, a burst
+ * of a dozen large requests from one key had some answered 429 where the contract's check order
+ * gives every one its own answer (402 for a key with no credit, 409 for a repeated
+ * Idempotency-Key): a client's ordinary burst is under this bound.
+ */
+export const COUNT_KEY_JOBS_MAX = 32;
 /** No slice runs this long (a step is ≤ ~250 ms): a worker that has not answered is stuck. */
 const COUNT_SLICE_DEADLINE_MS = 10_000;
 

@@ -2,7 +2,7 @@
 // within bounds; other keys are not slowed.
 import { describe, expect, test } from 'bun:test';
 import { randomBytes } from 'node:crypto';
-import { countPool } from '../../src/billing/offload.ts';
+import { COUNT_KEY_JOBS_MAX, countPool } from '../../src/billing/offload.ts';
 import { countPromptTokens } from '../../src/billing/tokens.ts';
 import { bearer, chatBody, closedAfterEach, type TestServer } from '../support/gateway.ts';
 
@@ -140,10 +140,10 @@ describe('4 MB prompts from a key with no credit', () => {
     const attacker = await server.createKey({ credits: 0 });
     const victim = await server.createKey({ credits: 100 });
     const pool = countPool();
-    // Eight 4 MB prompts fill the attacker's share of the queue (~11 s of counting); two more are
-    // refused.
-    const bodies = Array.from({ length: 10 }, () =>
-      promptBody('model_01', base64Prompt(MAX_BODY_BYTES - 100)),
+    // 2 MB prompts (each counted to model_01's window, ~1.4 s) fill the attacker's share of the
+    // queue (~45 s of counting); two more are refused.
+    const bodies = Array.from({ length: COUNT_KEY_JOBS_MAX + 2 }, () =>
+      promptBody('model_01', base64Prompt(2 * 1024 * 1024)),
     );
     const leave = new AbortController();
     const settled: unknown[] = [];
@@ -163,9 +163,9 @@ describe('4 MB prompts from a key with no credit', () => {
       { status: 429, code: 'rate_limit_exceeded', param: null },
       { status: 429, code: 'rate_limit_exceeded', param: null },
     ]);
-    await until(() => pool.size === 8);
+    await until(() => pool.size === COUNT_KEY_JOBS_MAX);
 
-    // The victim's own large prompt (counted by the worker too) waits a slice per turn, not 11 s of
+    // The victim's own large prompt (counted by the worker too) waits a slice per turn, not 45 s of
     // jobs.
     const victimPrompt =
       'The quick brown fox jumps over the lazy dog. '.repeat(5_000) + base64Prompt(20_000);
@@ -185,12 +185,50 @@ describe('4 MB prompts from a key with no credit', () => {
     expect(elapsedMs).toBeLessThan(1_000);
 
     // The attacker gives up: its queued and running jobs leave the queue (counted to the end, they
-    // would take the worker ~10 s more).
+    // would take the worker ~40 s more).
     leave.abort();
     await until(() => pool.size === 0, 3_000);
     const answers = await Promise.all(attack);
-    expect(answers.filter((answer) => answer === 'left').length).toBeGreaterThanOrEqual(6);
+    expect(answers.filter((answer) => answer === 'left').length).toBeGreaterThanOrEqual(
+      COUNT_KEY_JOBS_MAX - 2,
+    );
   }, 120_000);
+});
+
+describe('a burst of large requests from one key, under its bound', () => {
+  // 16: twice what the bound was until stop 33, when a burst like this had some answered 429.
+  const BURST = 16;
+
+  test('gets the answers of the check order: 402 each for a key with no credit', async () => {
+    const server = await t.server();
+    const broke = await server.createKey({ credits: 0 });
+    const bodies = Array.from({ length: BURST }, () =>
+      promptBody('model_01', base64Prompt(200 * 1024)),
+    );
+    const answers = await Promise.all(
+      bodies.map(async (body) => errorOf(await post(server, COMPLETIONS, broke.key, body))),
+    );
+    expect(answers).toEqual(
+      bodies.map(() => ({ status: 402, code: 'insufficient_quota', param: null })),
+    );
+    expect(countPool().size).toBe(0);
+  }, 60_000);
+
+  test('one task for the same Idempotency-Key: 200 once, 409 for every repeat', async () => {
+    const server = await t.server();
+    const key = await server.createKey({ credits: 100_000 });
+    const body = promptBody('model_01', base64Prompt(200 * 1024));
+    const headers = { 'idempotency-key': `burst-${randomBytes(6).toString('hex')}` };
+    const responses = await Promise.all(
+      Array.from({ length: BURST }, () => post(server, COMPLETIONS, key.key, body, { headers })),
+    );
+    const statuses = responses.map((response) => response.status).sort();
+    const ids = new Set(responses.map((response) => response.headers.get('x-request-id')));
+    await Promise.all(responses.map((response) => response.arrayBuffer()));
+    expect(statuses).toEqual([200, ...Array.from({ length: BURST - 1 }, () => 409)]);
+    // Every 409 names the one task.
+    expect(ids.size).toBe(1);
+  }, 60_000);
 });
 
 describe('the checks before context answer without counting', () => {
