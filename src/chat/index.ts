@@ -22,8 +22,10 @@ import {
   ChatRequestDocumentSchema,
   type ChatRequestStatus,
   ChatRequestStatusSchema,
+  type Model,
   type ModelList,
   ModelListSchema,
+  ModelSchema,
   validateChatRequest,
 } from './model.ts';
 import { admitChat, type ChatAdmission, runChat } from './service.ts';
@@ -152,6 +154,16 @@ function holdKept(gateway: Gateway, id: string): boolean {
   return (gateway.store.state.request(id)?.charge.credits_micro ?? 0) > 0;
 }
 
+/** A catalogue model as the list and the retrieve show it (`id` is a catalogue id). */
+function modelView(config: Gateway['config'], id: string): Model {
+  return {
+    id,
+    object: 'model',
+    created: config.models[id]!.created,
+    owned_by: config.models[id]!.provider,
+  };
+}
+
 function statusView(gateway: Gateway, record: RequestRecord): ChatRequestStatus {
   return {
     object: 'request.status',
@@ -253,6 +265,19 @@ const MODELS_DOC = describeRoute({
   errors: KEY_ERRORS,
 });
 
+const MODEL_DOC = describeRoute({
+  summary: 'Read one catalogue model',
+  description:
+    '`{id, object: "model", created, owned_by}`, as in the list (what the OpenAI SDK\'s ' +
+    '`models.retrieve` reads). An alias is not a model of its own: 404, as an unknown id.',
+  tag: 'chat',
+  auth: 'api_key',
+  answers: {
+    200: { description: 'The model.', content: { 'application/json': ModelSchema } },
+  },
+  errors: [...KEY_ERRORS, 'model_not_found'],
+});
+
 const STATUS_DOC = describeRoute({
   summary: "Read the status, usage and charge of one of the key's requests",
   description:
@@ -302,16 +327,27 @@ export function chatController(gateway: Gateway) {
         gateway.store.checkAvailable();
         const list: ModelList = {
           object: 'list',
-          data: Object.entries(config.models).map(([id, model]) => ({
-            id,
-            object: 'model',
-            created: model.created,
-            owned_by: model.provider,
-          })),
+          data: Object.keys(config.models).map((id) => modelView(config, id)),
         };
         return Response.json(list);
       },
       { detail: MODELS_DOC },
+    )
+    .get(
+      '/models/:id',
+      ({ request, params }) => {
+        authenticate(gateway.store, request.headers.get('authorization'), 'chat');
+        gateway.store.checkAvailable();
+        // Own keys only: "__proto__" or "constructor" is just an unknown model.
+        if (!Object.hasOwn(config.models, params.id) || !config.models[params.id])
+          throw new GatewayError(
+            'model_not_found',
+            `The model ${JSON.stringify(params.id)} does not exist.`,
+            { param: null },
+          );
+        return Response.json(modelView(config, params.id));
+      },
+      { detail: MODEL_DOC },
     )
     .get(
       '/requests/:id',

@@ -478,16 +478,19 @@ export const ChatCompletionSchema = Type.Object({
 export type ChatCompletion = Static<typeof ChatCompletionSchema>;
 
 /** GET /api/v1/models. */
+/** GET /api/v1/models/{id}, and each item of the list. */
+export const ModelSchema = Type.Object({
+  id: Type.String(),
+  object: Type.Literal('model'),
+  created: UnixSeconds,
+  owned_by: Type.String({ description: 'the provider' }),
+});
+
+export type Model = Static<typeof ModelSchema>;
+
 export const ModelListSchema = Type.Object({
   object: Type.Literal('list'),
-  data: Type.Array(
-    Type.Object({
-      id: Type.String(),
-      object: Type.Literal('model'),
-      created: UnixSeconds,
-      owned_by: Type.String({ description: 'the provider' }),
-    }),
-  ),
+  data: Type.Array(ModelSchema),
 });
 
 export type ModelList = Static<typeof ModelListSchema>;

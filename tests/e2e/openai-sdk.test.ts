@@ -185,6 +185,25 @@ describe('openai SDK', () => {
   });
 
   test(
+    'models retrieve: a catalogue model as the list shows it; an unknown one or an alias is 404 ' +
+      'model_not_found',
+    async () => {
+      expect(await client.models.retrieve('model_03')).toEqual({
+        id: 'model_03',
+        object: 'model',
+        created: expect.any(Number),
+        owned_by: 'simulator',
+      });
+      for (const id of ['model_99', 'legacy_fast_1', '__proto__']) {
+        const error = await client.models.retrieve(id).catch((thrown: unknown) => thrown);
+        expect(error).toBeInstanceOf(OpenAI.NotFoundError);
+        expect((error as APIError).code).toBe('model_not_found');
+        expect((error as APIError).type).toBe('invalid_request_error');
+      }
+    },
+  );
+
+  test(
     'the README way to an Idempotency-Key: a per-request header; the repeat is a 409 naming ' +
       'the original',
     async () => {

@@ -146,6 +146,20 @@ describe('trailing slashes are accepted (CONTRACT §1)', () => {
     ]);
   });
 
+  test('/api/v1/models/model_03/ answers as /api/v1/models/model_03', async () => {
+    const plain = await t.request('/api/v1/models/model_03', { headers: bearer(key) });
+    const slashed = await t.request('/api/v1/models/model_03/', { headers: bearer(key) });
+    expect(plain.status).toBe(200);
+    expect(slashed.status).toBe(200);
+    expect(await slashed.json()).toEqual(await plain.json());
+  });
+
+  test('/api/v1/models/model_03 needs a key', async () => {
+    const response = await t.request('/api/v1/models/model_03');
+    expect(response.status).toBe(401);
+    expect(((await response.json()) as any).error.reason).toBe('missing');
+  });
+
   test('/api/v1/models/ still needs a key', async () => {
     const response = await t.request('/api/v1/models/');
     expect(response.status).toBe(401);
