@@ -1,5 +1,7 @@
 // End to end with the official openai SDK, unmodified: only base URL, key and model change.
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test';
+import Ajv2020 from 'ajv/dist/2020';
+import addFormats from 'ajv-formats';
 import OpenAI, { APIError } from 'openai';
 import { startTestServer, type TestServer } from '../support/gateway.ts';
 
@@ -139,6 +141,61 @@ describe('openai SDK', () => {
       });
       expect(second.choices[0]!.finish_reason).toBe('stop');
       expect(second.choices[0]!.message.content!.length).toBeGreaterThan(0);
+    },
+  );
+
+  test(
+    'a required tool whose schema has patterns, formats, allOf bounds and maxProperties: ' +
+      'its arguments validate (CONTRACT §7), streamed or not',
+    async () => {
+      const parameters = {
+        type: 'object',
+        properties: {
+          currency: { type: 'string', pattern: '^[A-Z]{3}$' },
+          zip: { type: 'string', pattern: '^\\d{5}(-\\d{4})?$' },
+          check_in: { type: 'string', format: 'date' },
+          contact: { type: 'string', format: 'email' },
+          booking_id: { type: 'string', format: 'uuid' },
+          nights: { type: 'integer', minimum: 1 },
+          extras: {
+            type: 'object',
+            maxProperties: 1,
+            properties: { breakfast: { type: 'boolean' }, parking: { type: 'boolean' } },
+          },
+        },
+        allOf: [{ properties: { nights: { maximum: 14 } } }],
+        required: ['currency', 'zip', 'check_in', 'contact', 'booking_id', 'nights', 'extras'],
+        additionalProperties: false,
+      };
+      const ajv = new Ajv2020({ strict: false, logger: false });
+      addFormats(ajv);
+      const validate = ajv.compile(parameters);
+      const tools = [{ type: 'function' as const, function: { name: 'book_room', parameters } }];
+      for (let i = 0; i < 5; i++) {
+        const content = `Book room ${i}`;
+        const plain = await client.chat.completions.create({
+          model: 'model_03',
+          messages: [{ role: 'user', content }],
+          tools,
+          tool_choice: 'required',
+        });
+        const streamed = await client.chat.completions
+          .stream({
+            model: 'model_03',
+            messages: [{ role: 'user', content: `${content}, streamed` }],
+            tools,
+            tool_choice: { type: 'function', function: { name: 'book_room' } },
+          })
+          .finalChatCompletion();
+        for (const completion of [plain, streamed]) {
+          const call = completion.choices[0]!.message.tool_calls![0]! as {
+            function: { arguments: string };
+          };
+          const args = JSON.parse(call.function.arguments);
+          if (!validate(args))
+            throw new Error(`${call.function.arguments}: ${ajv.errorsText(validate.errors)}`);
+        }
+      }
     },
   );
 

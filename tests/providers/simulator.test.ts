@@ -2,6 +2,8 @@
 import { describe, expect, test } from 'bun:test';
 import { type TSchema, Type } from '@sinclair/typebox';
 import { Value } from '@sinclair/typebox/value';
+import Ajv2020 from 'ajv/dist/2020';
+import addFormats from 'ajv-formats';
 import { countTextTokens, countTextTokensYielding } from '../../src/billing/tokens.ts';
 import type { SimulatorProviderConfig } from '../../src/config/model.ts';
 import type { Delta, ProviderRequest, ToolDefinition } from '../../src/providers/provider.ts';
@@ -380,6 +382,96 @@ describe('schema values', () => {
     },
   );
 
+  test(
+    'pattern, format, a property bounded by two allOf parts, maxProperties: valid by Ajv ' +
+      '(formats asserted) for 200 seeds, the smallest instance too',
+    () => {
+      const ajv = new Ajv2020({ strict: false, logger: false });
+      addFormats(ajv);
+      const one = (property: Record<string, unknown>) => ({
+        type: 'object',
+        properties: { v: { type: 'string', ...property } },
+        required: ['v'],
+      });
+      const schemas: unknown[] = [
+        // The audit's cases (stop 33): each came back invalid.
+        one({ pattern: '^[A-Z]{3}$' }),
+        one({ pattern: '^\\d{5}$' }),
+        {
+          type: 'object',
+          properties: { nights: { type: 'integer', minimum: 1 } },
+          allOf: [{ properties: { nights: { maximum: 14 } } }],
+          required: ['nights'],
+        },
+        {
+          type: 'object',
+          allOf: [
+            { properties: { a: { type: 'integer', minimum: 5 } } },
+            { properties: { a: { maximum: 6 } } },
+          ],
+          required: ['a'],
+        },
+        {
+          type: 'object',
+          maxProperties: 1,
+          properties: { a: { type: 'string' }, b: { type: 'string' }, c: { type: 'string' } },
+        },
+        {
+          type: 'object',
+          maxProperties: 2,
+          required: ['c'],
+          properties: { a: { type: 'string' }, b: { type: 'string' }, c: { type: 'string' } },
+        },
+        ...['date', 'time', 'date-time', 'duration', 'email', 'hostname', 'ipv4', 'ipv6', 'uri']
+          .concat(['uri-reference', 'uri-template', 'uuid', 'json-pointer', 'regex'])
+          .concat(['relative-json-pointer'])
+          .map((format) => one({ format })),
+        ...[
+          '^\\+?[1-9]\\d{1,14}$',
+          '^(foo|bar)baz?$',
+          '[^abc]{2,4}',
+          '^#?([a-fA-F0-9]{6}|[a-fA-F0-9]{3})$',
+          '^(?:[01]\\d|2[0-3]):[0-5]\\d$',
+          '^\\S+$',
+          '^.{3,8}$',
+          '^[^\\s@]+@[^\\s@]+\\.[^\\s@]+$',
+          '^(?<year>\\d{4})$',
+          '^[-a-z]{2}$',
+          '^\\u00e9+$',
+          '^a{2,}b*c?$',
+          '^[\\d\\s]+$',
+          '^$',
+          '\\$\\d+\\.\\d{2}',
+          '^[\\]a]$',
+          '^v\\d+(\\.\\d+){2}(-[a-z]+)?$',
+        ].map((pattern) => one({ pattern })),
+        // A known format wins over a pattern beside it, which mostly restates it.
+        one({ pattern: '^\\d{4}-\\d{2}-\\d{2}$', format: 'date' }),
+        one({ pattern: '^[a-z]+-\\d$', format: 'not-a-known-format' }),
+      ];
+      for (const schema of schemas) {
+        const validate = ajv.compile(schema as object);
+        for (let seed = 0; seed < 200; seed++) {
+          const value = valueForSchema(schema, new SeededRandom(seed), ARGUMENTS_BYTES_MAX);
+          if (!validate(value))
+            throw new Error(`seed ${seed}: ${JSON.stringify(value)} for ${JSON.stringify(schema)}`);
+        }
+        const smallest = smallestInstance(schema, ARGUMENTS_BYTES_MAX);
+        expect(smallest.fits && validate(smallest.value)).toBe(true);
+      }
+    },
+  );
+
+  test('a pattern past what is built (lookaround, a backreference) gets a word, no error', () => {
+    for (const pattern of ['^(?=a)a$', '^(a)\\1$', '\\bword\\b', '^\\p{L}+$', '[z-a]', '(']) {
+      const schema = { type: 'string', pattern };
+      expect(typeof valueForSchema(schema, new SeededRandom(1), ARGUMENTS_BYTES_MAX)).toBe(
+        'string',
+      );
+      expect(smallestInstance(schema, ARGUMENTS_BYTES_MAX).fits).toBe(true);
+    }
+  });
+
   test('a $ref with a malformed percent-escape names nothing instead of throwing', () => {
     const schema = { type: 'object', properties: { a: { $ref: '#/%E0%A4%A' } }, required: ['a'] };
     expect(() => valueForSchema(schema, new SeededRandom(1), ARGUMENTS_BYTES_MAX)).not.toThrow();
@@ -501,6 +593,29 @@ describe('generated work is bounded (CONTRACT §8)', () => {
       },
     );
   }
+
+  test(
+    'a hostile pattern is built in bounded work and bytes, never run: nested empty repeats, ' +
+      'a repeat past the limit, a catastrophic-backtracking one',
+    () => {
+      for (const pattern of [
+        '((){60000}){60000}',
+        '(((a?){60000}){60000}){60000}',
+        'a{70000}',
+        `${'(a|b)'.repeat(2_000)}`,
+        '^(a|aa)+$',
+        '^(\\w+\\s?)*$',
+        'x'.repeat(100_000),
+      ]) {
+        const schema = { type: 'object', properties: { v: { type: 'string', pattern } } };
+        const startedMs = performance.now();
+        const value = valueForSchema(schema, new SeededRandom(7), ARGUMENTS_BYTES_MAX);
+        smallestInstance(schema, ARGUMENTS_BYTES_MAX);
+        expect(performance.now() - startedMs).toBeLessThan(QUICK_MS);
+        expect(Buffer.byteLength(JSON.stringify(value))).toBeLessThanOrEqual(ARGUMENTS_BYTES_MAX);
+      }
+    },
+  );
 
   test(
     'uniqueItems over a two-value enum with ' + 'minItems 50 stops short after the two values',

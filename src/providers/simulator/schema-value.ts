@@ -2,10 +2,12 @@
 // in bounded bytes and work.
 //
 // Covered: type (also arrays such as ["string", "null"]), const, enum, anyOf/oneOf (first branch),
-// allOf (merged), local $ref (#/$defs, #/definitions), object properties/required/
-// additionalProperties/minProperties, string minLength/maxLength, integer/number minimum/maximum
+// allOf (merged: bounds the tighter, a property's schemas together), local $ref (#/$defs,
+// #/definitions), object properties/required/additionalProperties/minProperties/maxProperties,
+// string minLength/maxLength/pattern/format (string-value.ts), integer/number minimum/maximum
 // (inclusive and exclusive)/multipleOf, boolean, null, array items/prefixItems/minItems/maxItems/
-// uniqueItems. Ignored, because a plausible value rarely needs them: format, pattern, not, if/then.
+// uniqueItems. Ignored, because a plausible value rarely needs them: not, if/then, contains,
+// propertyNames, patternProperties, dependent*.
 //
 // The schema is the caller's (CONTRACT §8: generated work is bounded), so `minItems: 1e8`, a
 // required recursive `$ref` or a huge enum must cost neither memory nor time. A value is built
@@ -15,6 +17,7 @@
 // (chat/model.ts). What a node costs to read (its type list, required list, allOf merge, $ref walk)
 // is worked out once per node.
 import type { SeededRandom } from './random.ts';
+import { stringForFormat, stringForPattern } from './string-value.ts';
 
 type Schema = Record<string, unknown>;
 
@@ -166,6 +169,8 @@ interface ObjectPlan {
   /** propertyBytes of the names used so far. */
   keyBytes: Map<string, number>;
   propertiesMin: number;
+  /** maxProperties: optional properties are filled in only up to it. */
+  propertiesMax: number;
 }
 
 const typeCache = new WeakMap<Schema, string>();
@@ -230,6 +235,7 @@ function objectPlan(schema: Schema, charge: (count: number) => void): ObjectPlan
     );
     const extra = own(schema, 'additionalProperties');
     const propertiesMin = own(schema, 'minProperties');
+    const propertiesMax = own(schema, 'maxProperties');
     const declaredKeys = Object.keys(declared);
     plan = {
       declared,
@@ -240,6 +246,7 @@ function objectPlan(schema: Schema, charge: (count: number) => void): ObjectPlan
       closed: extra === false,
       keyBytes: new Map(),
       propertiesMin: typeof propertiesMin === 'number' ? propertiesMin : 0,
+      propertiesMax: typeof propertiesMax === 'number' ? propertiesMax : Number.POSITIVE_INFINITY,
     };
     objectPlanCache.set(schema, plan);
   }
@@ -277,9 +284,10 @@ function walkPointer(root: Schema, ref: string): unknown {
 }
 
 /**
- * allOf as one schema: properties and required lists are unioned, other keywords the last wins.
- * Each key copied is charged to `step` (the caller's budget): many allOf nodes may name one large
- * part.
+ * allOf as one schema: required lists are unioned, a property named by several parts gets their
+ * schemas as an allOf of its own, lower bounds take the highest and upper bounds the lowest, other
+ * keywords the last wins. Each key copied is charged to `step` (the caller's budget): many allOf
+ * nodes may name one large part.
  */
 function mergeAllOf(schema: Schema, root: Schema, step: (count: number) => void): Schema {
   let merged = mergedCache.get(schema);
@@ -294,17 +302,21 @@ function mergeParts(schema: Schema, root: Schema, step: (count: number) => void)
   const merged: Schema = {};
   const properties: Schema = {};
   const required: unknown[] = [];
-  const copy = (from: Schema, to: Schema) => {
+  const copy = (
+    from: Schema,
+    to: Schema,
+    combine: (key: string, a: unknown, b: unknown) => unknown,
+  ) => {
     for (const key in from) {
       if (!Object.hasOwn(from, key)) continue;
       step(1);
-      setOwn(to, key, from[key]);
+      setOwn(to, key, Object.hasOwn(to, key) ? combine(key, to[key], from[key]) : from[key]);
     }
   };
   const addFrom = (part: Schema) => {
-    copy(part, merged);
+    copy(part, merged, tighter);
     const partProperties = own(part, 'properties');
-    if (isSchema(partProperties)) copy(partProperties, properties);
+    if (isSchema(partProperties)) copy(partProperties, properties, bothSchemas);
     const partRequired = own(part, 'required');
     if (Array.isArray(partRequired)) {
       step(partRequired.length);
@@ -323,6 +335,35 @@ function mergeParts(schema: Schema, root: Schema, step: (count: number) => void)
   if (Object.keys(properties).length > 0) merged.properties = properties;
   if (required.length > 0) merged.required = required;
   return merged;
+}
+
+const LOWER_BOUNDS = new Set([
+  'minimum',
+  'exclusiveMinimum',
+  'minLength',
+  'minItems',
+  'minProperties',
+]);
+const UPPER_BOUNDS = new Set([
+  'maximum',
+  'exclusiveMaximum',
+  'maxLength',
+  'maxItems',
+  'maxProperties',
+]);
+
+/** One keyword named by two allOf parts: what both allow (for a bound), else the later one. */
+function tighter(key: string, earlier: unknown, later: unknown): unknown {
+  if (typeof earlier === 'number' && typeof later === 'number') {
+    if (LOWER_BOUNDS.has(key)) return Math.max(earlier, later);
+    if (UPPER_BOUNDS.has(key)) return Math.min(earlier, later);
+  }
+  return later;
+}
+
+/** One property named by two allOf parts: its value must satisfy both schemas. */
+function bothSchemas(_key: string, earlier: unknown, later: unknown): unknown {
+  return { allOf: [earlier, later] };
 }
 
 /**
@@ -374,6 +415,24 @@ function stringBounds(schema: Schema): { lengthMin: number; lengthMax: number } 
     lengthMax:
       typeof maxLength === 'number' ? Math.max(0, Math.floor(maxLength)) : Number.POSITIVE_INFINITY,
   };
+}
+
+/**
+ * A string of `schema`'s format or pattern, varied with `random`, else the shortest; null when it
+ * has neither, or none covered (the caller then builds words to the lengths). A known format wins:
+ * a pattern beside one mostly restates it (`^\\d{4}-\\d{2}-\\d{2}$` with `date`), and digits
+ * built for the pattern would rarely make a valid date.
+ */
+function shapedString(
+  schema: Schema,
+  random: SeededRandom | null,
+  charsMax: number,
+): string | null {
+  const format = own(schema, 'format');
+  const formatted = typeof format === 'string' ? stringForFormat(format, random) : null;
+  if (formatted !== null) return formatted;
+  const pattern = own(schema, 'pattern');
+  return typeof pattern === 'string' ? stringForPattern(pattern, random, charsMax) : null;
 }
 
 interface NumberRange {
@@ -580,14 +639,18 @@ class Generator {
       this.spend(propertyBytes(plan, key));
       setOwn(result, key, this.generate(propertySchema, depth + 1));
     };
-    // Every declared property is filled in, optional ones too (that is always valid and shows the
-    // shape), down to OPTIONAL_DEPTH_MAX; deeper only the required ones, so an optional recursion
-    // ends.
-    if (depth < OPTIONAL_DEPTH_MAX)
-      for (const key of plan.declaredKeys) add(key, plan.declared[key]);
-    for (const key of plan.requiredKeys) {
-      if (!Object.hasOwn(result, key))
-        add(key, Object.hasOwn(plan.declared, key) ? plan.declared[key] : plan.extraSchema);
+    // Every declared property is filled in, optional ones too (that shows the shape), as far as
+    // maxProperties allows and down to OPTIONAL_DEPTH_MAX; deeper only the required ones, so an
+    // optional recursion ends.
+    for (const key of plan.requiredKeys)
+      add(key, Object.hasOwn(plan.declared, key) ? plan.declared[key] : plan.extraSchema);
+    if (depth < OPTIONAL_DEPTH_MAX) {
+      let count = plan.requiredKeys.length;
+      for (const key of plan.optionalKeys) {
+        if (count >= plan.propertiesMax) break;
+        add(key, plan.declared[key]);
+        count++;
+      }
     }
     if (!plan.closed) {
       let count = Object.keys(result).length;
@@ -642,6 +705,11 @@ class Generator {
   }
 
   private string(schema: Schema): string {
+    const shaped = shapedString(schema, this.random, this.bytesLeft);
+    if (shaped !== null) {
+      this.spend(stringJsonBytes(shaped, this.bytesLeft));
+      return shaped;
+    }
     const { lengthMin, lengthMax } = stringBounds(schema);
     const length = Math.min(lengthMin, lengthMax);
     // Words are ASCII, so the JSON is the length and two quotes: the minimum is charged before it
@@ -772,6 +840,8 @@ class SmallestSearch {
       case 'array':
         return this.array(schema);
       case 'string': {
+        const shaped = shapedString(schema, null, this.bytesMax);
+        if (shaped !== null) return this.leaf(shaped);
         const { lengthMin, lengthMax } = stringBounds(schema);
         const length = Math.min(lengthMin, lengthMax);
         if (length + 2 > this.bytesMax) return { found: NONE, lowest: NO_CYCLE };
@@ -940,6 +1010,8 @@ class SmallestSearch {
       return values;
     }
     if (type === 'string') {
+      // A pattern's or format's strings are not listed: the smallest one repeats.
+      if (own(target, 'pattern') !== undefined || own(target, 'format') !== undefined) return null;
       const { lengthMin, lengthMax } = stringBounds(target);
       const values: string[] = [];
       for (let n = 0; values.length < count; n++) {

@@ -1,0 +1,448 @@
+// Strings for a JSON Schema's `pattern` and `format`: a simulated tool call's arguments must
+// validate (CONTRACT §7), and a `pattern: "^[A-Z]{3}$"` or a `format: "date"` is common in tool
+// schemas (OpenAI's structured outputs support both).
+//
+// A pattern is turned into a string by construction, never by testing candidates against the
+// regex: the pattern is the caller's, and running a hostile one (`(a|aa)+$`) on a string it does
+// not match can hold the event loop for seconds. What is built is bounded in characters and steps.
+// The ECMAScript syntax covered: literals and escapes, `.`, classes (ranges, negation, \d \w \s and
+// their negations), groups (capturing, non-capturing, named), alternation, every quantifier, the
+// anchors ^ and $. Lookaround, backreferences and \b are not: such a pattern gets null (the caller
+// uses a plain word, which may then not match).
+import type { SeededRandom } from './random.ts';
+
+/** A pattern longer than this is not read: null, as an unsupported one. */
+const PATTERN_CHARS_MAX = 4096;
+/** Parsed nodes of one pattern, at most. */
+const PATTERN_NODES_MAX = 4096;
+/** Repetitions an unbounded quantifier (`*`, `+`, `{n,}`) adds past its minimum, at most. */
+const REPEAT_EXTRA_MAX = 3;
+/** Nodes one build visits, at most: `((){60000}){60000}` prints nothing, many times over. */
+const BUILD_STEPS_MAX = 100_000;
+
+type Node =
+  | { kind: 'text'; char: string }
+  | { kind: 'set'; ranges: Array<[number, number]>; negated: boolean }
+  | { kind: 'alt'; branches: Node[][] }
+  | { kind: 'repeat'; node: Node; min: number; max: number };
+
+/** Why a pattern cannot be built (caught at the entry point). */
+class Unsupported extends Error {}
+
+const DIGIT: Array<[number, number]> = [[0x30, 0x39]];
+const WORD: Array<[number, number]> = [
+  [0x30, 0x39],
+  [0x41, 0x5a],
+  [0x5f, 0x5f],
+  [0x61, 0x7a],
+];
+const SPACE: Array<[number, number]> = [
+  [0x09, 0x0d],
+  [0x20, 0x20],
+  [0xa0, 0xa0],
+  [0xfeff, 0xfeff],
+];
+/** What `.` and a negated class choose from first: printable ASCII, letters before the rest. */
+const PRINTABLE: Array<[number, number]> = [
+  [0x61, 0x7a],
+  [0x41, 0x5a],
+  [0x30, 0x39],
+  [0x20, 0x2f],
+  [0x3a, 0x40],
+  [0x5b, 0x60],
+  [0x7b, 0x7e],
+];
+
+/** Parses the subset of ECMAScript regex syntax above; throws Unsupported past it. */
+class PatternParser {
+  private at = 0;
+  private nodes = 0;
+
+  constructor(private readonly source: string) {}
+
+  parse(): Node[][] {
+    const branches = this.alternation();
+    if (this.at < this.source.length) throw new Unsupported('unbalanced )');
+    return branches;
+  }
+
+  private count(): void {
+    if (++this.nodes > PATTERN_NODES_MAX) throw new Unsupported('too many nodes');
+  }
+
+  private alternation(): Node[][] {
+    const branches: Node[][] = [this.sequence()];
+    while (this.source[this.at] === '|') {
+      this.at++;
+      branches.push(this.sequence());
+    }
+    return branches;
+  }
+
+  private sequence(): Node[] {
+    const nodes: Node[] = [];
+    while (this.at < this.source.length) {
+      const char = this.source[this.at]!;
+      if (char === '|' || char === ')') break;
+      if (char === '^' || char === '$') {
+        // The string built is the match itself, from its start to its end: anchors hold.
+        this.at++;
+        continue;
+      }
+      const atom = this.atom();
+      nodes.push(this.quantified(atom));
+    }
+    return nodes;
+  }
+
+  private atom(): Node {
+    this.count();
+    const char = this.source[this.at++]!;
+    switch (char) {
+      case '(':
+        return this.group();
+      case '[':
+        return this.set();
+      case '.':
+        return { kind: 'set', ranges: [[0x0a, 0x0a]], negated: true };
+      case '\\':
+        return this.escape(false);
+      case '*':
+      case '+':
+      case '?':
+      case '{':
+        // A quantifier with nothing before it; `{` alone is a literal in non-unicode patterns.
+        if (char === '{' && !/^\d+(,\d*)?\}/.test(this.source.slice(this.at)))
+          return { kind: 'text', char };
+        throw new Unsupported('a quantifier with nothing to repeat');
+      default:
+        return { kind: 'text', char: this.codePointAt(char) };
+    }
+  }
+
+  /** `char` plus its low surrogate when it opens a pair: one character of the pattern. */
+  private codePointAt(char: string): string {
+    const code = char.charCodeAt(0);
+    if (code >= 0xd800 && code <= 0xdbff && this.at < this.source.length) {
+      const low = this.source.charCodeAt(this.at);
+      if (low >= 0xdc00 && low <= 0xdfff) {
+        this.at++;
+        return char + this.source[this.at - 1];
+      }
+    }
+    return char;
+  }
+
+  private group(): Node {
+    if (this.source[this.at] === '?') {
+      const kind = this.source.slice(this.at, this.at + 3);
+      if (kind.startsWith('?:')) this.at += 2;
+      else if (kind.startsWith('?<') && kind !== '?<=' && kind !== '?<!') {
+        const end = this.source.indexOf('>', this.at);
+        if (end === -1) throw new Unsupported('unterminated group name');
+        this.at = end + 1;
+      } else throw new Unsupported('lookaround');
+    }
+    const branches = this.alternation();
+    if (this.source[this.at] !== ')') throw new Unsupported('unterminated group');
+    this.at++;
+    return { kind: 'alt', branches };
+  }
+
+  private set(): Node {
+    const negated = this.source[this.at] === '^';
+    if (negated) this.at++;
+    const ranges: Array<[number, number]> = [];
+    let first = true;
+    while (this.at < this.source.length && (this.source[this.at] !== ']' || first)) {
+      first = false;
+      this.count();
+      const low = this.setMember(ranges);
+      if (low === null) continue;
+      if (
+        this.source[this.at] === '-' &&
+        this.source[this.at + 1] !== ']' &&
+        this.at + 1 < this.source.length
+      ) {
+        this.at++;
+        const high = this.setMember(ranges);
+        if (high === null) {
+          // `[\d-z]`: the dash is a literal.
+          ranges.push([low, low], [0x2d, 0x2d]);
+          continue;
+        }
+        if (high < low) throw new Unsupported('range out of order');
+        ranges.push([low, high]);
+      } else ranges.push([low, low]);
+    }
+    if (this.source[this.at] !== ']') throw new Unsupported('unterminated class');
+    this.at++;
+    return { kind: 'set', ranges, negated };
+  }
+
+  /** One member of a class: its code point, or null when it was a class escape (added already). */
+  private setMember(ranges: Array<[number, number]>): number | null {
+    const char = this.source[this.at++]!;
+    if (char !== '\\') return this.codePointAt(char).codePointAt(0)!;
+    const escaped = this.escape(true);
+    if (escaped.kind === 'text') return escaped.char.codePointAt(0)!;
+    if (escaped.kind !== 'set' || escaped.negated) throw new Unsupported('negated escape in class');
+    for (const range of escaped.ranges) ranges.push(range);
+    return null;
+  }
+
+  private escape(inSet: boolean): Node {
+    const char = this.source[this.at++];
+    if (char === undefined) throw new Unsupported('trailing backslash');
+    switch (char) {
+      case 'd':
+        return { kind: 'set', ranges: DIGIT, negated: false };
+      case 'D':
+        return { kind: 'set', ranges: DIGIT, negated: true };
+      case 'w':
+        return { kind: 'set', ranges: WORD, negated: false };
+      case 'W':
+        return { kind: 'set', ranges: WORD, negated: true };
+      case 's':
+        return { kind: 'set', ranges: SPACE, negated: false };
+      case 'S':
+        return { kind: 'set', ranges: SPACE, negated: true };
+      case 't':
+        return { kind: 'text', char: '\t' };
+      case 'n':
+        return { kind: 'text', char: '\n' };
+      case 'r':
+        return { kind: 'text', char: '\r' };
+      case 'f':
+        return { kind: 'text', char: '\f' };
+      case 'v':
+        return { kind: 'text', char: '\v' };
+      case '0':
+        return { kind: 'text', char: '\0' };
+      case 'b':
+        if (inSet) return { kind: 'text', char: '\b' };
+        throw new Unsupported('word boundary');
+      case 'x':
+        return { kind: 'text', char: String.fromCharCode(this.hex(2)) };
+      case 'u': {
+        if (this.source[this.at] === '{') {
+          const end = this.source.indexOf('}', this.at);
+          if (end === -1) throw new Unsupported('unterminated \\u{');
+          const code = Number.parseInt(this.source.slice(this.at + 1, end), 16);
+          this.at = end + 1;
+          if (!Number.isFinite(code) || code > 0x10ffff) throw new Unsupported('bad \\u{');
+          return { kind: 'text', char: String.fromCodePoint(code) };
+        }
+        return { kind: 'text', char: String.fromCharCode(this.hex(4)) };
+      }
+      case 'c': {
+        const letter = this.source.charCodeAt(this.at++);
+        return { kind: 'text', char: String.fromCharCode(letter % 32) };
+      }
+      default:
+        // Backreferences (\1, \k<name>) and property escapes (\p{…}) are not built.
+        if (/[1-9kpP]/.test(char)) throw new Unsupported('backreference or property escape');
+        return { kind: 'text', char };
+    }
+  }
+
+  private hex(digits: number): number {
+    const text = this.source.slice(this.at, this.at + digits);
+    if (!new RegExp(`^[0-9a-fA-F]{${digits}}$`).test(text)) throw new Unsupported('bad hex escape');
+    this.at += digits;
+    return Number.parseInt(text, 16);
+  }
+
+  private quantified(atom: Node): Node {
+    const char = this.source[this.at];
+    let min: number;
+    let max: number;
+    if (char === '*') [min, max] = [0, Number.POSITIVE_INFINITY];
+    else if (char === '+') [min, max] = [1, Number.POSITIVE_INFINITY];
+    else if (char === '?') [min, max] = [0, 1];
+    else if (char === '{') {
+      const bounds = /^\{(\d+)(,(\d*))?\}/.exec(this.source.slice(this.at));
+      if (bounds === null) return atom; // a literal `{`, read as the next atom
+      min = Number(bounds[1]);
+      max =
+        bounds[2] === undefined ? min : bounds[3] ? Number(bounds[3]) : Number.POSITIVE_INFINITY;
+      if (max < min) throw new Unsupported('quantifier out of order');
+      this.at += bounds[0].length - 1;
+    } else return atom;
+    this.at++;
+    if (this.source[this.at] === '?') this.at++; // lazy: the same strings match
+    return { kind: 'repeat', node: atom, min, max };
+  }
+}
+
+const parsed = new Map<string, Node[][] | null>();
+const PARSED_KEPT_MAX = 256;
+
+function parsePattern(pattern: string): Node[][] | null {
+  let branches = parsed.get(pattern);
+  if (branches !== undefined) return branches;
+  branches = null;
+  if (pattern.length <= PATTERN_CHARS_MAX) {
+    try {
+      branches = new PatternParser(pattern).parse();
+    } catch (error) {
+      if (!(error instanceof Unsupported)) throw error;
+    }
+  }
+  // A bounded memo: a tool's schema is met again on every call with it.
+  if (parsed.size >= PARSED_KEPT_MAX) parsed.clear();
+  parsed.set(pattern, branches);
+  return branches;
+}
+
+/** Builds one string of a parsed pattern; `random` null builds the shortest (first choices). */
+class PatternBuilder {
+  private out = '';
+  private stepsLeft = BUILD_STEPS_MAX;
+
+  constructor(
+    private readonly random: SeededRandom | null,
+    private charsLeft: number,
+  ) {}
+
+  build(branches: Node[][]): string | null {
+    try {
+      this.alternation(branches);
+    } catch (error) {
+      if (error instanceof Unsupported) return null;
+      throw error;
+    }
+    return this.out;
+  }
+
+  private alternation(branches: Node[][]): void {
+    let index = 0;
+    if (this.random !== null) index = this.random.integer(0, branches.length - 1);
+    else {
+      // The shortest: the branch with the fewest nodes (a fair guess at its length).
+      for (let i = 1; i < branches.length; i++)
+        if (branches[i]!.length < branches[index]!.length) index = i;
+    }
+    for (const node of branches[index]!) this.node(node);
+  }
+
+  private node(node: Node): void {
+    if (--this.stepsLeft < 0) throw new Unsupported('too much work');
+    if (node.kind === 'text') this.emit(node.char);
+    else if (node.kind === 'set') this.emit(this.member(node));
+    else if (node.kind === 'alt') this.alternation(node.branches);
+    else {
+      const extra = Math.min(node.max - node.min, REPEAT_EXTRA_MAX);
+      const times =
+        node.min + (this.random === null || extra === 0 ? 0 : this.random.integer(0, extra));
+      if (times > this.charsLeft) throw new Unsupported('too long');
+      for (let i = 0; i < times; i++) this.node(node.node);
+    }
+  }
+
+  private emit(text: string): void {
+    this.charsLeft -= text.length;
+    if (this.charsLeft < 0) throw new Unsupported('too long');
+    this.out += text;
+  }
+
+  private member(node: { ranges: Array<[number, number]>; negated: boolean }): string {
+    if (!node.negated) {
+      if (node.ranges.length === 0) throw new Unsupported('an empty class matches nothing');
+      // A printable member when there is one (a tool's caller reads it), else the first.
+      const printable = node.ranges.filter(([low, high]) => high >= 0x20 && low <= 0x7e);
+      const pool = printable.length > 0 ? printable : node.ranges;
+      const [low, high] =
+        this.random === null ? pool[0]! : pool[this.random.integer(0, pool.length - 1)]!;
+      const from = Math.max(low, pool === printable ? 0x20 : low);
+      const to = Math.min(high, pool === printable ? 0x7e : high);
+      return String.fromCodePoint(this.random === null ? from : this.random.integer(from, to));
+    }
+    const inSet = (code: number) => node.ranges.some(([low, high]) => code >= low && code <= high);
+    const start = this.random === null ? 0 : this.random.integer(0, 25);
+    for (let pass = 0; pass < 2; pass++) {
+      for (const [low, high] of PRINTABLE) {
+        for (let code = pass === 0 ? low + Math.min(start, high - low) : low; code <= high; code++)
+          if (!inSet(code)) return String.fromCharCode(code);
+      }
+    }
+    for (let code = 0x80; code < 0x10000; code++)
+      if (!inSet(code)) return String.fromCharCode(code);
+    throw new Unsupported('a negated class of everything');
+  }
+}
+
+/**
+ * A string matching `pattern` (ECMAScript, unanchored as JSON Schema reads it) of at most
+ * `charsMax` characters: varied with `random`, the shortest without; null when the pattern uses
+ * syntax not covered, or needs more characters.
+ */
+export function stringForPattern(
+  pattern: string,
+  random: SeededRandom | null,
+  charsMax: number,
+): string | null {
+  const branches = parsePattern(pattern);
+  if (branches === null) return null;
+  return new PatternBuilder(random, charsMax).build(branches);
+}
+
+const FORMAT_WORDS = ['alpha', 'bravo', 'delta', 'echo', 'river', 'stone', 'maple', 'cedar'];
+
+function pad(value: number, width: number): string {
+  return String(value).padStart(width, '0');
+}
+
+/**
+ * A string of JSON Schema `format` (the formats of draft 2020-12 and OpenAI's structured outputs):
+ * varied with `random`, a fixed one without; null for a format not known here.
+ */
+export function stringForFormat(format: string, random: SeededRandom | null): string | null {
+  const pick = (low: number, high: number) => (random === null ? low : random.integer(low, high));
+  const word = () => FORMAT_WORDS[pick(0, FORMAT_WORDS.length - 1)]!;
+  const date = () => `${pick(2020, 2029)}-${pad(pick(1, 12), 2)}-${pad(pick(1, 28), 2)}`;
+  const time = () => `${pad(pick(0, 23), 2)}:${pad(pick(0, 59), 2)}:${pad(pick(0, 59), 2)}Z`;
+  switch (format) {
+    case 'date':
+      return date();
+    case 'time':
+      return time();
+    case 'date-time':
+      return `${date()}T${time()}`;
+    case 'duration':
+      return `P${pick(1, 30)}D`;
+    case 'email':
+    case 'idn-email':
+      return `${word()}@example.com`;
+    case 'hostname':
+    case 'idn-hostname':
+      return `${word()}.example.com`;
+    case 'ipv4':
+      return `192.0.2.${pick(1, 254)}`;
+    case 'ipv6':
+      return `2001:db8::${pick(1, 0xffff).toString(16)}`;
+    case 'uri':
+    case 'iri':
+    case 'url':
+      return `https://example.com/${word()}`;
+    case 'uri-reference':
+    case 'iri-reference':
+      return `/${word()}`;
+    case 'uri-template':
+      return `https://example.com/{${word()}}`;
+    case 'uuid': {
+      let hex = '';
+      for (let i = 0; i < 32; i++) hex += pick(0, 15).toString(16);
+      // Version 4, variant 10xx: what a generated UUID looks like.
+      return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-4${hex.slice(13, 16)}-${'89ab'[pick(0, 3)]}${hex.slice(17, 20)}-${hex.slice(20)}`;
+    }
+    case 'json-pointer':
+      return `/${word()}`;
+    case 'relative-json-pointer':
+      return '0';
+    case 'regex':
+      return `^${word()}$`;
+    default:
+      return null;
+  }
+}
