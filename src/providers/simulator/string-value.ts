@@ -434,7 +434,11 @@ export function stringForFormat(format: string, random: SeededRandom | null): st
       let hex = '';
       for (let i = 0; i < 32; i++) hex += pick(0, 15).toString(16);
       // Version 4, variant 10xx: what a generated UUID looks like.
-      return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-4${hex.slice(13, 16)}-${'89ab'[pick(0, 3)]}${hex.slice(17, 20)}-${hex.slice(20)}`;
+      const variant = '89ab'[pick(0, 3)];
+      return (
+        `${hex.slice(0, 8)}-${hex.slice(8, 12)}-4${hex.slice(13, 16)}-` +
+        `${variant}${hex.slice(17, 20)}-${hex.slice(20)}`
+      );
     }
     case 'json-pointer':
       return `/${word()}`;
