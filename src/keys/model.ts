@@ -13,8 +13,13 @@ export const KeyViewSchema = Type.Object({
   revoked: Type.Boolean(),
   created: Type.Integer({ minimum: 0, description: 'Unix seconds' }),
   limits: Type.Object({
-    rate_limit_rpm: Type.Integer({ minimum: 1, description: 'in force (the default when unset)' }),
-    rate_limit_rpm_configured: Type.Union([Type.Integer({ minimum: 1 }), Type.Null()]),
+    rate_limit_rpm: Type.Union([Type.Integer({ minimum: 1 }), Type.Null()], {
+      description: "the key's own; null: the configured default (CONTRACT §3)",
+    }),
+    rate_limit_rpm_in_force: Type.Integer({
+      minimum: 1,
+      description: "what applies: the key's own, else the configured default",
+    }),
     daily_decision_budget: Type.Union([Credits, Type.Null()]),
   }),
   balances: Type.Object({

@@ -185,8 +185,10 @@ export function keyView(account: KeyAccount, defaultRateLimitRpm: number): KeyVi
     revoked: account.revoked,
     created: Math.floor(account.createdAtMs / 1000),
     limits: {
-      rate_limit_rpm: account.rateLimitRpm ?? defaultRateLimitRpm,
-      rate_limit_rpm_configured: account.rateLimitRpm,
+      // As the key has it (null: the default, CONTRACT §3, as a null daily budget is none), and
+      // what that means now.
+      rate_limit_rpm: account.rateLimitRpm,
+      rate_limit_rpm_in_force: account.rateLimitRpm ?? defaultRateLimitRpm,
       daily_decision_budget:
         account.dailyDecisionBudgetMicro === null
           ? null

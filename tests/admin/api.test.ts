@@ -47,15 +47,15 @@ function sha256(text: string): string {
 
 /**
  * The key view of CONTRACT §6 with the fields this gateway adds (`created`,
- * `limits.rate_limit_rpm_configured`).
+ * `limits.rate_limit_rpm_in_force`).
  */
 function view(fields: {
   id: string;
   name: string;
   services?: string[];
   revoked?: boolean;
-  rpm?: number;
-  rpmConfigured?: number | null;
+  rpm?: number | null;
+  rpmInForce?: number;
   dailyBudget?: number | null;
   credits?: number;
   held?: number;
@@ -70,8 +70,8 @@ function view(fields: {
     revoked: fields.revoked ?? false,
     created: expect.any(Number),
     limits: {
-      rate_limit_rpm: fields.rpm ?? 600,
-      rate_limit_rpm_configured: fields.rpmConfigured ?? null,
+      rate_limit_rpm: fields.rpm ?? null,
+      rate_limit_rpm_in_force: fields.rpmInForce ?? 600,
       daily_decision_budget: fields.dailyBudget ?? null,
     },
     balances: {
@@ -182,7 +182,7 @@ describe('POST /admin/v1/keys', () => {
         tokenWallet: 7_000,
         dailyBudget: 0.25,
         rpm: 30,
-        rpmConfigured: 30,
+        rpmInForce: 30,
       }),
       key: body.key,
     });
@@ -405,7 +405,7 @@ describe('bad bodies → 400 invalid_request_error naming the field', () => {
 describe('reading keys', () => {
   test(
     "GET /keys/<id> has exactly the contract's view " +
-      '(plus created and rate_limit_rpm_configured)',
+      '(plus created and rate_limit_rpm_in_force)',
     async () => {
       const { id } = await create({ name: 'shape', credits: 12.345678, token_wallet: 9 });
       const response = await admin(`/keys/${id}`);

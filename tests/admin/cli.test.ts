@@ -19,7 +19,7 @@ async function cliJson(args: string[], childEnv: Record<string, string>): Promis
 }
 
 /**
- * The key view the CLI prints (CONTRACT §6 plus `created` and `limits.rate_limit_rpm_configured`).
+ * The key view the CLI prints (CONTRACT §6 plus `created` and `limits.rate_limit_rpm_in_force`).
  */
 /** The admin API takes `token` and refuses `wrong` with a 401. */
 async function expectAdminTokenChecked(url: string, token: string, wrong: string): Promise<void> {
@@ -38,7 +38,7 @@ function view(id: string, name: string, credits: number, revoked = false) {
     services: ['chat', 'decision'],
     revoked,
     created: expect.any(Number),
-    limits: { rate_limit_rpm: 600, rate_limit_rpm_configured: null, daily_decision_budget: null },
+    limits: { rate_limit_rpm: null, rate_limit_rpm_in_force: 600, daily_decision_budget: null },
     balances: { credits, held: 0, charged: 0, credits_added: credits, token_wallet: 0 },
   };
 }
