@@ -116,14 +116,15 @@ export async function creditKey(
   tokens: number,
 ): Promise<KeyAccount> {
   const account = findKey(store, id);
-  if (
-    !Number.isSafeInteger(account.creditsAddedMicro + creditsMicro) ||
-    !Number.isSafeInteger(account.tokensAdded + tokens)
-  ) {
+  // The param names the pocket that would overflow.
+  if (!Number.isSafeInteger(account.creditsAddedMicro + creditsMicro))
     throw new GatewayError('invalid_request_error', 'the top-up would overflow the balance', {
       param: 'credits',
     });
-  }
+  if (!Number.isSafeInteger(account.tokensAdded + tokens))
+    throw new GatewayError('invalid_request_error', 'the top-up would overflow the token wallet', {
+      param: 'tokens',
+    });
   await commands.topUp(store, id, creditsMicro, tokens, Date.now());
   return account;
 }

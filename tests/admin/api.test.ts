@@ -515,6 +515,27 @@ describe('POST /admin/v1/keys/<id>/credits', () => {
     },
   );
 
+  test('a top-up that would overflow is 400 naming the pocket: tokens or credits', async () => {
+    const { id } = await create({
+      name: 'full',
+      credits: 9_000_000_000,
+      token_wallet: Number.MAX_SAFE_INTEGER,
+    });
+    for (const [body, param] of [
+      [{ tokens: 5 }, 'tokens'],
+      [{ credits: 9_000_000_000 }, 'credits'],
+    ] as const) {
+      const response = await admin(`/keys/${id}/credits`, 'POST', body);
+      expect(response.status).toBe(400);
+      const error = ((await response.json()) as { error: { code: string; param: string } }).error;
+      expect(error).toMatchObject({ code: 'invalid_request_error', param });
+    }
+    // Nothing was added.
+    expect(await (await admin(`/keys/${id}`)).json()).toEqual(
+      view({ id, name: 'full', credits: 9_000_000_000, tokenWallet: Number.MAX_SAFE_INTEGER }),
+    );
+  });
+
   test('a top-up of 0.000001 credits adds exactly 1 µcr', async () => {
     const { id } = await create({ name: 'one-micro', credits: 0 });
     expect((await admin(`/keys/${id}/credits`, 'POST', { credits: 0.000001 })).status).toBe(200);
