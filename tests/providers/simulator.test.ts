@@ -10,6 +10,11 @@ import type { Delta, ProviderRequest, ToolDefinition } from '../../src/providers
 import { SIMULATOR_WORDS, SimulatorProvider } from '../../src/providers/simulator/index.ts';
 import { SeededRandom } from '../../src/providers/simulator/random.ts';
 import { smallestInstance, valueForSchema } from '../../src/providers/simulator/schema-value.ts';
+import { stringForPattern } from '../../src/providers/simulator/string-value.ts';
+
+function stringFor(pattern: string): string | null {
+  return stringForPattern(pattern, new SeededRandom(1), 1024);
+}
 
 /** limits.simulator_tool_arguments_bytes by default. */
 const ARGUMENTS_BYTES_MAX = 64 * 1024;
@@ -461,6 +466,57 @@ describe('schema values', () => {
       }
     },
   );
+
+  test('review of stop 33: classes as ECMAScript reads them, a property in 3 allOf parts', () => {
+    const matches = (pattern: string) => {
+      for (let seed = 0; seed < 50; seed++) {
+        const value = valueForSchema({ type: 'string', pattern }, new SeededRandom(seed), 1024);
+        expect(new RegExp(pattern, 'u').test(value as string)).toBe(true);
+      }
+      const smallest = smallestInstance({ type: 'string', pattern }, 1024);
+      expect(smallest.fits && new RegExp(pattern, 'u').test(smallest.value as string)).toBe(true);
+    };
+    // `[^]` is any character (not a class holding `]`); \0-\uffef leaves one BMP character out.
+    matches('^[^][a]$');
+    matches('^[^\\0-\\uffef]{3}$');
+    matches('^[^\\0-\\uffff]$');
+    // \B is a boundary, not the letter B: not built, so a word (no error).
+    expect(stringFor('a\\Bb')).toBeNull();
+    const schema = {
+      type: 'object',
+      allOf: [
+        { properties: { n: { type: 'integer', minimum: 50 } } },
+        { properties: { n: { maximum: 60 } } },
+        { properties: { n: { type: 'integer' } } },
+      ],
+      required: ['n'],
+    };
+    for (let seed = 0; seed < 50; seed++) {
+      const { n } = valueForSchema(schema, new SeededRandom(seed), 1024) as { n: number };
+      expect(n >= 50 && n <= 60).toBe(true);
+    }
+  });
+
+  test('a hostile class is a lookup per character, and a bad \\u{} escape no error', () => {
+    const cjk = Array.from({ length: 4_000 }, (_, i) => String.fromCharCode(0x4e00 + i)).join('');
+    const startedMs = performance.now();
+    for (const pattern of [
+      `[^${cjk}\\0-\\uffef]{3}`,
+      `[^${cjk}\\0-\\uffff]{3}`,
+      `[${cjk}]{20000}`,
+    ]) {
+      const schema = { type: 'array', minItems: 5, items: { type: 'string', pattern } };
+      valueForSchema(schema, new SeededRandom(1), ARGUMENTS_BYTES_MAX);
+      smallestInstance(schema, ARGUMENTS_BYTES_MAX);
+    }
+    expect(performance.now() - startedMs).toBeLessThan(QUICK_MS);
+    for (const pattern of ['\\u{-1}', '[\\u{-5}]', '\\u{+1}', '\\u{110000}']) {
+      expect(() =>
+        valueForSchema({ type: 'string', pattern }, new SeededRandom(1), ARGUMENTS_BYTES_MAX),
+      ).not.toThrow();
+      expect(stringFor(pattern)).toBeNull();
+    }
+  });
 
   test('a pattern past what is built (lookaround, a backreference) gets a word, no error', () => {
     for (const pattern of ['^(?=a)a$', '^(a)\\1$', '\\bword\\b', '^\\p{L}+$', '[z-a]', '(']) {

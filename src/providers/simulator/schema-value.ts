@@ -361,9 +361,22 @@ function tighter(key: string, earlier: unknown, later: unknown): unknown {
   return later;
 }
 
-/** One property named by two allOf parts: its value must satisfy both schemas. */
+/** The allOf schemas bothSchemas made: a third part naming the property joins the list. */
+const joinedSchemas = new WeakSet<object>();
+
+/**
+ * One property named by two allOf parts: its value must satisfy both schemas. A third one joins
+ * the same list rather than nesting it (a merge reads a part's own keys, not the allOf inside it).
+ */
 function bothSchemas(_key: string, earlier: unknown, later: unknown): unknown {
-  return { allOf: [earlier, later] };
+  const joined = {
+    allOf:
+      isSchema(earlier) && joinedSchemas.has(earlier)
+        ? [...(earlier.allOf as unknown[]), later]
+        : [earlier, later],
+  };
+  joinedSchemas.add(joined);
+  return joined;
 }
 
 /**

@@ -153,9 +153,8 @@ class PatternParser {
     const negated = this.source[this.at] === '^';
     if (negated) this.at++;
     const ranges: Array<[number, number]> = [];
-    let first = true;
-    while (this.at < this.source.length && (this.source[this.at] !== ']' || first)) {
-      first = false;
+    // In ECMAScript `]` always closes a class: `[]` matches nothing, `[^]` any character.
+    while (this.at < this.source.length && this.source[this.at] !== ']') {
       this.count();
       const low = this.setMember(ranges);
       if (low === null) continue;
@@ -222,15 +221,21 @@ class PatternParser {
       case 'b':
         if (inSet) return { kind: 'text', char: '\b' };
         throw new Unsupported('word boundary');
+      case 'B':
+        if (inSet) return { kind: 'text', char: 'B' };
+        throw new Unsupported('non-word boundary');
       case 'x':
         return { kind: 'text', char: String.fromCharCode(this.hex(2)) };
       case 'u': {
         if (this.source[this.at] === '{') {
           const end = this.source.indexOf('}', this.at);
           if (end === -1) throw new Unsupported('unterminated \\u{');
-          const code = Number.parseInt(this.source.slice(this.at + 1, end), 16);
+          const digits = this.source.slice(this.at + 1, end);
           this.at = end + 1;
-          if (!Number.isFinite(code) || code > 0x10ffff) throw new Unsupported('bad \\u{');
+          // Hex digits only: parseInt would read "-1" or "+1" (and fromCodePoint throw on -1).
+          if (!/^[0-9a-fA-F]{1,6}$/.test(digits)) throw new Unsupported('bad \\u{');
+          const code = Number.parseInt(digits, 16);
+          if (code > 0x10ffff) throw new Unsupported('bad \\u{');
           return { kind: 'text', char: String.fromCodePoint(code) };
         }
         return { kind: 'text', char: String.fromCharCode(this.hex(4)) };
@@ -346,30 +351,85 @@ class PatternBuilder {
     this.out += text;
   }
 
-  private member(node: { ranges: Array<[number, number]>; negated: boolean }): string {
-    if (!node.negated) {
-      if (node.ranges.length === 0) throw new Unsupported('an empty class matches nothing');
-      // A printable member when there is one (a tool's caller reads it), else the first.
-      const printable = node.ranges.filter(([low, high]) => high >= 0x20 && low <= 0x7e);
-      const pool = printable.length > 0 ? printable : node.ranges;
-      const [low, high] =
-        this.random === null ? pool[0]! : pool[this.random.integer(0, pool.length - 1)]!;
-      const from = Math.max(low, pool === printable ? 0x20 : low);
-      const to = Math.min(high, pool === printable ? 0x7e : high);
-      return String.fromCodePoint(this.random === null ? from : this.random.integer(from, to));
-    }
-    const inSet = (code: number) => node.ranges.some(([low, high]) => code >= low && code <= high);
-    const start = this.random === null ? 0 : this.random.integer(0, 25);
-    for (let pass = 0; pass < 2; pass++) {
-      for (const [low, high] of PRINTABLE) {
-        for (let code = pass === 0 ? low + Math.min(start, high - low) : low; code <= high; code++)
-          if (!inSet(code)) return String.fromCharCode(code);
-      }
-    }
-    for (let code = 0x80; code < 0x10000; code++)
-      if (!inSet(code)) return String.fromCharCode(code);
-    throw new Unsupported('a negated class of everything');
+  /** A character of the class: picked from its choices, worked out once per class (choicesOf). */
+  private member(node: SetNode): string {
+    const choices = choicesOf(node);
+    if (choices.printable.length > 0)
+      return this.random === null
+        ? choices.printable[0]!
+        : choices.printable[this.random.integer(0, choices.printable.length - 1)]!;
+    if (choices.other === null) throw new Unsupported('a class that matches nothing');
+    return choices.other;
   }
+}
+
+type SetNode = { kind: 'set'; ranges: Array<[number, number]>; negated: boolean };
+
+interface SetChoices {
+  /** The printable ASCII characters the class matches, letters first. */
+  printable: string[];
+  /** Else one character it matches (the lowest), or null when it matches none. */
+  other: string | null;
+}
+
+const setChoices = new WeakMap<SetNode, SetChoices>();
+
+/**
+ * What a class may yield, worked out once per class node: its ranges merged and sorted, then the
+ * 95 printable characters tested against them by binary search. A class of thousands of members
+ * is then a lookup per character built, not a scan (a `[^…]{n}` of 4,000 members took seconds).
+ */
+function choicesOf(node: SetNode): SetChoices {
+  let choices = setChoices.get(node);
+  if (choices !== undefined) return choices;
+  const merged = mergeRanges(node.ranges);
+  const matches = (code: number) => inRanges(merged, code) !== node.negated;
+  const printable: string[] = [];
+  for (const [low, high] of PRINTABLE)
+    for (let code = low; code <= high; code++)
+      if (matches(code)) printable.push(String.fromCharCode(code));
+  let other: string | null = null;
+  if (printable.length === 0) {
+    if (!node.negated) {
+      const first = merged[0];
+      other = first === undefined ? null : String.fromCodePoint(first[0]);
+    } else {
+      // The lowest code point outside every range: 0, or just past the range that covers it.
+      let code = 0;
+      for (const [low, high] of merged) {
+        if (code < low) break;
+        code = Math.max(code, high + 1);
+      }
+      other = code <= 0x10ffff ? String.fromCodePoint(code) : null;
+    }
+  }
+  choices = { printable, other };
+  setChoices.set(node, choices);
+  return choices;
+}
+
+function mergeRanges(ranges: Array<[number, number]>): Array<[number, number]> {
+  const sorted = ranges.toSorted((a, b) => a[0] - b[0]);
+  const merged: Array<[number, number]> = [];
+  for (const [low, high] of sorted) {
+    const last = merged[merged.length - 1];
+    if (last !== undefined && low <= last[1] + 1) last[1] = Math.max(last[1], high);
+    else merged.push([low, high]);
+  }
+  return merged;
+}
+
+function inRanges(merged: Array<[number, number]>, code: number): boolean {
+  let low = 0;
+  let high = merged.length - 1;
+  while (low <= high) {
+    const middle = (low + high) >> 1;
+    const range = merged[middle]!;
+    if (code < range[0]) high = middle - 1;
+    else if (code > range[1]) low = middle + 1;
+    else return true;
+  }
+  return false;
 }
 
 /**
