@@ -96,3 +96,51 @@ test(
     expect(error.message).toContain('simplify the schema');
   },
 );
+
+test(
+  'a pattern costly to build in each of 10,000 array items: the tool call is built within the ' +
+    "value's budget (its smallest instance), at once, and valid",
+  async () => {
+    const gateway = t.gateway();
+    const { key } = await gateway.createKey({ credits: 100 });
+    // 90,000 node visits per build; built once per item, it held the loop for many seconds.
+    const pattern = '^((a?){300}){300}b$';
+    const tool = {
+      type: 'function',
+      function: {
+        name: 'costly',
+        parameters: {
+          type: 'object',
+          properties: {
+            v: { type: 'array', minItems: 10_000, items: { type: 'string', pattern } },
+          },
+          required: ['v'],
+        },
+      },
+    };
+    const startedMs = performance.now();
+    const response = await gateway.request('/api/v1/chat/completions', {
+      method: 'POST',
+      headers: bearer(key),
+      body: JSON.stringify({
+        model: 'model_03',
+        messages: [{ role: 'user', content: 'hi' }],
+        tools: [tool],
+        tool_choice: 'required',
+      }),
+    });
+    expect(response.status).toBe(200);
+    const body = (await response.json()) as {
+      choices: Array<{ message: { tool_calls: Array<{ function: { arguments: string } }> } }>;
+    };
+    expect(performance.now() - startedMs).toBeLessThan(1_000);
+    const args = JSON.parse(body.choices[0]!.message.tool_calls[0]!.function.arguments) as {
+      v: string[];
+    };
+    expect(args.v.length).toBeGreaterThanOrEqual(10_000);
+    // What the pattern matches, a* then b, checked without running it: even on "b", which it
+    // matches, its nested repeats backtrack for minutes (why the gateway never runs a client's
+    // pattern).
+    expect(args.v.every((item) => /^a*b$/.test(item))).toBe(true);
+  },
+);

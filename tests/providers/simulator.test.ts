@@ -13,7 +13,7 @@ import { smallestInstance, valueForSchema } from '../../src/providers/simulator/
 import { stringForPattern } from '../../src/providers/simulator/string-value.ts';
 
 function stringFor(pattern: string): string | null {
-  return stringForPattern(pattern, new SeededRandom(1), 1024);
+  return stringForPattern({}, pattern, new SeededRandom(1), 1024, 10_000, () => {});
 }
 
 /** limits.simulator_tool_arguments_bytes by default. */
@@ -495,6 +495,26 @@ describe('schema values', () => {
       const { n } = valueForSchema(schema, new SeededRandom(seed), 1024) as { n: number };
       expect(n >= 50 && n <= 60).toBe(true);
     }
+  });
+
+  test(
+    'a pattern costly to build, in every item of a long array: its work counts against the ' +
+      "value's budget, built once",
+    () => {
+      for (const pattern of ['((){60000}){60000}', '(a?){30000}', '[ab]{20000}']) {
+        const schema = { type: 'array', minItems: 20_000, items: { type: 'string', pattern } };
+        const startedMs = performance.now();
+        const value = valueForSchema(schema, new SeededRandom(3), ARGUMENTS_BYTES_MAX);
+        smallestInstance(schema, ARGUMENTS_BYTES_MAX);
+        expect(performance.now() - startedMs).toBeLessThan(QUICK_MS);
+        expect(Buffer.byteLength(JSON.stringify(value))).toBeLessThanOrEqual(ARGUMENTS_BYTES_MAX);
+      }
+    },
+  );
+
+  test('a pattern is read up to 1,024 characters; a longer one is not built (a word)', () => {
+    expect(stringFor('a'.repeat(1_024))).toBe('a'.repeat(1_024));
+    expect(stringFor('a'.repeat(1_025))).toBeNull();
   });
 
   test('a hostile class is a lookup per character, and a bad \\u{} escape no error', () => {

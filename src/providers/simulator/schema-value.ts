@@ -440,12 +440,15 @@ function shapedString(
   schema: Schema,
   random: SeededRandom | null,
   charsMax: number,
+  stepsLeft: number,
+  charge: (count: number) => void,
 ): string | null {
   const format = own(schema, 'format');
   const formatted = typeof format === 'string' ? stringForFormat(format, random) : null;
   if (formatted !== null) return formatted;
   const pattern = own(schema, 'pattern');
-  return typeof pattern === 'string' ? stringForPattern(pattern, random, charsMax) : null;
+  if (typeof pattern !== 'string') return null;
+  return stringForPattern(schema, pattern, random, charsMax, stepsLeft, charge);
 }
 
 interface NumberRange {
@@ -718,7 +721,7 @@ class Generator {
   }
 
   private string(schema: Schema): string {
-    const shaped = shapedString(schema, this.random, this.bytesLeft);
+    const shaped = shapedString(schema, this.random, this.bytesLeft, this.stepsLeft, this.charge);
     if (shaped !== null) {
       this.spend(stringJsonBytes(shaped, this.bytesLeft));
       return shaped;
@@ -853,7 +856,13 @@ class SmallestSearch {
       case 'array':
         return this.array(schema);
       case 'string': {
-        const shaped = shapedString(schema, null, this.bytesMax);
+        const shaped = shapedString(
+          schema,
+          null,
+          this.bytesMax,
+          this.budget.stepsLeft,
+          this.charge,
+        );
         if (shaped !== null) return this.leaf(shaped);
         const { lengthMin, lengthMax } = stringBounds(schema);
         const length = Math.min(lengthMin, lengthMax);

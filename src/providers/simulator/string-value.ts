@@ -12,13 +12,17 @@
 import type { SeededRandom } from './random.ts';
 
 /** A pattern longer than this is not read: null, as an unsupported one. */
-const PATTERN_CHARS_MAX = 4096;
+const PATTERN_CHARS_MAX = 1024;
 /** Parsed nodes of one pattern, at most. */
-const PATTERN_NODES_MAX = 4096;
+const PATTERN_NODES_MAX = 1024;
 /** Repetitions an unbounded quantifier (`*`, `+`, `{n,}`) adds past its minimum, at most. */
 const REPEAT_EXTRA_MAX = 3;
-/** Nodes one build visits, at most: `((){60000}){60000}` prints nothing, many times over. */
-const BUILD_STEPS_MAX = 100_000;
+/**
+ * A build's node visits per step of the caller's budget (a schema node costs about as much as
+ * this many of them): `((){60000}){60000}` prints nothing, many times over, and a long array may
+ * build its item's pattern once per item.
+ */
+export const PATTERN_STEPS_PER_STEP = 16;
 
 type Node =
   | { kind: 'text'; char: string }
@@ -280,11 +284,15 @@ class PatternParser {
   }
 }
 
-const parsed = new Map<string, Node[][] | null>();
-const PARSED_KEPT_MAX = 256;
+/**
+ * Parsed patterns by the schema node that holds them: an array's items are built from one node
+ * many times, and the parse lives as long as the request's schema, shared with no other request
+ * (a process-wide memo would be one a key could fill for everyone).
+ */
+const parsedByNode = new WeakMap<object, Node[][] | null>();
 
-function parsePattern(pattern: string): Node[][] | null {
-  let branches = parsed.get(pattern);
+function parsePattern(node: object, pattern: string): Node[][] | null {
+  let branches = parsedByNode.get(node);
   if (branches !== undefined) return branches;
   branches = null;
   if (pattern.length <= PATTERN_CHARS_MAX) {
@@ -294,20 +302,19 @@ function parsePattern(pattern: string): Node[][] | null {
       if (!(error instanceof Unsupported)) throw error;
     }
   }
-  // A bounded memo: a tool's schema is met again on every call with it.
-  if (parsed.size >= PARSED_KEPT_MAX) parsed.clear();
-  parsed.set(pattern, branches);
+  parsedByNode.set(node, branches);
   return branches;
 }
 
 /** Builds one string of a parsed pattern; `random` null builds the shortest (first choices). */
 class PatternBuilder {
   private out = '';
-  private stepsLeft = BUILD_STEPS_MAX;
 
   constructor(
     private readonly random: SeededRandom | null,
     private charsLeft: number,
+    /** Node visits left; what remains is the caller's to read. */
+    public stepsLeft: number,
   ) {}
 
   build(branches: Node[][]): string | null {
@@ -354,10 +361,9 @@ class PatternBuilder {
   /** A character of the class: picked from its choices, worked out once per class (choicesOf). */
   private member(node: SetNode): string {
     const choices = choicesOf(node);
-    if (choices.printable.length > 0)
-      return this.random === null
-        ? choices.printable[0]!
-        : choices.printable[this.random.integer(0, choices.printable.length - 1)]!;
+    const { printable } = choices;
+    if (printable.length > 0)
+      return printable[this.random === null ? 0 : this.random.integer(0, printable.length - 1)]!;
     if (choices.other === null) throw new Unsupported('a class that matches nothing');
     return choices.other;
   }
@@ -366,8 +372,8 @@ class PatternBuilder {
 type SetNode = { kind: 'set'; ranges: Array<[number, number]>; negated: boolean };
 
 interface SetChoices {
-  /** The printable ASCII characters the class matches, letters first. */
-  printable: string[];
+  /** The printable ASCII characters the class matches, letters first (one string, not a list). */
+  printable: string;
   /** Else one character it matches (the lowest), or null when it matches none. */
   other: string | null;
 }
@@ -384,10 +390,10 @@ function choicesOf(node: SetNode): SetChoices {
   if (choices !== undefined) return choices;
   const merged = mergeRanges(node.ranges);
   const matches = (code: number) => inRanges(merged, code) !== node.negated;
-  const printable: string[] = [];
+  let printable = '';
   for (const [low, high] of PRINTABLE)
     for (let code = low; code <= high; code++)
-      if (matches(code)) printable.push(String.fromCharCode(code));
+      if (matches(code)) printable += String.fromCharCode(code);
   let other: string | null = null;
   if (printable.length === 0) {
     if (!node.negated) {
@@ -433,18 +439,32 @@ function inRanges(merged: Array<[number, number]>, code: number): boolean {
 }
 
 /**
- * A string matching `pattern` (ECMAScript, unanchored as JSON Schema reads it) of at most
- * `charsMax` characters: varied with `random`, the shortest without; null when the pattern uses
- * syntax not covered, or needs more characters.
+ * A string matching `pattern` (ECMAScript, unanchored as JSON Schema reads it), the pattern of
+ * schema node `node`, of at most `charsMax` characters: varied with `random`, the shortest
+ * without; null when the pattern uses syntax not covered, or needs more characters or steps.
+ * `charge` is told the steps of the caller's budget the build took (PATTERN_STEPS_PER_STEP node
+ * visits each), at most `stepsMax`, and may throw to stop the caller.
  */
 export function stringForPattern(
+  node: object,
   pattern: string,
   random: SeededRandom | null,
   charsMax: number,
+  stepsMax: number,
+  charge: (steps: number) => void,
 ): string | null {
-  const branches = parsePattern(pattern);
+  const branches = parsePattern(node, pattern);
   if (branches === null) return null;
-  return new PatternBuilder(random, charsMax).build(branches);
+  const visitsMax = Math.max(0, stepsMax) * PATTERN_STEPS_PER_STEP;
+  const builder = new PatternBuilder(random, charsMax, visitsMax);
+  const text = builder.build(branches);
+  // A build that ran out charges all it was allowed, and one more: the caller's budget is spent.
+  charge(
+    text === null && builder.stepsLeft < 0
+      ? stepsMax + 1
+      : Math.ceil((visitsMax - builder.stepsLeft) / PATTERN_STEPS_PER_STEP),
+  );
+  return text;
 }
 
 const FORMAT_WORDS = ['alpha', 'bravo', 'delta', 'echo', 'river', 'stone', 'maple', 'cedar'];
