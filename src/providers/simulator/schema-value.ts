@@ -17,7 +17,7 @@
 // (chat/model.ts). What a node costs to read (its type list, required list, allOf merge, $ref walk)
 // is worked out once per node.
 import type { SeededRandom } from './random.ts';
-import { stringForFormat, stringForPattern } from './string-value.ts';
+import { stringForFormat, stringForPattern, WORDS } from './string-value.ts';
 
 type Schema = Record<string, unknown>;
 
@@ -51,19 +51,6 @@ const ARRAY_ITEMS_DEFAULT_MAX = 3;
 const UNIQUE_ATTEMPTS_MAX = 8;
 /** Width of the range a number gets when the schema bounds only one side (or neither). */
 const NUMBER_SPAN_DEFAULT = 100;
-
-const WORDS = [
-  'alpha',
-  'bravo',
-  'delta',
-  'echo',
-  'river',
-  'stone',
-  'maple',
-  'cedar',
-  'amber',
-  'coral',
-];
 
 /**
  * Thrown inside a generation or search whose bytes or steps are spent; caught at the entry points.

@@ -467,7 +467,19 @@ export function stringForPattern(
   return text;
 }
 
-const FORMAT_WORDS = ['alpha', 'bravo', 'delta', 'echo', 'river', 'stone', 'maple', 'cedar'];
+/** Words of generated strings (schema-value.ts uses them too): ASCII, a JSON byte per char. */
+export const WORDS = [
+  'alpha',
+  'bravo',
+  'delta',
+  'echo',
+  'river',
+  'stone',
+  'maple',
+  'cedar',
+  'amber',
+  'coral',
+];
 
 function pad(value: number, width: number): string {
   return String(value).padStart(width, '0');
@@ -479,7 +491,7 @@ function pad(value: number, width: number): string {
  */
 export function stringForFormat(format: string, random: SeededRandom | null): string | null {
   const pick = (low: number, high: number) => (random === null ? low : random.integer(low, high));
-  const word = () => FORMAT_WORDS[pick(0, FORMAT_WORDS.length - 1)]!;
+  const word = () => WORDS[pick(0, WORDS.length - 1)]!;
   const date = () => `${pick(2020, 2029)}-${pad(pick(1, 12), 2)}-${pad(pick(1, 28), 2)}`;
   const time = () => `${pad(pick(0, 23), 2)}:${pad(pick(0, 59), 2)}:${pad(pick(0, 59), 2)}Z`;
   switch (format) {
