@@ -907,6 +907,12 @@ describe(
         parameters: { type: 'string', minLength: LIMIT - 1 },
         message: tooLarge,
       },
+      {
+        // Each string of the pattern is 70,000 characters long (a word had been sent instead).
+        name: 'a pattern whose every string is over the limit',
+        parameters: { type: 'string', pattern: '^(x{70000}|y{80000})$' },
+        message: tooLarge,
+      },
       { name: 'a recursive cycle of unions', parameters: cycle, message: tooComplex },
     ];
 

@@ -12,8 +12,9 @@ import { SeededRandom } from '../../src/providers/simulator/random.ts';
 import { smallestInstance, valueForSchema } from '../../src/providers/simulator/schema-value.ts';
 import { stringForPattern } from '../../src/providers/simulator/string-value.ts';
 
-function stringFor(pattern: string): string | null {
-  return stringForPattern({}, pattern, new SeededRandom(1), 1024, 10_000, () => {});
+function stringFor(pattern: string): string | symbol | null {
+  const anyLength = Number.POSITIVE_INFINITY;
+  return stringForPattern({}, pattern, new SeededRandom(1), 0, anyLength, 1024, 10_000, () => {});
 }
 
 /** limits.simulator_tool_arguments_bytes by default. */
@@ -453,6 +454,17 @@ describe('schema values', () => {
         // A known format wins over a pattern beside it, which mostly restates it.
         one({ pattern: '^\\d{4}-\\d{2}-\\d{2}$', format: 'date' }),
         one({ pattern: '^[a-z]+-\\d$', format: 'not-a-known-format' }),
+        // Lengths beside a pattern or a format (review of stop 33: they were not read).
+        one({ pattern: '^[a-z]+$', minLength: 10 }),
+        one({ pattern: '^[a-z0-9_-]{3,16}$', maxLength: 5 }),
+        one({ pattern: '^[a-z0-9_-]{3,16}$', minLength: 12, maxLength: 13 }),
+        one({ pattern: '^\\d+(\\.\\d+)?$', minLength: 8, maxLength: 9 }),
+        one({ pattern: '^(ab)+$', minLength: 7 }),
+        one({ pattern: '^(ab|c)+$', minLength: 7, maxLength: 7 }),
+        one({ pattern: '^[A-Z]{2}(-[a-z]{1,3})*$', minLength: 20, maxLength: 24 }),
+        one({ pattern: '^(?:x{200}|yy)$', maxLength: 2 }),
+        one({ pattern: '^.{3,8}$', minLength: 8 }),
+        one({ format: 'email', maxLength: 200, minLength: 3 }),
       ];
       for (const schema of schemas) {
         const validate = ajv.compile(schema as object);
@@ -466,6 +478,35 @@ describe('schema values', () => {
       }
     },
   );
+
+  test('the shortest string of a pattern is the shortest branch by length, not by nodes', () => {
+    for (const pattern of ['^(x{65535}|yy)$', '^(?:a{3}|b{2}|c{40})$', '^(x+y{9}|z{4})$']) {
+      const smallest = smallestInstance({ type: 'string', pattern }, 1024);
+      expect(smallest.fits && new RegExp(pattern, 'u').test(smallest.value as string)).toBe(true);
+      const shortest = { '^(x{65535}|yy)$': 'yy', '^(?:a{3}|b{2}|c{40})$': 'bb' }[pattern];
+      if (shortest !== undefined) expect(smallest.fits && smallest.value).toBe(shortest);
+      for (let seed = 0; seed < 50; seed++) {
+        const value = valueForSchema({ type: 'string', pattern }, new SeededRandom(seed), 1024);
+        expect(new RegExp(pattern, 'u').test(value as string)).toBe(true);
+      }
+    }
+  });
+
+  test('a pattern whose every string is too long has no instance that fits: too_large', () => {
+    for (const pattern of ['^x{2000}$', '^(a{600}|b{700})c{500}$', '^[ab]{1023}$']) {
+      expect(smallestInstance({ type: 'string', pattern }, 1024)).toEqual({
+        fits: false,
+        reason: 'too_large',
+      });
+      // Unsupported syntax is still a word (best effort), not a refusal.
+      expect(smallestInstance({ type: 'string', pattern: `${pattern}(?=z)` }, 1024).fits).toBe(
+        true,
+      );
+    }
+    // One character under: the quotes make 1,024 bytes.
+    const fitting = smallestInstance({ type: 'string', pattern: '^[ab]{1022}$' }, 1024);
+    expect(fitting.fits && fitting.bytes).toBe(1024);
+  });
 
   test('review of stop 33: classes as ECMAScript reads them, a property in 3 allOf parts', () => {
     const matches = (pattern: string) => {

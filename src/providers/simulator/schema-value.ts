@@ -17,7 +17,7 @@
 // (chat/model.ts). What a node costs to read (its type list, required list, allOf merge, $ref walk)
 // is worked out once per node.
 import type { SeededRandom } from './random.ts';
-import { stringForFormat, stringForPattern, WORDS } from './string-value.ts';
+import { PATTERN_TOO_LONG, stringForFormat, stringForPattern, WORDS } from './string-value.ts';
 
 type Schema = Record<string, unknown>;
 
@@ -418,10 +418,11 @@ function stringBounds(schema: Schema): { lengthMin: number; lengthMax: number } 
 }
 
 /**
- * A string of `schema`'s format or pattern, varied with `random`, else the shortest; null when it
- * has neither, or none covered (the caller then builds words to the lengths). A known format wins:
- * a pattern beside one mostly restates it (`^\\d{4}-\\d{2}-\\d{2}$` with `date`), and digits
- * built for the pattern would rarely make a valid date.
+ * A string of `schema`'s format or pattern within its lengths, varied with `random`, else the
+ * shortest; PATTERN_TOO_LONG when the pattern's shortest string does not fit `charsMax`; null when
+ * it has neither, or none covered (the caller then builds words to the lengths). A known format
+ * wins: a pattern beside one mostly restates it (`^\\d{4}-\\d{2}-\\d{2}$` with `date`), and
+ * digits built for the pattern would rarely make a valid date.
  */
 function shapedString(
   schema: Schema,
@@ -429,13 +430,26 @@ function shapedString(
   charsMax: number,
   stepsLeft: number,
   charge: (count: number) => void,
-): string | null {
+): string | typeof PATTERN_TOO_LONG | null {
   const format = own(schema, 'format');
-  const formatted = typeof format === 'string' ? stringForFormat(format, random) : null;
-  if (formatted !== null) return formatted;
   const pattern = own(schema, 'pattern');
+  if (typeof format !== 'string' && typeof pattern !== 'string') return null;
+  const { lengthMin, lengthMax } = stringBounds(schema);
+  const formatted = typeof format === 'string' ? stringForFormat(format, random) : null;
+  // Samples of formats are ASCII: a character is a code point.
+  if (formatted !== null && formatted.length >= lengthMin && formatted.length <= lengthMax)
+    return formatted;
   if (typeof pattern !== 'string') return null;
-  return stringForPattern(schema, pattern, random, charsMax, stepsLeft, charge);
+  return stringForPattern(
+    schema,
+    pattern,
+    random,
+    lengthMin,
+    lengthMax,
+    charsMax,
+    stepsLeft,
+    charge,
+  );
 }
 
 interface NumberRange {
@@ -709,6 +723,8 @@ class Generator {
 
   private string(schema: Schema): string {
     const shaped = shapedString(schema, this.random, this.bytesLeft, this.stepsLeft, this.charge);
+    // Too long for what is left: the value falls back to the smallest instance, which fits.
+    if (shaped === PATTERN_TOO_LONG) throw SPENT;
     if (shaped !== null) {
       this.spend(stringJsonBytes(shaped, this.bytesLeft));
       return shaped;
@@ -850,6 +866,7 @@ class SmallestSearch {
           this.budget.stepsLeft,
           this.charge,
         );
+        if (shaped === PATTERN_TOO_LONG) return { found: NONE, lowest: NO_CYCLE };
         if (shaped !== null) return this.leaf(shaped);
         const { lengthMin, lengthMax } = stringBounds(schema);
         const length = Math.min(lengthMin, lengthMax);

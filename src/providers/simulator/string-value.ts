@@ -5,6 +5,7 @@
 // A pattern is turned into a string by construction, never by testing candidates against the
 // regex: the pattern is the caller's, and running a hostile one (`(a|aa)+$`) on a string it does
 // not match can hold the event loop for seconds. What is built is bounded in characters and steps.
+// A minLength or maxLength beside the pattern is met by aiming the build at a length both allow.
 // The ECMAScript syntax covered: literals and escapes, `.`, classes (ranges, negation, \d \w \s and
 // their negations), groups (capturing, non-capturing, named), alternation, every quantifier, the
 // anchors ^ and $. Lookaround, backreferences and \b are not: such a pattern gets null (the caller
@@ -17,6 +18,8 @@ const PATTERN_CHARS_MAX = 1024;
 const PATTERN_NODES_MAX = 1024;
 /** Repetitions an unbounded quantifier (`*`, `+`, `{n,}`) adds past its minimum, at most. */
 const REPEAT_EXTRA_MAX = 3;
+/** Varied builds aimed at a length allowed by minLength and maxLength, before the plain ones. */
+const LENGTH_ATTEMPTS_MAX = 4;
 /**
  * A build's node visits per step of the caller's budget (a schema node costs about as much as
  * this many of them): `((){60000}){60000}` prints nothing, many times over, and a long array may
@@ -24,14 +27,72 @@ const REPEAT_EXTRA_MAX = 3;
  */
 export const PATTERN_STEPS_PER_STEP = 16;
 
-type Node =
-  | { kind: 'text'; char: string }
-  | { kind: 'set'; ranges: Array<[number, number]>; negated: boolean }
-  | { kind: 'alt'; branches: Node[][] }
-  | { kind: 'repeat'; node: Node; min: number; max: number };
+/**
+ * How many code points a node can make, at the least and the most (Infinity when unbounded):
+ * JSON Schema's minLength and maxLength count code points, and each text or class node makes one.
+ */
+interface Lengths {
+  lo: number;
+  hi: number;
+}
+
+const ONE: Lengths = { lo: 1, hi: 1 };
+
+type TextNode = { kind: 'text'; char: string };
+type SetNode = { kind: 'set'; ranges: Array<[number, number]>; negated: boolean };
+/** A group or the whole pattern: its branches and what each can make. */
+interface AltNode {
+  kind: 'alt';
+  branches: Node[][];
+  branchLengths: Lengths[];
+  lengths: Lengths;
+}
+interface RepeatNode {
+  kind: 'repeat';
+  node: Node;
+  min: number;
+  max: number;
+  lengths: Lengths;
+}
+type Node = TextNode | SetNode | AltNode | RepeatNode;
+
+function lengthsOf(node: Node): Lengths {
+  return node.kind === 'alt' || node.kind === 'repeat' ? node.lengths : ONE;
+}
+
+function sequenceLengths(nodes: Node[]): Lengths {
+  let lo = 0;
+  let hi = 0;
+  for (const node of nodes) {
+    const lengths = lengthsOf(node);
+    lo += lengths.lo;
+    hi += lengths.hi;
+  }
+  return { lo, hi };
+}
+
+function altNode(branches: Node[][]): AltNode {
+  const branchLengths = branches.map(sequenceLengths);
+  let lo = Number.POSITIVE_INFINITY;
+  let hi = 0;
+  for (const lengths of branchLengths) {
+    lo = Math.min(lo, lengths.lo);
+    hi = Math.max(hi, lengths.hi);
+  }
+  return { kind: 'alt', branches, branchLengths, lengths: { lo, hi } };
+}
+
+function repeatNode(node: Node, min: number, max: number): RepeatNode {
+  const child = lengthsOf(node);
+  // A child that makes nothing makes nothing however often (Infinity × 0 would be NaN).
+  const hi = child.hi === 0 ? 0 : max * child.hi;
+  return { kind: 'repeat', node, min, max, lengths: { lo: min * child.lo, hi } };
+}
 
 /** Why a pattern cannot be built (caught at the entry point). */
 class Unsupported extends Error {}
+/** The pattern's string does not fit in the characters allowed. */
+class TooLong extends Unsupported {}
 
 const DIGIT: Array<[number, number]> = [[0x30, 0x39]];
 const WORD: Array<[number, number]> = [
@@ -64,10 +125,10 @@ class PatternParser {
 
   constructor(private readonly source: string) {}
 
-  parse(): Node[][] {
+  parse(): AltNode {
     const branches = this.alternation();
     if (this.at < this.source.length) throw new Unsupported('unbalanced )');
-    return branches;
+    return altNode(branches);
   }
 
   private count(): void {
@@ -150,7 +211,7 @@ class PatternParser {
     const branches = this.alternation();
     if (this.source[this.at] !== ')') throw new Unsupported('unterminated group');
     this.at++;
-    return { kind: 'alt', branches };
+    return altNode(branches);
   }
 
   private set(): Node {
@@ -280,7 +341,7 @@ class PatternParser {
     } else return atom;
     this.at++;
     if (this.source[this.at] === '?') this.at++; // lazy: the same strings match
-    return { kind: 'repeat', node: atom, min, max };
+    return repeatNode(atom, min, max);
   }
 }
 
@@ -289,9 +350,9 @@ class PatternParser {
  * many times, and the parse lives as long as the request's schema, shared with no other request
  * (a process-wide memo would be one a key could fill for everyone).
  */
-const parsedByNode = new WeakMap<object, Node[][] | null>();
+const parsedByNode = new WeakMap<object, AltNode | null>();
 
-function parsePattern(node: object, pattern: string): Node[][] | null {
+function parsePattern(node: object, pattern: string): AltNode | null {
   let branches = parsedByNode.get(node);
   if (branches !== undefined) return branches;
   branches = null;
@@ -306,56 +367,179 @@ function parsePattern(node: object, pattern: string): Node[][] | null {
   return branches;
 }
 
-/** Builds one string of a parsed pattern; `random` null builds the shortest (first choices). */
+/**
+ * Builds strings of a parsed pattern; `random` null builds the shortest (first choices). A build
+ * may aim at a length (`target`, in code points): each alternation takes a branch that can make
+ * it, each repeat a count that can, and a sequence shares it out so that what follows can still
+ * make the rest.
+ */
 class PatternBuilder {
   private out = '';
+  /** Code points built so far (each text and class node makes one). */
+  points = 0;
+  /**
+   * When no count of a repeat makes its length exactly (`(ab)+` for 3): more (4) rather than
+   * fewer (2). Fewer leaves what follows the rest to make; more reaches a minimum on its own.
+   */
+  more = false;
+  private charsLeft = 0;
 
   constructor(
-    private readonly random: SeededRandom | null,
-    private charsLeft: number,
-    /** Node visits left; what remains is the caller's to read. */
+    /** Null makes the first choices (the last attempts at a length set it). */
+    public random: SeededRandom | null,
+    private readonly charsMax: number,
+    /** Node visits left, over every build; what remains is the caller's to read. */
     public stepsLeft: number,
   ) {}
 
-  build(branches: Node[][]): string | null {
+  /** A string of `root`, `target` code points long if its lengths allow, or why there is none. */
+  build(root: AltNode, target: number | null): string | Unsupported {
+    this.out = '';
+    this.points = 0;
+    this.charsLeft = this.charsMax;
     try {
-      this.alternation(branches);
+      this.alternation(root, target);
     } catch (error) {
-      if (error instanceof Unsupported) return null;
+      if (error instanceof Unsupported) return error;
       throw error;
     }
     return this.out;
   }
 
-  private alternation(branches: Node[][]): void {
-    let index = 0;
-    if (this.random !== null) index = this.random.integer(0, branches.length - 1);
-    else {
-      // The shortest: the branch with the fewest nodes (a fair guess at its length).
-      for (let i = 1; i < branches.length; i++)
-        if (branches[i]!.length < branches[index]!.length) index = i;
+  private alternation(node: AltNode, target: number | null): void {
+    const index = target === null ? this.anyBranch(node) : this.branchFor(node, target);
+    const nodes = node.branches[index]!;
+    if (target === null) {
+      for (const child of nodes) this.node(child, null);
+      return;
     }
-    for (const node of branches[index]!) this.node(node);
+    const { lo, hi } = node.branchLengths[index]!;
+    this.sequence(nodes, Math.min(Math.max(target, lo), hi));
   }
 
-  private node(node: Node): void {
+  /** A random branch; the shortest without random. */
+  private anyBranch(node: AltNode): number {
+    if (this.random !== null) return this.random.integer(0, node.branches.length - 1);
+    let index = 0;
+    for (let i = 1; i < node.branches.length; i++)
+      if (node.branchLengths[i]!.lo < node.branchLengths[index]!.lo) index = i;
+    return index;
+  }
+
+  /**
+   * One of the branches that can make `target` code points, each as likely (the first without
+   * random); else the nearest.
+   */
+  private branchFor(node: AltNode, target: number): number {
+    let chosen = -1;
+    let fitting = 0;
+    let nearest = 0;
+    let nearestGap = Number.POSITIVE_INFINITY;
+    for (let i = 0; i < node.branches.length; i++) {
+      const { lo, hi } = node.branchLengths[i]!;
+      if (lo <= target && target <= hi) {
+        fitting++;
+        // Reservoir sampling: the i-th fitting branch replaces the choice with chance 1/i.
+        if (chosen === -1 || (this.random !== null && this.random.integer(1, fitting) === 1))
+          chosen = i;
+        continue;
+      }
+      const gap = lo > target ? lo - target : target - hi;
+      if (gap < nearestGap) {
+        nearestGap = gap;
+        nearest = i;
+      }
+    }
+    return chosen === -1 ? nearest : chosen;
+  }
+
+  /**
+   * `nodes` one after the other, `target` code points in all: each takes a share that leaves the
+   * ones after it a length they can make, counted from what was really built (a `(ab)+` makes
+   * only even lengths, and the next node makes up for it).
+   */
+  private sequence(nodes: Node[], target: number): void {
+    const start = this.points;
+    let loAfter = 0;
+    let roomAfter = 0;
+    let unboundedAfter = 0;
+    for (const node of nodes) {
+      const { lo, hi } = lengthsOf(node);
+      loAfter += lo;
+      if (hi === Number.POSITIVE_INFINITY) unboundedAfter++;
+      else roomAfter += hi - lo;
+    }
+    for (const node of nodes) {
+      const { lo, hi } = lengthsOf(node);
+      loAfter -= lo;
+      if (hi === Number.POSITIVE_INFINITY) unboundedAfter--;
+      else roomAfter -= hi - lo;
+      // What this node may add past its least, and must, so that the rest can make the remainder.
+      const slack = target - (this.points - start) - loAfter - lo;
+      const least = Math.max(0, unboundedAfter > 0 ? 0 : slack - roomAfter);
+      const most = Math.max(least, Math.min(slack, hi - lo));
+      const extra =
+        this.random === null || least === most ? least : this.random.integer(least, most);
+      this.node(node, lo + extra);
+    }
+  }
+
+  private node(node: Node, target: number | null): void {
     if (--this.stepsLeft < 0) throw new Unsupported('too much work');
     if (node.kind === 'text') this.emit(node.char);
     else if (node.kind === 'set') this.emit(this.member(node));
-    else if (node.kind === 'alt') this.alternation(node.branches);
-    else {
-      const extra = Math.min(node.max - node.min, REPEAT_EXTRA_MAX);
-      const times =
-        node.min + (this.random === null || extra === 0 ? 0 : this.random.integer(0, extra));
-      if (times > this.charsLeft) throw new Unsupported('too long');
-      for (let i = 0; i < times; i++) this.node(node.node);
+    else if (node.kind === 'alt') this.alternation(node, target);
+    else this.repeat(node, target);
+  }
+
+  private repeat(node: RepeatNode, target: number | null): void {
+    const times = target === null ? this.anyTimes(node) : this.timesFor(node, target);
+    const child = lengthsOf(node.node);
+    if (times * child.lo > this.charsLeft) throw new TooLong('too long');
+    if (target === null) {
+      for (let i = 0; i < times; i++) this.node(node.node, null);
+      return;
     }
+    const start = this.points;
+    for (let i = 0; i < times; i++) {
+      const after = times - i - 1;
+      const left = target - (this.points - start);
+      // An even share, within what leaves the repetitions after this one a length they can make.
+      const share = Math.ceil(left / (after + 1));
+      const least = after === 0 ? left : left - after * child.hi;
+      const most = after === 0 ? left : left - after * child.lo;
+      this.node(node.node, Math.min(Math.max(share, least), most));
+    }
+  }
+
+  /** A count past the minimum, at most REPEAT_EXTRA_MAX more; the minimum without random. */
+  private anyTimes(node: RepeatNode): number {
+    const extra = Math.min(node.max - node.min, REPEAT_EXTRA_MAX);
+    return node.min + (this.random === null || extra === 0 ? 0 : this.random.integer(0, extra));
+  }
+
+  /** A count whose repetitions can make `target` code points. */
+  private timesFor(node: RepeatNode, target: number): number {
+    const { lo, hi } = lengthsOf(node.node);
+    if (hi === 0) return node.min;
+    let low = node.min;
+    let high = node.max;
+    if (hi !== Number.POSITIVE_INFINITY) low = Math.max(low, Math.ceil(target / hi));
+    else if (target > 0) low = Math.max(low, 1);
+    if (lo > 0) high = Math.min(high, Math.floor(target / lo));
+    if (low > high)
+      return this.more
+        ? Math.min(Math.max(low, node.min), node.max)
+        : Math.max(node.min, Math.min(high, node.max));
+    if (this.random === null) return low;
+    return this.random.integer(low, Math.min(high, low + REPEAT_EXTRA_MAX));
   }
 
   private emit(text: string): void {
     this.charsLeft -= text.length;
-    if (this.charsLeft < 0) throw new Unsupported('too long');
+    if (this.charsLeft < 0) throw new TooLong('too long');
     this.out += text;
+    this.points++;
   }
 
   /** A character of the class: picked from its choices, worked out once per class (choicesOf). */
@@ -368,8 +552,6 @@ class PatternBuilder {
     return choices.other;
   }
 }
-
-type SetNode = { kind: 'set'; ranges: Array<[number, number]>; negated: boolean };
 
 interface SetChoices {
   /** The printable ASCII characters the class matches, letters first (one string, not a list). */
@@ -438,33 +620,63 @@ function inRanges(merged: Array<[number, number]>, code: number): boolean {
   return false;
 }
 
+/** stringForPattern's answer when the pattern's shortest string does not fit the characters. */
+export const PATTERN_TOO_LONG = Symbol('pattern too long');
+
 /**
  * A string matching `pattern` (ECMAScript, unanchored as JSON Schema reads it), the pattern of
- * schema node `node`, of at most `charsMax` characters: varied with `random`, the shortest
- * without; null when the pattern uses syntax not covered, or needs more characters or steps.
- * `charge` is told the steps of the caller's budget the build took (PATTERN_STEPS_PER_STEP node
- * visits each), at most `stepsMax`, and may throw to stop the caller.
+ * schema node `node`, of `lengthMin` to `lengthMax` code points and at most `charsMax` characters:
+ * varied with `random`, the shortest without. PATTERN_TOO_LONG when no string of the pattern
+ * fits `charsMax`; null when the pattern uses syntax not covered, needs more steps, or no string
+ * of it was found within the lengths. `charge` is told the steps of the caller's budget the
+ * builds took (PATTERN_STEPS_PER_STEP node visits each), at most `stepsMax`, and may throw to
+ * stop the caller.
  */
 export function stringForPattern(
   node: object,
   pattern: string,
   random: SeededRandom | null,
+  lengthMin: number,
+  lengthMax: number,
   charsMax: number,
   stepsMax: number,
   charge: (steps: number) => void,
-): string | null {
-  const branches = parsePattern(node, pattern);
-  if (branches === null) return null;
+): string | typeof PATTERN_TOO_LONG | null {
+  const root = parsePattern(node, pattern);
+  if (root === null) return null;
   const visitsMax = Math.max(0, stepsMax) * PATTERN_STEPS_PER_STEP;
   const builder = new PatternBuilder(random, charsMax, visitsMax);
-  const text = builder.build(branches);
+  let built = builder.build(root, null);
+  const fits = () => builder.points >= lengthMin && builder.points <= lengthMax;
+  if (!(built instanceof Unsupported) ? !fits() : built instanceof TooLong) {
+    // Out of the lengths (or too long as built freely): aimed at a length both allow. A share of
+    // it may miss (`(\.\d+)?` cannot make 1), so a few varied attempts, then the first choices
+    // (the least early, the rest left to the end), each with fewer and with more repetitions.
+    const low = Math.max(lengthMin, root.lengths.lo);
+    const high = Math.min(lengthMax, root.lengths.hi);
+    const attempts = random === null ? 2 : LENGTH_ATTEMPTS_MAX + 2;
+    built = new Unsupported('no string of the pattern has an allowed length');
+    for (let attempt = 0; low <= high && attempt < attempts; attempt++) {
+      builder.random = attempt < attempts - 2 ? random : null;
+      builder.more = attempt % 2 === 1;
+      const target =
+        builder.random === null
+          ? low
+          : builder.random.integer(low, Math.min(high, low + REPEAT_EXTRA_MAX));
+      built = builder.build(root, target);
+      if (!(built instanceof Unsupported) && fits()) break;
+      if (builder.stepsLeft < 0) break;
+      if (!(built instanceof Unsupported)) built = new Unsupported('no string within the lengths');
+    }
+  }
   // A build that ran out charges all it was allowed, and one more: the caller's budget is spent.
   charge(
-    text === null && builder.stepsLeft < 0
+    builder.stepsLeft < 0
       ? stepsMax + 1
       : Math.ceil((visitsMax - builder.stepsLeft) / PATTERN_STEPS_PER_STEP),
   );
-  return text;
+  if (built instanceof TooLong) return PATTERN_TOO_LONG;
+  return built instanceof Unsupported ? null : built;
 }
 
 /** Words of generated strings (schema-value.ts uses them too): ASCII, a JSON byte per char. */
