@@ -508,6 +508,46 @@ describe('schema values', () => {
     expect(fitting.fits && fitting.bytes).toBe(1024);
   });
 
+  test('allOf inside allOf parts, a part with $ref and keywords, multipleOf in two parts', () => {
+    const ajv = new Ajv2020({ strict: false, logger: false });
+    const schemas: unknown[] = [
+      {
+        type: 'object',
+        allOf: [
+          { allOf: [{ properties: { n: { type: 'integer', minimum: 10 } }, required: ['n'] }] },
+          { properties: { n: { maximum: 12 } } },
+        ],
+      },
+      {
+        $defs: { base: { type: 'integer', minimum: 5 } },
+        allOf: [{ $ref: '#/$defs/base', maximum: 7 }],
+      },
+      { type: 'integer', allOf: [{ multipleOf: 3 }, { multipleOf: 4 }], minimum: 1 },
+      {
+        type: 'object',
+        properties: { n: { type: 'integer', multipleOf: 6, minimum: 1, maximum: 100 } },
+        allOf: [{ properties: { n: { multipleOf: 10 } } }],
+        required: ['n'],
+      },
+    ];
+    for (const schema of schemas) {
+      const validate = ajv.compile(schema as object);
+      for (let seed = 0; seed < 100; seed++) {
+        const value = valueForSchema(schema, new SeededRandom(seed), ARGUMENTS_BYTES_MAX);
+        if (!validate(value))
+          throw new Error(`seed ${seed}: ${JSON.stringify(value)} for ${JSON.stringify(schema)}`);
+      }
+      const smallest = smallestInstance(schema, ARGUMENTS_BYTES_MAX);
+      expect(smallest.fits && validate(smallest.value)).toBe(true);
+    }
+    // A part that refers to the schema it is part of, twice at every level: bounded, no error.
+    const cyclic = { type: 'integer', allOf: [{ $ref: '#' }, { $ref: '#' }] };
+    const startedMs = performance.now();
+    expect(Number.isInteger(valueForSchema(cyclic, new SeededRandom(1), 1024))).toBe(true);
+    smallestInstance(cyclic, 1024);
+    expect(performance.now() - startedMs).toBeLessThan(QUICK_MS);
+  });
+
   test('review of stop 33: classes as ECMAScript reads them, a property in 3 allOf parts', () => {
     const matches = (pattern: string) => {
       for (let seed = 0; seed < 50; seed++) {

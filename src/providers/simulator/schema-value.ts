@@ -26,6 +26,8 @@ type Schema = Record<string, unknown>;
  * instance is used).
  */
 const SCHEMA_DEPTH_MAX = 16;
+/** allOf inside allOf parts (or reached through their $ref), merged this deep at most. */
+const ALL_OF_DEPTH_MAX = 16;
 /**
  * Below this depth optional properties and extra array items are filled in; deeper only what is
  * required, so optional recursion ends.
@@ -271,9 +273,10 @@ function walkPointer(root: Schema, ref: string): unknown {
 }
 
 /**
- * allOf as one schema: required lists are unioned, a property named by several parts gets their
- * schemas as an allOf of its own, lower bounds take the highest and upper bounds the lowest, other
- * keywords the last wins. Each key copied is charged to `step` (the caller's budget): many allOf
+ * allOf as one schema, with the allOf and $ref of its parts: required lists are unioned, a
+ * property named by several parts gets their schemas as an allOf of its own, lower bounds take the
+ * highest, upper bounds the lowest and integer multipleOf their multiple, other keywords the last
+ * wins. Each key copied is charged to `step` (the caller's budget): many allOf
  * nodes may name one large part.
  */
 function mergeAllOf(schema: Schema, root: Schema, step: (count: number) => void): Schema {
@@ -300,7 +303,12 @@ function mergeParts(schema: Schema, root: Schema, step: (count: number) => void)
       setOwn(to, key, Object.hasOwn(to, key) ? combine(key, to[key], from[key]) : from[key]);
     }
   };
-  const addFrom = (part: Schema) => {
+  // A schema met twice adds nothing new (allOf is idempotent): each is merged once, so parts that
+  // refer back to the schema they are part of cost one visit, not one per path.
+  const added = new Set<Schema>();
+  const addFrom = (part: Schema, depth: number) => {
+    if (added.has(part)) return;
+    added.add(part);
     copy(part, merged, tighter);
     const partProperties = own(part, 'properties');
     if (isSchema(partProperties)) copy(partProperties, properties, bothSchemas);
@@ -309,14 +317,20 @@ function mergeParts(schema: Schema, root: Schema, step: (count: number) => void)
       step(partRequired.length);
       for (const key of partRequired) required.push(key);
     }
+    // A part's own allOf, and its $ref, apply as much as its other keywords (the depth bound keeps
+    // the stack short).
+    const parts = own(part, 'allOf');
+    if (!Array.isArray(parts) || depth >= ALL_OF_DEPTH_MAX) return;
+    for (const nested of parts) {
+      step(1);
+      if (!isSchema(nested)) continue;
+      addFrom(nested, depth + 1);
+      const ref = own(nested, '$ref');
+      const target = typeof ref === 'string' ? resolveRef(root, ref) : undefined;
+      if (isSchema(target)) addFrom(target, depth + 1);
+    }
   };
-  addFrom(schema);
-  for (const part of schema.allOf as unknown[]) {
-    step(1);
-    const partRef = isSchema(part) ? own(part, '$ref') : undefined;
-    const resolved = typeof partRef === 'string' ? resolveRef(root, partRef) : part;
-    if (isSchema(resolved)) addFrom(resolved);
-  }
+  addFrom(schema, 0);
   delete merged.allOf;
   delete merged.$ref;
   if (Object.keys(properties).length > 0) merged.properties = properties;
@@ -339,13 +353,27 @@ const UPPER_BOUNDS = new Set([
   'maxProperties',
 ]);
 
-/** One keyword named by two allOf parts: what both allow (for a bound), else the later one. */
+/**
+ * One keyword named by two allOf parts: what both allow (for a bound, and for two integer
+ * multipleOf their least common multiple), else the later one.
+ */
 function tighter(key: string, earlier: unknown, later: unknown): unknown {
   if (typeof earlier === 'number' && typeof later === 'number') {
     if (LOWER_BOUNDS.has(key)) return Math.max(earlier, later);
     if (UPPER_BOUNDS.has(key)) return Math.min(earlier, later);
+    if (key === 'multipleOf' && Number.isInteger(earlier) && Number.isInteger(later)) {
+      const multiple = leastCommonMultiple(earlier, later);
+      if (Number.isSafeInteger(multiple)) return multiple;
+    }
   }
   return later;
+}
+
+function leastCommonMultiple(a: number, b: number): number {
+  let x = Math.abs(a);
+  let y = Math.abs(b);
+  while (y !== 0) [x, y] = [y, x % y];
+  return x === 0 ? 0 : Math.abs(a / x) * Math.abs(b);
 }
 
 /** The allOf schemas bothSchemas made: a third part naming the property joins the list. */
