@@ -177,6 +177,35 @@ export function retryDelayMs(attempt: number, retryAfter: string | null): number
 
 const sleepFor = (ms: number) => new Promise<void>((resolve) => setTimeout(resolve, ms));
 
+type Service = 'decision' | 'chat';
+
+/**
+ * What an answered attempt allows: the same call again, the call under a new Idempotency-Key, or
+ * no retry. `service` is null for a read (no key).
+ *
+ * - A status outside rule 4's, or `x-should-retry: false` (the gateway's word that a retry cannot
+ *   help: a chat hold kept on a 502/504, a spent daily budget; CONTRACT §8): none.
+ * - A decision: the same key, since a decision that ended without a 200 frees it (CONTRACT §5).
+ * - A chat call: its key stays bound to the request it started, whatever its end, so a retry
+ *   under it could only be a 409. A 499 was a cancel (a cancel call, or the client going away) and
+ *   is not the client's to undo: none. Otherwise nothing was charged (`x-should-retry: true`): a
+ *   key the client made is replaced; a key the caller chose is kept for a refusal that binds
+ *   nothing (429, 503), and for a 502/504 the caller decides.
+ */
+function retryOf(
+  response: Response,
+  service: Service | null,
+  ownKey: boolean,
+): 'same' | 'fresh' | 'none' {
+  const { status } = response;
+  if (!RETRYABLE_STATUSES.has(status)) return 'none';
+  if (response.headers.get('x-should-retry') === 'false') return 'none';
+  if (service !== 'chat') return 'same';
+  if (status === 499) return 'none';
+  if (ownKey) return 'fresh';
+  return status === 429 || status === 503 ? 'same' : 'none';
+}
+
 export class TollgateClient {
   private readonly baseUrl: string;
   private readonly fetch: typeof fetch;
@@ -193,20 +222,22 @@ export class TollgateClient {
   }
 
   /**
-   * One logical call: the same Idempotency-Key on every attempt, so a retry can never produce a
-   * second decision or charge; retryable statuses and network failures are retried up to maxRetries
-   * times.
+   * One logical call: retryable statuses and network failures are retried up to maxRetries times,
+   * as far as a retry can help (see `retryOf`). A decision keeps its Idempotency-Key on every
+   * attempt, so a retry can never produce a second decision or charge; so does a chat call after a
+   * network failure (its first attempt may have run).
    */
   private async send(
     method: 'GET' | 'POST',
     path: string,
     body: unknown,
     call: CallOptions = {},
+    service: Service = 'decision',
   ): Promise<Response> {
-    const idempotencyKey = method === 'POST' ? (call.idempotencyKey ?? this.newKey()) : undefined;
+    const ownKey = method === 'POST' && call.idempotencyKey === undefined;
     const headers: Record<string, string> = { authorization: `Bearer ${this.options.apiKey}` };
     if (body !== undefined) headers['content-type'] = 'application/json';
-    if (idempotencyKey) headers['idempotency-key'] = idempotencyKey;
+    if (method === 'POST') headers['idempotency-key'] = call.idempotencyKey ?? this.newKey();
     const payload = body === undefined ? undefined : JSON.stringify(body);
     for (let attempt = 0; ; attempt++) {
       let response: Response | null = null;
@@ -220,11 +251,10 @@ export class TollgateClient {
       } catch (error) {
         if (call.signal?.aborted || attempt >= this.maxRetries) throw error;
       }
-      if (
-        response &&
-        (response.ok || !RETRYABLE_STATUSES.has(response.status) || attempt >= this.maxRetries)
-      ) {
-        if (response.ok) return response;
+      if (response?.ok) return response;
+      const retry =
+        response === null ? 'same' : retryOf(response, method === 'POST' ? service : null, ownKey);
+      if (response !== null && (retry === 'none' || attempt >= this.maxRetries)) {
         const parsed = (await response.json().catch(() => ({}))) as Record<string, unknown>;
         const error = (parsed.error as ErrorBody | undefined) ?? {
           message: `HTTP ${response.status}`,
@@ -240,6 +270,7 @@ export class TollgateClient {
           attempt + 1,
         );
       }
+      if (retry === 'fresh') headers['idempotency-key'] = this.newKey();
       const retryAfter = response?.headers.get('retry-after') ?? null;
       if (response) await response.body?.cancel();
       await this.sleep(retryDelayMs(attempt, retryAfter));
@@ -251,8 +282,9 @@ export class TollgateClient {
     path: string,
     body?: unknown,
     call?: CallOptions,
+    service?: Service,
   ): Promise<T> {
-    return (await (await this.send(method, path, body, call)).json()) as T;
+    return (await (await this.send(method, path, body, call, service)).json()) as T;
   }
 
   /** POST /decision/v1/decide/ */
@@ -267,7 +299,13 @@ export class TollgateClient {
 
   /** POST /api/v1/chat/completions (stream false). */
   chatCompletion(request: ChatRequest, call?: CallOptions): Promise<ChatCompletion> {
-    return this.json('POST', '/api/v1/chat/completions', { ...request, stream: false }, call);
+    return this.json(
+      'POST',
+      '/api/v1/chat/completions',
+      { ...request, stream: false },
+      call,
+      'chat',
+    );
   }
 
   /**
@@ -284,6 +322,7 @@ export class TollgateClient {
       '/api/v1/chat/completions',
       { ...request, stream: true },
       call,
+      'chat',
     );
     const parser = new SseParser();
     const reader = response.body!.getReader();

@@ -489,3 +489,109 @@ describe('statuses that need a change by the caller are not retried', () => {
     expect(waits).toEqual([]);
   });
 });
+
+// ──────────────────────────────────────────────────────────────────────────────────────────
+describe('a retry only where it can help (x-should-retry, chat keys stay bound)', () => {
+  const CHAT = {
+    model: 'model_03',
+    messages: [{ role: 'user' as const, content: 'Summarise the ticket.' }],
+    max_completion_tokens: 50,
+  };
+
+  test('chat 502 whose hold was kept (x-should-retry: false): one attempt, its error', async () => {
+    const { t, fake } = await serverWithUpstream(() => ({ kind: 'status', status: 500 }));
+    const { key } = await t.createKey({ credits: 10 });
+    const { client, waits, attempts } = recordingClient(t.baseUrl, key);
+    const error = await rejection(client.chatCompletion(CHAT));
+    expect({ status: error.status, code: error.code, attempts: error.attempts }).toEqual({
+      status: 502,
+      code: 'upstream_error',
+      attempts: 1,
+    });
+    expect(attempts.map((a) => a.status)).toEqual([502]);
+    expect(waits).toEqual([]);
+    expect(fake.calls).toBe(1);
+  });
+
+  test(
+    'chat 502 with nothing charged (billing release): retried under a new key of its own, so ' +
+      'the retry runs instead of answering 409; charged once',
+    async () => {
+      const fake = cleanup.track(startDecisionUpstream(failThenAnswer(1)));
+      const t = await server(
+        decisionUpstreamOverrides(fake.url, { billing: { on_error: 'release' } }),
+      );
+      const { id: keyId, key } = await t.createKey({ credits: 10 });
+      const { client, waits, attempts } = recordingClient(t.baseUrl, key);
+      const completion = await client.chatCompletion(CHAT);
+      expect(completion.object).toBe('chat.completion');
+      expect(attempts.map((a) => a.status)).toEqual([502, 200]);
+      expect(attempts[0]!.idempotencyKey).toMatch(IDEMPOTENCY_KEY_RE);
+      expect(attempts[1]!.idempotencyKey).toMatch(IDEMPOTENCY_KEY_RE);
+      expect(attempts[1]!.idempotencyKey).not.toBe(attempts[0]!.idempotencyKey);
+      expect(waits).toEqual([500]);
+      expect(fake.calls).toBe(2);
+      const { charged, held } = await balances(t, keyId);
+      expect({ held, charged: charged > 0 }).toEqual({ held: 0, charged: true });
+      // The caller's own key is never replaced: the 502 is theirs to decide on.
+      fake.script = failThenAnswer(fake.calls + 1);
+      const mine = recordingClient(t.baseUrl, key);
+      const error = await rejection(
+        mine.client.chatCompletion(CHAT, { idempotencyKey: 'chat-order-4711' }),
+      );
+      expect({ status: error.status, attempts: error.attempts }).toEqual({
+        status: 502,
+        attempts: 1,
+      });
+      expect(mine.waits).toEqual([]);
+    },
+  );
+
+  test('chat 499 (cancelled through the cancel call): not retried', async () => {
+    const release = Promise.withResolvers<void>();
+    const { t, fake } = await serverWithUpstream((call) => ({
+      kind: 'wait',
+      until: release.promise,
+      then: answerValidly(call),
+    }));
+    const { key } = await t.createKey({ credits: 10 });
+    const { client, waits, attempts } = recordingClient(t.baseUrl, key);
+    const pending = rejection(client.chatCompletion(CHAT));
+    await fake.nextCall.promise;
+    const live = (await (
+      await fetch(`${t.baseUrl}/admin/v1/requests`, {
+        headers: { authorization: `Bearer ${ADMIN_TOKEN}` },
+      })
+    ).json()) as { data: Array<{ id: string }> };
+    const id = live.data[0]!.id;
+    const cancel = await fetch(`${t.baseUrl}/api/v1/requests/${id}/cancel`, {
+      method: 'POST',
+      headers: bearer(key),
+    });
+    expect(cancel.status).toBe(202);
+    const error = await pending;
+    release.resolve();
+    expect({ status: error.status, code: error.code, attempts: error.attempts }).toEqual({
+      status: 499,
+      code: 'request_cancelled',
+      attempts: 1,
+    });
+    expect(attempts).toHaveLength(1);
+    expect(waits).toEqual([]);
+  });
+
+  test('decision 429 api_key_spend_limit_exceeded (x-should-retry false): no retry', async () => {
+    const { t, fake } = await serverWithUpstream(answerValidly);
+    const { key } = await t.createKey({ credits: 10, daily_decision_budget: 0.001 });
+    const { client, waits, attempts } = recordingClient(t.baseUrl, key);
+    const error = await rejection(client.decide(REQUEST));
+    expect({ status: error.status, code: error.code, attempts: error.attempts }).toEqual({
+      status: 429,
+      code: 'api_key_spend_limit_exceeded',
+      attempts: 1,
+    });
+    expect(attempts).toHaveLength(1);
+    expect(waits).toEqual([]);
+    expect(fake.calls).toBe(0);
+  });
+});
