@@ -39,6 +39,34 @@ export function answerSchema(questions: Array<[string, Question]>): Record<strin
   };
 }
 
+/**
+ * Output tokens one answer may take: the configured budget, or more when the longest valid answer
+ * could need more (64 questions with long labels: a budget too small for it cut every answer off,
+ * a 502 on every attempt). The longest answer is the tool's arguments with each question's
+ * longest label (in JSON bytes) and highest level; a token is at least one byte of UTF-8, so its
+ * bytes bound its tokens. Two bytes more per question for the spaces a model may put after `:` and
+ * `,`.
+ */
+export function answerTokensFor(
+  questions: Array<[string, Question]>,
+  configuredTokens: number,
+): number {
+  let bytes = 2; // {}
+  for (const [id, question] of questions) {
+    // "id": and a comma; ids are ASCII, two bytes of spaces.
+    bytes += id.length + 4 + 2;
+    if (question.type === 'score') {
+      bytes += String(question.criteria.length - 1).length;
+      continue;
+    }
+    let longest = 0;
+    for (const label of Object.keys(question.criteria))
+      longest = Math.max(longest, Buffer.byteLength(JSON.stringify(label)));
+    bytes += longest;
+  }
+  return Math.max(configuredTokens, bytes);
+}
+
 export interface DecisionPrompt {
   messages: ProviderMessage[];
   tools: ToolDefinition[] | null;

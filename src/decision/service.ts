@@ -13,6 +13,7 @@ import type { ClientConnection, RunSignal } from '../util/abort.ts';
 import { GatewayError } from '../util/errors.ts';
 import type { Answer, DecisionRequest } from './model.ts';
 import {
+  answerTokensFor,
   DECISION_TOOL_NAME,
   type DecisionPrompt,
   extractJsonObject,
@@ -35,6 +36,8 @@ const ANSWER_CHARS_MAX = 256 * 1024;
 export interface DecisionAdmission extends Admission {
   prompt: DecisionPrompt;
   promptTokens: number;
+  /** The output budget of each ask (answerTokensFor), reserved with the input. */
+  answerTokens: number;
 }
 
 export interface DecisionSuccess {
@@ -60,6 +63,7 @@ export function admitDecision(
   prepared: { prompt: DecisionPrompt; promptTokens: number },
   client: ClientConnection | null,
 ): DecisionAdmission {
+  let answerTokens = gateway.config.decision.answer_tokens;
   const admission = admit(gateway, {
     service: 'decision',
     requestId,
@@ -68,10 +72,25 @@ export function admitDecision(
     stream: false,
     idempotency,
     client,
-    reserve: (current, nowMs) =>
-      reserveDecision(gateway, decision, prepared.promptTokens, current, nowMs),
+    reserve: (current, nowMs) => {
+      // Worked out here, past the idempotency and rate checks: a refused request costs nothing.
+      answerTokens = answerTokensFor(decision.questions, answerTokens);
+      return reserveDecision(
+        gateway,
+        decision,
+        prepared.promptTokens,
+        answerTokens,
+        current,
+        nowMs,
+      );
+    },
   });
-  return { ...admission, prompt: prepared.prompt, promptTokens: prepared.promptTokens };
+  return {
+    ...admission,
+    prompt: prepared.prompt,
+    promptTokens: prepared.promptTokens,
+    answerTokens,
+  };
 }
 
 /**
@@ -82,6 +101,7 @@ function reserveDecision(
   gateway: DecisionContext,
   decision: DecisionRequest,
   promptTokens: number,
+  answerTokens: number,
   account: KeyAccount,
   nowMs: number,
 ): Reservation {
@@ -99,7 +119,6 @@ function reserveDecision(
       },
     );
   }
-  const answerTokens = config.decision.answer_tokens;
   const estimateTokens = promptTokens + answerTokens;
   const estimateMicro = costMicro(
     ratesFor(decision.model, promptTokens),
@@ -222,12 +241,12 @@ function providerRequestFor(
   decision: DecisionRequest,
   prompt: DecisionPrompt,
   promptTokens: number,
-  config: Config,
+  answerTokens: number,
 ): ProviderRequest {
   return {
     model: decision.model.upstream_model ?? decision.modelId,
     messages: prompt.messages,
-    maxOutputTokens: config.decision.answer_tokens,
+    maxOutputTokens: answerTokens,
     temperature: 0,
     topP: null,
     topK: null,
@@ -251,8 +270,12 @@ async function decisionWork(
 ): Promise<Completion<DecisionSuccess>> {
   const { actor, prompt } = admission;
   const hold = actor.init.hold;
-  const { config } = gateway;
-  const request = providerRequestFor(decision, prompt, admission.promptTokens, config);
+  const request = providerRequestFor(
+    decision,
+    prompt,
+    admission.promptTokens,
+    admission.answerTokens,
+  );
   let promptTokens = 0;
   let completionTokens = 0;
   let answers: Record<string, Answer> | null = null;

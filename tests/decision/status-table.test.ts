@@ -394,6 +394,78 @@ describe('200: a decision', () => {
 });
 
 // ──────────────────────────────────────────────────────────────────────────────────────────
+describe('the answer budget covers the longest valid answer', () => {
+  /** `count` choice questions with ids of `idChars` and two labels of `labelChars` each. */
+  const manyQuestions = (count: number, idChars: number, labelChars: number) => {
+    const questions: Record<string, unknown> = {};
+    for (let i = 0; i < count; i++) {
+      const id = `q${String(i).padStart(idChars - 1, '0')}`;
+      const label = (letter: string) => `${letter}${String(i)}`.padEnd(labelChars, letter);
+      questions[id] = {
+        type: 'choice',
+        prompt: `Question ${i}?`,
+        criteria: { [label('y')]: 'yes', [label('n')]: 'no' },
+      };
+    }
+    return questions;
+  };
+
+  test.each([
+    ['64 questions, labels of 48 characters', 64, 8, 48],
+    ['64 questions, ids of 64 and labels of 128 characters', 64, 64, 128],
+  ] as const)(
+    '%s: a 200 on both models (a fixed 1,024-token budget cut every answer off: 502)',
+    async (_name, count, idChars, labelChars) => {
+      const t = gateway();
+      const { key } = await t.createKey({ credits: 100 });
+      for (const model of ['decision-fast', 'decision-accurate']) {
+        const questions = manyQuestions(count, idChars, labelChars);
+        const response = await post(t, key, decisionBody({ model, questions }));
+        const body = (await response.json()) as any;
+        expect({ model, status: response.status }).toEqual({ model, status: 200 });
+        expect(Object.keys(body.answers)).toEqual(Object.keys(questions));
+        for (const [id, answer] of Object.entries<any>(body.answers))
+          expect(Object.keys((questions[id] as any).criteria)).toContain(answer.label);
+      }
+    },
+  );
+
+  test(
+    'the budget is the configured one until the longest answer may need more; the hold and the ' +
+      'upstream limit follow it',
+    async () => {
+      let release = Promise.withResolvers<void>();
+      const { t, fake } = gatewayWithUpstream((call) => ({
+        kind: 'wait',
+        until: release.promise,
+        then: answerValidly(call),
+      }));
+      const { id: keyId, key } = await t.createKey({ credits: 1, token_wallet: 100_000 });
+      /** The tokens held while the upstream is asked, and the output limit it was sent. */
+      const holdOf = async (body: unknown) => {
+        release = Promise.withResolvers<void>();
+        const before = (await balances(t, keyId)).token_wallet;
+        const called = fake.nextCall.promise;
+        const pending = post(t, key, body);
+        await called;
+        const held = before - (await balances(t, keyId)).token_wallet;
+        const sent = fake.bodies.at(-1).max_completion_tokens;
+        release.resolve();
+        expect((await pending).status).toBe(200);
+        return { held, sent };
+      };
+      const small = await holdOf(decisionBody());
+      expect(small.sent).toBe(1024);
+      const questions = manyQuestions(64, 64, 128);
+      const large = await holdOf(decisionBody({ questions }));
+      // {} + per question "id": , and two spaces + the longest label in JSON (its quotes too).
+      const longest = 2 + 64 * (64 + 6 + 130);
+      expect(large.sent).toBe(longest);
+      expect(large.held - small.held).toBeGreaterThan(longest - 1024);
+    },
+  );
+});
+
 describe('lookup: GET /decision/v1/requests/<dec_id>/', () => {
   test(
     'the owner reads the outcome with its answers; another ' +
