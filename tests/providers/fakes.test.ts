@@ -125,6 +125,19 @@ describe('fake Anthropic, read by @anthropic-ai/sdk', () => {
     expect(message.usage).toMatchObject(ANTHROPIC_USAGE);
   });
 
+  test('a tool without parameters: input {} whole, and streamed as one empty delta', async () => {
+    fake.mode = 'tools';
+    const bare = [{ name: 'get_time', input_schema: { type: 'object' as const } }];
+    const message = await client.messages.create({ ...base, tools: bare });
+    expect(message.content[1]).toMatchObject({ type: 'tool_use', name: 'get_time', input: {} });
+    const stream = client.messages.stream({ ...base, tools: bare });
+    const pieces: string[] = [];
+    stream.on('inputJson', (partial) => pieces.push(partial));
+    const streamed = await stream.finalMessage();
+    expect(pieces.join('')).toBe('');
+    expect(streamed.content[1]).toMatchObject({ type: 'tool_use', name: 'get_time', input: {} });
+  });
+
   const errors: [VendorMode, number, string][] = [
     ['error400', 400, 'invalid_request_error'],
     ['error429', 429, 'rate_limit_error'],
@@ -323,6 +336,17 @@ describe('fake Gemini, read by @google/genai', () => {
       { name: TOOL, args: TOOL_INPUT },
     ]);
     expect(chunks.at(-1)!.usageMetadata).toEqual(finalUsage as any);
+  });
+
+  test('a function without parameters: args {}, whole and streamed', async () => {
+    fake.mode = 'tools';
+    const bare = [{ functionDeclarations: [{ name: 'get_time', description: 'The time' }] }];
+    const response = await ai.models.generateContent({ ...base, config: { tools: bare } });
+    expect(response.functionCalls).toEqual([{ name: 'get_time', args: {} }]);
+    const chunks = await collect({ ...base, config: { tools: bare } });
+    expect(chunks.flatMap((chunk) => chunk.functionCalls ?? [])).toEqual([
+      { name: 'get_time', args: {} },
+    ]);
   });
 
   const errors: [VendorMode, number, string][] = [

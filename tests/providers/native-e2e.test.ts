@@ -350,6 +350,40 @@ describe.each(VENDORS)('$type through the openai SDK', (vendor) => {
     expect(error.code).toBe(code);
   });
 
+  test.each([false, true])(
+    'a tool without parameters (stream %p): its arguments are "{}", JSON as the SDK parses them',
+    async (streamed) => {
+      const s = await setup(vendor, 'tools');
+      const messages: OpenAI.ChatCompletionMessageParam[] = [
+        { role: 'user', content: 'What time is it?' },
+      ];
+      const timeTool = {
+        type: 'function' as const,
+        function: { name: 'get_time', description: 'The current time' },
+      };
+      let args = '';
+      if (streamed) {
+        const stream = await s.client.chat.completions.create({
+          model: 'model_03',
+          stream: true,
+          messages,
+          tools: [timeTool],
+        });
+        for await (const chunk of stream)
+          for (const delta of chunk.choices[0]?.delta?.tool_calls ?? [])
+            args += delta.function?.arguments ?? '';
+      } else {
+        const completion = await s.client.chat.completions.create({
+          model: 'model_03',
+          messages,
+          tools: [timeTool],
+        });
+        args = (completion.choices[0]!.message.tool_calls![0] as any).function.arguments;
+      }
+      expect(args).toBe('{}');
+    },
+  );
+
   test('hang with a short provider timeout_ms → 504 upstream_timeout', async () => {
     const s = await setup(vendor, 'hang', { timeout_ms: 200 });
     const error = await failure(

@@ -18,7 +18,7 @@ import {
   SECRET_PROMPT,
   STREAM_TICK_MS,
   startFakeVendor,
-  TOOL_INPUT,
+  toolInputFor,
   type VendorMode,
 } from './fake-vendor.ts';
 
@@ -101,6 +101,11 @@ function invalidRequest(request: Request, body: any): Response | undefined {
   return undefined;
 }
 
+function toolInput(body: any): Record<string, unknown> {
+  const tool = body?.tools?.[0];
+  return toolInputFor(tool === undefined ? undefined : (tool.input_schema ?? null));
+}
+
 function toolName(body: any): string {
   const name = body?.tools?.[0]?.name;
   return typeof name === 'string' ? name : FALLBACK_TOOL;
@@ -145,9 +150,12 @@ function textBlock(index: number, text: string): string[] {
   ];
 }
 
-/** The tool_use block's events: the input arrives as JSON text cut across several deltas. */
-function toolBlock(index: number, name: string): string[] {
-  const json = JSON.stringify(TOOL_INPUT);
+/**
+ * The tool_use block's events: the input arrives as JSON text cut across several deltas; an empty
+ * input (a tool without parameters) as one empty delta, as the API sends it.
+ */
+function toolBlock(index: number, name: string, input: Record<string, unknown>): string[] {
+  const json = Object.keys(input).length === 0 ? '' : JSON.stringify(input);
   const pieces = [''];
   for (let at = 0; at < json.length; at += 9) pieces.push(json.slice(at, at + 9));
   return [
@@ -181,7 +189,7 @@ function streamFrames(mode: VendorMode, model: string, body: any): string[] {
       startText!,
       ping,
       ...restText,
-      ...toolBlock(1, toolName(body)),
+      ...toolBlock(1, toolName(body), toolInput(body)),
       ...messageEnd('tool_use'),
     ];
   }
@@ -250,7 +258,7 @@ function answer(request: Request, mode: VendorMode, body: any): Response | Promi
           type: 'tool_use',
           id: nextId('toolu'),
           name: toolName(body),
-          input: TOOL_INPUT,
+          input: toolInput(body),
         });
         return Response.json(message(model, content, 'tool_use'), { headers });
       }

@@ -30,7 +30,7 @@ import {
   SECRET_PROMPT,
   STREAM_TICK_MS,
   startFakeVendor,
-  TOOL_INPUT,
+  toolInputFor,
   type VendorMode,
 } from './fake-vendor.ts';
 
@@ -135,7 +135,17 @@ function data(chunk: object): string {
 }
 
 function functionCallPart(body: any) {
-  return { functionCall: { name: functionName(body), args: TOOL_INPUT } };
+  return { functionCall: { name: functionName(body), args: toolInputFor(firstSchema(body)) } };
+}
+
+/** The first declared function's parameters (`parametersJsonSchema`, or `parameters`). */
+function firstSchema(body: any): unknown {
+  for (const tool of Array.isArray(body?.tools) ? body.tools : []) {
+    const declarations = tool?.functionDeclarations ?? tool?.function_declarations;
+    const first = Array.isArray(declarations) ? declarations[0] : undefined;
+    if (first) return first.parametersJsonSchema ?? first.parameters ?? null;
+  }
+  return undefined;
 }
 
 function streamChunks(mode: VendorMode, model: string, responseId: string, body: any): string[] {

@@ -57,6 +57,18 @@ export const SECRET_PROMPT = 'SECRET-PROMPT';
 export const ANSWER_TEXT = 'Hello there';
 /** The arguments of every tool call the fakes make. */
 export const TOOL_INPUT = { location: 'Paris', unit: 'celsius' } as const;
+
+/**
+ * The input a model gives the tool whose JSON Schema is `schema`: nothing (`{}`) to a tool declared
+ * without properties (`schema` null when it has no schema), else TOOL_INPUT (`undefined`: no tool
+ * declared, the fallback tool).
+ */
+export function toolInputFor(schema: unknown): Record<string, unknown> {
+  if (schema === undefined) return TOOL_INPUT;
+  const properties = (schema as { properties?: unknown } | null)?.properties;
+  const declares = typeof properties === 'object' && properties !== null;
+  return declares && Object.keys(properties).length > 0 ? TOOL_INPUT : {};
+}
 /** The tool name used when the request declares none. */
 export const FALLBACK_TOOL = 'get_weather';
 /** Cadence of `endless` text. */

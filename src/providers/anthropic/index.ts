@@ -20,6 +20,8 @@ import type { Delta, FinishReason, ProviderMessage, ProviderRequest } from '../p
  * requires `max_tokens` (the chat service always passes its reservation's cap; this is for others).
  */
 const MAX_TOKENS_FALLBACK = 4_096;
+/** The arguments of a tool call that took no input. */
+const EMPTY_INPUT = '{}';
 
 export function anthropicDialect(config: Pick<AnthropicProviderConfig, 'version'>): Dialect {
   return {
@@ -219,6 +221,8 @@ class EventTranslator implements StreamTranslator {
   private completionTokens: number | null = null;
   /** Content block index → tool-call index, for the blocks that are tool calls. */
   private readonly toolIndexes = new Map<number, number>();
+  /** Tool blocks (content block indexes) that have had no input yet. */
+  private readonly toolsWithoutInput = new Set<number>();
   private readonly content: ContentMeter;
 
   constructor(
@@ -258,13 +262,19 @@ class EventTranslator implements StreamTranslator {
         if (isRecord(event.usage)) this.readUsage(event.usage);
         return;
       }
+      case 'content_block_stop':
+        // Only read for a tool block's end: a stop without a usable index is let pass, as before.
+        if (typeof event.index === 'number') this.endToolInput(event.index, out);
+        return;
       case 'message_stop':
         this.ended = true;
+        // A stream that never closed a tool's block: its input is as complete as it will be.
+        for (const index of this.toolsWithoutInput) this.endToolInput(index, out);
         return;
       case 'error':
         throw upstreamErrorInAnswer(name, event);
       default:
-        // ping, content_block_stop, and event types added later: nothing to relay.
+        // ping, and event types added later: nothing to relay.
         return;
     }
   }
@@ -307,6 +317,19 @@ class EventTranslator implements StreamTranslator {
     this.content.count(call.id);
     this.content.count(call.name);
     out.push({ type: 'tool_call', index: toolIndex, id: call.id, name: call.name, arguments: '' });
+    this.toolsWithoutInput.add(index);
+  }
+
+  /**
+   * A tool block ends: one that took no input (a tool without parameters, for which Anthropic
+   * sends no input_json_delta or only an empty one) gets `{}`, as in a non-stream answer, so
+   * that its arguments are JSON; `""` would throw in every client that parses them.
+   */
+  private endToolInput(index: number, out: Delta[]): void {
+    if (!this.toolsWithoutInput.delete(index)) return;
+    const toolIndex = this.toolIndexes.get(index)!;
+    this.content.count(EMPTY_INPUT);
+    out.push({ type: 'tool_call', index: toolIndex, id: null, name: null, arguments: EMPTY_INPUT });
   }
 
   private blockDelta(event: Record<string, unknown>, out: Delta[]): void {
@@ -322,6 +345,7 @@ class EventTranslator implements StreamTranslator {
       if (typeof delta.partial_json !== 'string')
         throw invalid(this.providerName, 'sent tool input that is not text');
       if (delta.partial_json.length === 0) return;
+      this.toolsWithoutInput.delete(blockIndex(event, this.providerName));
       this.content.count(delta.partial_json);
       out.push({
         type: 'tool_call',
