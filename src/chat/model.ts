@@ -7,6 +7,7 @@ import { SearchBudget, smallestInstance } from '../providers/simulator/schema-va
 import {
   Nullable,
   type ProviderMessage,
+  TOOL_CALL_ID_CHARS_MAX,
   type ToolCall,
   ToolCallSchema,
   type ToolChoice,
@@ -44,7 +45,7 @@ export const AssistantMessageSchema = Type.Object({
 export const ToolMessageSchema = Type.Object({
   role: Type.Literal('tool'),
   content: ContentSchema,
-  tool_call_id: Type.String({ minLength: 1, maxLength: 256 }),
+  tool_call_id: Type.String({ minLength: 1, maxLength: TOOL_CALL_ID_CHARS_MAX }),
 });
 
 /** The documented fields; any other field is accepted and ignored (spec 000, "ignored fields"). */

@@ -5,9 +5,15 @@ import { type Static, type TSchema, Type } from '@sinclair/typebox';
 
 export const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
 
+/**
+ * The longest tool call id: room for the ids of a Gemini call that carries its thought signature
+ * (providers/gemini), which runs to a few KB; still a bound on what a client sends back.
+ */
+export const TOOL_CALL_ID_CHARS_MAX = 32 * 1024;
+
 /** A tool call, as a client sends it back in an assistant message and as a provider reports it. */
 export const ToolCallSchema = Type.Object({
-  id: Type.String({ minLength: 1, maxLength: 256 }),
+  id: Type.String({ minLength: 1, maxLength: TOOL_CALL_ID_CHARS_MAX }),
   type: Type.Literal('function'),
   function: Type.Object({
     name: Type.String({ minLength: 1, maxLength: 64 }),

@@ -8,7 +8,12 @@ import {
   ANTHROPIC_USAGE,
   startFakeAnthropic,
 } from '../support/fake-anthropic.ts';
-import { GEMINI_TEXT_PIECES, GEMINI_USAGE, startFakeGemini } from '../support/fake-gemini.ts';
+import {
+  GEMINI_TEXT_PIECES,
+  GEMINI_THOUGHT_SIGNATURE,
+  GEMINI_USAGE,
+  startFakeGemini,
+} from '../support/fake-gemini.ts';
 import {
   ANSWER_TEXT,
   FALLBACK_TOOL,
@@ -307,6 +312,9 @@ describe('fake Gemini, read by @google/genai', () => {
     fake.mode = 'tools';
     const response = await ai.models.generateContent({ ...base, config: { tools } });
     expect(response.functionCalls).toEqual([{ name: TOOL, args: TOOL_INPUT }]);
+    expect(response.candidates?.[0]?.content?.parts?.[0]?.thoughtSignature).toBe(
+      GEMINI_THOUGHT_SIGNATURE,
+    );
     expect(response.candidates?.[0]?.finishReason).toBe('STOP' as any);
     expect(response.usageMetadata).toEqual(finalUsage as any);
     expect(fake.requests.at(-1)!.body.tools[0].functionDeclarations[0].name).toBe(TOOL);

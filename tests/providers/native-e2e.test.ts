@@ -3,7 +3,7 @@
 import { describe, expect, test } from 'bun:test';
 import OpenAI, { APIError } from 'openai';
 import { ANTHROPIC_USAGE, startFakeAnthropic } from '../support/fake-anthropic.ts';
-import { GEMINI_USAGE, startFakeGemini } from '../support/fake-gemini.ts';
+import { GEMINI_THOUGHT_SIGNATURE, GEMINI_USAGE, startFakeGemini } from '../support/fake-gemini.ts';
 import {
   ANSWER_TEXT,
   type FakeVendor,
@@ -298,9 +298,12 @@ describe.each(VENDORS)('$type through the openai SDK', (vendor) => {
         );
         const fnCall = parts.find((p: any) => p.functionCall);
         const fnResponse = parts.find((p: any) => p.functionResponse);
+        // The call's thought signature came back with it, carried inside its id.
+        expect(call.id).toMatch(/^call_[A-Za-z0-9]{24}__sig_[A-Za-z0-9_-]+$/);
         expect(fnCall).toMatchObject({
           role: 'model',
           functionCall: { name: 'get_weather', args: TOOL_INPUT },
+          thoughtSignature: GEMINI_THOUGHT_SIGNATURE,
         });
         expect(fnResponse.role).toBe('user');
         expect(fnResponse.functionResponse.name).toBe('get_weather');

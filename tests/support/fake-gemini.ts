@@ -134,8 +134,20 @@ function data(chunk: object): string {
   return `data: ${JSON.stringify(chunk)}\r\n\r\n`;
 }
 
+/**
+ * The signature a thinking model (Gemini 3) puts on each function call part, which it wants back
+ * with the call in the next turn's history (ai.google.dev/gemini-api/docs/thought-signatures):
+ * opaque bytes in base64, `+` and `/` included, a few KB long as real ones are.
+ */
+export const GEMINI_THOUGHT_SIGNATURE = Buffer.from(
+  Array.from({ length: 1_537 }, (_, i) => (i * 37 + 11) & 255),
+).toString('base64');
+
 function functionCallPart(body: any) {
-  return { functionCall: { name: functionName(body), args: toolInputFor(firstSchema(body)) } };
+  return {
+    functionCall: { name: functionName(body), args: toolInputFor(firstSchema(body)) },
+    thoughtSignature: GEMINI_THOUGHT_SIGNATURE,
+  };
 }
 
 /** The first declared function's parameters (`parametersJsonSchema`, or `parameters`). */

@@ -13,6 +13,7 @@ import {
 } from '../http/answer.ts';
 import type { Dialect, StreamTranslator } from '../http/http-provider.ts';
 import type { Delta, FinishReason, ProviderMessage, ProviderRequest } from '../provider.ts';
+import { TOOL_CALL_ID_CHARS_MAX } from '../wire.ts';
 
 export const GEMINI_DIALECT: Dialect = {
   path(request) {
@@ -106,6 +107,38 @@ function requestBody(request: ProviderRequest): Record<string, unknown> {
   return body;
 }
 
+/**
+ * Between a tool call's own id and its thought signature, in the ids of calls that had one. A
+ * thinking model (Gemini 3) signs each function call and refuses, 400, a history whose call comes
+ * back without its signature; chat clients send back only a call's id, so the signature travels
+ * inside it (LiteLLM does the same), in base64url: the id stays `[A-Za-z0-9_-]`, which every
+ * protocol's tool ids allow, and no longer than the signature.
+ */
+const SIGNATURE_MARK = '__sig_';
+const CALL_ID_CHARS = newToolCallId().length;
+/** The longest signature carried: what keeps the id within the chat API's bound. */
+const SIGNATURE_CHARS_MAX = TOOL_CALL_ID_CHARS_MAX - CALL_ID_CHARS - SIGNATURE_MARK.length;
+
+/**
+ * A call id carrying `signature` (the API's bytes in base64), or a plain one when it is not
+ * canonical base64 (its bytes would not come back as the same text) or too long to carry.
+ */
+function callIdFor(signature: string): string {
+  const id = newToolCallId();
+  if (signature.length === 0 || signature.length > SIGNATURE_CHARS_MAX) return id;
+  const bytes = Buffer.from(signature, 'base64');
+  if (bytes.toString('base64') !== signature) return id;
+  return `${id}${SIGNATURE_MARK}${bytes.toString('base64url')}`;
+}
+
+/** The thought signature inside a call id this adapter made, else null. */
+function thoughtSignatureOf(callId: string): string | null {
+  if (!callId.startsWith('call_') || !callId.startsWith(SIGNATURE_MARK, CALL_ID_CHARS)) return null;
+  const encoded = callId.slice(CALL_ID_CHARS + SIGNATURE_MARK.length);
+  if (encoded.length === 0 || !/^[A-Za-z0-9_-]+$/.test(encoded)) return null;
+  return Buffer.from(encoded, 'base64url').toString('base64');
+}
+
 function appendContent(
   contents: Content[],
   message: Exclude<ProviderMessage, { role: 'system' }>,
@@ -131,12 +164,15 @@ function appendContent(
       parts.push({ text: message.content });
     message.tool_calls?.forEach((call, index) => {
       names.set(call.id, call.function.name);
-      parts.push({
+      const part: Part = {
         functionCall: {
           name: call.function.name,
           args: toolArgumentsObject(call.function.arguments, index),
         },
-      });
+      };
+      const signature = thoughtSignatureOf(call.id);
+      if (signature !== null) part.thoughtSignature = signature;
+      parts.push(part);
     });
   } else {
     role = 'user';
@@ -265,14 +301,14 @@ class ChunkTranslator implements StreamTranslator {
     const text = JSON.stringify(args);
     this.content.count(call.name);
     this.content.count(text);
+    const signature = part.thoughtSignature;
+    if (signature !== undefined && typeof signature !== 'string')
+      throw invalid(name, 'sent a thought signature that is not text');
+    const id = signature === undefined ? newToolCallId() : callIdFor(signature);
+    this.content.count(id);
     // Gemini's calls have no id a client could send back; the gateway's own maps the reply back
-    // through the assistant message that carries it (requestBody).
-    out.push({
-      type: 'tool_call',
-      index: this.toolCalls++,
-      id: newToolCallId(),
-      name: call.name,
-      arguments: text,
-    });
+    // through the assistant message that carries it (requestBody), with the call's thought
+    // signature, when it had one, inside it.
+    out.push({ type: 'tool_call', index: this.toolCalls++, id, name: call.name, arguments: text });
   }
 }
