@@ -22,10 +22,10 @@ const REPEAT_EXTRA_MAX = 3;
 const LENGTH_ATTEMPTS_MAX = 4;
 /**
  * A build's node visits per step of the caller's budget (a schema node costs about as much as
- * this many of them): `((){60000}){60000}` prints nothing, many times over, and a long array may
- * build its item's pattern once per item.
+ * this many of them; a visit of a build aimed at a length, up to ~0.3 µs): a long array may build
+ * its item's pattern once per item, and a hostile pattern repeats a group many times over.
  */
-export const PATTERN_STEPS_PER_STEP = 16;
+export const PATTERN_STEPS_PER_STEP = 4;
 
 /**
  * How many code points a node can make, at the least and the most (Infinity when unbounded):
@@ -46,6 +46,8 @@ interface AltNode {
   branches: Node[][];
   branchLengths: Lengths[];
   lengths: Lengths;
+  /** The branch that makes the fewest code points (the first of them). */
+  shortest: number;
 }
 interface RepeatNode {
   kind: 'repeat';
@@ -73,19 +75,20 @@ function sequenceLengths(nodes: Node[]): Lengths {
 
 function altNode(branches: Node[][]): AltNode {
   const branchLengths = branches.map(sequenceLengths);
-  let lo = Number.POSITIVE_INFINITY;
+  let shortest = 0;
   let hi = 0;
-  for (const lengths of branchLengths) {
-    lo = Math.min(lo, lengths.lo);
-    hi = Math.max(hi, lengths.hi);
+  for (let i = 0; i < branchLengths.length; i++) {
+    if (branchLengths[i]!.lo < branchLengths[shortest]!.lo) shortest = i;
+    hi = Math.max(hi, branchLengths[i]!.hi);
   }
-  return { kind: 'alt', branches, branchLengths, lengths: { lo, hi } };
+  const lo = branchLengths[shortest]!.lo;
+  return { kind: 'alt', branches, branchLengths, lengths: { lo, hi }, shortest };
 }
 
 function repeatNode(node: Node, min: number, max: number): RepeatNode {
   const child = lengthsOf(node);
-  // A child that makes nothing makes nothing however often (Infinity × 0 would be NaN).
-  const hi = child.hi === 0 ? 0 : max * child.hi;
+  // Nothing repeated, or a child that makes nothing: nothing (0 × Infinity would be NaN).
+  const hi = max === 0 || child.hi === 0 ? 0 : max * child.hi;
   return { kind: 'repeat', node, min, max, lengths: { lo: min * child.lo, hi } };
 }
 
@@ -419,11 +422,8 @@ class PatternBuilder {
 
   /** A random branch; the shortest without random. */
   private anyBranch(node: AltNode): number {
-    if (this.random !== null) return this.random.integer(0, node.branches.length - 1);
-    let index = 0;
-    for (let i = 1; i < node.branches.length; i++)
-      if (node.branchLengths[i]!.lo < node.branchLengths[index]!.lo) index = i;
-    return index;
+    if (this.random === null) return node.shortest;
+    return this.random.integer(0, node.branches.length - 1);
   }
 
   /**
@@ -431,6 +431,10 @@ class PatternBuilder {
    * random); else the nearest.
    */
   private branchFor(node: AltNode, target: number): number {
+    // Each branch looked at is a visit: `(?:|||…){n}` must not look at a thousand per repetition
+    // for free.
+    this.stepsLeft -= node.branches.length;
+    if (this.stepsLeft < 0) throw new Unsupported('too much work');
     let chosen = -1;
     let fitting = 0;
     let nearest = 0;
@@ -493,8 +497,12 @@ class PatternBuilder {
   }
 
   private repeat(node: RepeatNode, target: number | null): void {
-    const times = target === null ? this.anyTimes(node) : this.timesFor(node, target);
     const child = lengthsOf(node.node);
+    // What makes nothing makes nothing however often: not built at all (`(?:|){300000}`); nor is
+    // a child's shortest string when it is empty (the shortest of `((a?){300}){300}b` is "b").
+    if (child.hi === 0) return;
+    if (child.lo === 0 && (target === 0 || (target === null && this.random === null))) return;
+    const times = target === null ? this.anyTimes(node) : this.timesFor(node, target);
     if (times * child.lo > this.charsLeft) throw new TooLong('too long');
     if (target === null) {
       for (let i = 0; i < times; i++) this.node(node.node, null);
