@@ -188,9 +188,11 @@ type Service = 'decision' | 'chat';
  * - A decision: the same key, since a decision that ended without a 200 frees it (CONTRACT §5).
  * - A chat call: its key stays bound to the request it started, whatever its end, so a retry
  *   under it could only be a 409. A 499 was a cancel (a cancel call, or the client going away) and
- *   is not the client's to undo: none. Otherwise nothing was charged (`x-should-retry: true`): a
- *   key the client made is replaced; a key the caller chose is kept for a refusal that binds
- *   nothing (429, 503), and for a 502/504 the caller decides.
+ *   is not the client's to undo: none. With `x-should-retry: true` nothing was charged: a key the
+ *   client made is replaced; a key the caller chose is kept for a 429 or 503 (a refusal, mostly,
+ *   which binds nothing; else the retry's 409 says what became of the first), and for a 502/504
+ *   the caller decides. An answer without the header is not the gateway's (a proxy's 504 while
+ *   the request still runs): the same key, so that it cannot run twice.
  */
 function retryOf(
   response: Response,
@@ -199,9 +201,13 @@ function retryOf(
 ): 'same' | 'fresh' | 'none' {
   const { status } = response;
   if (!RETRYABLE_STATUSES.has(status)) return 'none';
-  if (response.headers.get('x-should-retry') === 'false') return 'none';
+  const advice = response.headers.get('x-should-retry');
+  if (advice === 'false') return 'none';
   if (service !== 'chat') return 'same';
   if (status === 499) return 'none';
+  // Without the gateway's word (a proxy in between timed out, say) the request may still run:
+  // only its own key makes a retry safe, and a 409 then tells what became of it.
+  if (advice !== 'true') return 'same';
   if (ownKey) return 'fresh';
   return status === 429 || status === 503 ? 'same' : 'none';
 }

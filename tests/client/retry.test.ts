@@ -595,3 +595,34 @@ describe('a retry only where it can help (x-should-retry, chat keys stay bound)'
     expect(fake.calls).toBe(0);
   });
 });
+
+test('a chat 504 without x-should-retry (from a proxy): retried with the same key', async () => {
+  const { t, fake } = await serverWithUpstream(answerValidly);
+  const { key } = await t.createKey({ credits: 10 });
+  const keys: Array<string | null> = [];
+  let calls = 0;
+  const client = new TollgateClient({
+    baseUrl: t.baseUrl,
+    apiKey: key,
+    sleep: async () => {},
+    fetch: (async (input: string | URL | Request, init?: RequestInit) => {
+      keys.push(new Headers(init?.headers).get('idempotency-key'));
+      // The first attempt reaches the gateway, but its answer is lost behind a proxy's 504.
+      const response = await fetch(input, init);
+      if (calls++ > 0) return response;
+      await response.arrayBuffer();
+      return Response.json({ error: { message: 'gateway timeout' } }, { status: 504 });
+    }) as typeof fetch,
+  });
+  const error = await rejection(
+    client.chatCompletion({ model: 'model_03', messages: [{ role: 'user', content: 'Hi' }] }),
+  );
+  // The retry under the same key finds the first request: a 409, never a second run.
+  expect({ status: error.status, code: error.code }).toEqual({
+    status: 409,
+    code: 'request_already_completed',
+  });
+  expect(keys).toHaveLength(2);
+  expect(keys[1]).toBe(keys[0]);
+  expect(fake.calls).toBe(1);
+});
