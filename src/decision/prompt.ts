@@ -45,11 +45,12 @@ export function answerSchema(questions: Array<[string, Question]>): Record<strin
  * a 502 on every attempt). The longest answer is the tool's arguments with each question's
  * longest label (in JSON bytes) and highest level; a token is at least one byte of UTF-8, so its
  * bytes bound its tokens. Two bytes more per question for the spaces a model may put after `:` and
- * `,`.
+ * `,`. At most the model's own output limit.
  */
 export function answerTokensFor(
   questions: Array<[string, Question]>,
   configuredTokens: number,
+  modelOutputTokensMax: number,
 ): number {
   let bytes = 2; // {}
   for (const [id, question] of questions) {
@@ -64,7 +65,8 @@ export function answerTokensFor(
       longest = Math.max(longest, Buffer.byteLength(JSON.stringify(label)));
     bytes += longest;
   }
-  return Math.max(configuredTokens, bytes);
+  // Never past what the model may write: a provider refuses a larger limit outright.
+  return Math.max(configuredTokens, Math.min(bytes, modelOutputTokensMax));
 }
 
 export interface DecisionPrompt {

@@ -74,7 +74,11 @@ export function admitDecision(
     client,
     reserve: (current, nowMs) => {
       // Worked out here, past the idempotency and rate checks: a refused request costs nothing.
-      answerTokens = answerTokensFor(decision.questions, answerTokens);
+      answerTokens = answerTokensFor(
+        decision.questions,
+        answerTokens,
+        decision.model.max_output_tokens,
+      );
       return reserveDecision(
         gateway,
         decision,

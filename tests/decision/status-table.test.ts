@@ -466,6 +466,25 @@ describe('the answer budget covers the longest valid answer', () => {
   );
 });
 
+test('the answer budget never passes the model output limit (providers refuse more)', async () => {
+  const fake = upstream(answerValidly);
+  const t = gateway({
+    providers: { fake: { type: 'openai', base_url: fake.url, timeout_ms: 5_000 } },
+    models: { model_03: { provider: 'fake', upstream_model: 'up', max_output_tokens: 2_000 } },
+  });
+  const { key } = await t.createKey({ credits: 100 });
+  const questions: Record<string, unknown> = {};
+  for (let i = 0; i < 24; i++) {
+    // Control characters print as \u00XX in JSON: 6 bytes each, ~730 bytes a label.
+    const label = (c: string) => `${c}${i}${'\u0001'.repeat(120)}`;
+    const criteria = { [label('y')]: 'y', [label('n')]: 'n' };
+    questions[`q${i}`] = { type: 'choice', prompt: `Q${i}?`, criteria };
+  }
+  const response = await post(t, key, decisionBody({ questions }));
+  expect(response.status).toBe(200);
+  expect(fake.bodies.at(-1).max_completion_tokens).toBe(2_000);
+});
+
 describe('lookup: GET /decision/v1/requests/<dec_id>/', () => {
   test(
     'the owner reads the outcome with its answers; another ' +
