@@ -571,3 +571,48 @@ test('gemini: a seed past int32 is wrapped into one, the same each time', async 
   }
   expect(fake.requests.map((r) => r.body.generationConfig.seed)).toEqual([5, 5, -7, 12]);
 });
+
+test(
+  'anthropic: a stream cut after message_delta (no content_block_stop, no message_stop) still ' +
+    'gives a tool without input "{}"',
+  async () => {
+    const event = (type: string, data: object) =>
+      `event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`;
+    const frames = [
+      event('message_start', {
+        message: { id: 'msg_1', type: 'message', role: 'assistant', content: [], model: 'm' },
+      }),
+      event('content_block_start', {
+        index: 0,
+        content_block: { type: 'tool_use', id: 'toolu_1', name: 'get_time', input: {} },
+      }),
+      event('message_delta', {
+        delta: { stop_reason: 'tool_use', stop_sequence: null },
+        usage: { input_tokens: 5, output_tokens: 3 },
+      }),
+    ].join('');
+    const upstream = cleanup.track(
+      Bun.serve({
+        port: 0,
+        fetch: () => new Response(frames, { headers: { 'content-type': 'text/event-stream' } }),
+      }),
+    );
+    const server = await cleanup.server({
+      providers: { up: { type: 'anthropic', base_url: `http://127.0.0.1:${upstream.port}/v1` } },
+      models: { model_03: { provider: 'up', upstream_model: 'vendor-model' } },
+    });
+    const { key } = await server.createKey({ credits: 1000 });
+    const client = new OpenAI({ baseURL: `${server.baseUrl}/api/v1`, apiKey: key, maxRetries: 0 });
+    const stream = await client.chat.completions.create({
+      model: 'model_03',
+      stream: true,
+      messages: [{ role: 'user', content: 'What time is it?' }],
+      tools: [{ type: 'function', function: { name: 'get_time' } }],
+    });
+    let args = '';
+    for await (const chunk of stream)
+      for (const delta of chunk.choices[0]?.delta?.tool_calls ?? [])
+        args += delta.function?.arguments ?? '';
+    expect(args).toBe('{}');
+  },
+);

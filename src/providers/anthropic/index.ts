@@ -257,8 +257,12 @@ class EventTranslator implements StreamTranslator {
       case 'message_delta': {
         this.answering = true;
         const delta = isRecord(event.delta) ? event.delta : {};
-        if (delta.stop_reason !== undefined && delta.stop_reason !== null)
+        if (delta.stop_reason !== undefined && delta.stop_reason !== null) {
           this.reason = finishReasonOf(delta.stop_reason);
+          // The message is over (its blocks come before its stop reason): a tool's input is as
+          // complete as it will be, though a stream cut here never says content_block_stop.
+          this.endToolInputs(out);
+        }
         if (isRecord(event.usage)) this.readUsage(event.usage);
         return;
       }
@@ -268,8 +272,7 @@ class EventTranslator implements StreamTranslator {
         return;
       case 'message_stop':
         this.ended = true;
-        // A stream that never closed a tool's block: its input is as complete as it will be.
-        for (const index of this.toolsWithoutInput) this.endToolInput(index, out);
+        this.endToolInputs(out);
         return;
       case 'error':
         throw upstreamErrorInAnswer(name, event);
@@ -325,6 +328,11 @@ class EventTranslator implements StreamTranslator {
    * sends no input_json_delta or only an empty one) gets `{}`, as in a non-stream answer, so
    * that its arguments are JSON; `""` would throw in every client that parses them.
    */
+  /** Every tool block still without input ends (the message did). */
+  private endToolInputs(out: Delta[]): void {
+    for (const index of this.toolsWithoutInput) this.endToolInput(index, out);
+  }
+
   private endToolInput(index: number, out: Delta[]): void {
     if (!this.toolsWithoutInput.delete(index)) return;
     const toolIndex = this.toolIndexes.get(index)!;
