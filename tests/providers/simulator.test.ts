@@ -467,6 +467,17 @@ describe('schema values', () => {
         one({ format: 'email', maxLength: 200, minLength: 3 }),
         // Review of stop 34: {0} on an unbounded group (0 × Infinity had made its lengths NaN).
         one({ pattern: '^(?:a*){0}b+$', minLength: 3 }),
+        // … branches of other lengths than the one aimed at: the nearest longer or shorter one.
+        one({ pattern: '^(?:[0-9]{4}|[0-9]{6})$', minLength: 5 }),
+        one({ pattern: '^$|^[0-9]{9}$', minLength: 1 }),
+        one({ pattern: '^#([0-9a-f]{3}|[0-9a-f]{6})$', minLength: 7 }),
+        one({ pattern: '^(?:[A-Z]{2}|[0-9]{8})$', minLength: 3 }),
+        // … a pattern without `$` is padded to its minLength: what follows a match keeps it one.
+        one({ pattern: '^[A-Z]', minLength: 3 }),
+        one({ pattern: '\\d', minLength: 8 }),
+        one({ pattern: '^https://', minLength: 12 }),
+        // … an escaped surrogate pair is one character (Ajv reads patterns with the u flag).
+        one({ pattern: '^\\uD83D\\uDE00{2}$', maxLength: 2 }),
       ];
       for (const schema of schemas) {
         const validate = ajv.compile(schema as object);
@@ -525,6 +536,14 @@ describe('schema values', () => {
         allOf: [{ $ref: '#/$defs/base', maximum: 7 }],
       },
       { type: 'integer', allOf: [{ multipleOf: 3 }, { multipleOf: 4 }], minimum: 1 },
+      // Review of stop 34: a part's $ref to a $ref, and a $ref beside keywords in its target.
+      {
+        allOf: [{ $ref: '#/$defs/A' }],
+        $defs: {
+          A: { $ref: '#/$defs/B', required: ['a'], properties: { a: { type: 'integer' } } },
+          B: { type: 'object', required: ['b'], properties: { b: { const: 1 } } },
+        },
+      },
       {
         type: 'object',
         properties: { n: { type: 'integer', multipleOf: 6, minimum: 1, maximum: 100 } },

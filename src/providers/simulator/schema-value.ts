@@ -317,17 +317,18 @@ function mergeParts(schema: Schema, root: Schema, step: (count: number) => void)
       step(partRequired.length);
       for (const key of partRequired) required.push(key);
     }
-    // A part's own allOf, and its $ref, apply as much as its other keywords (the depth bound keeps
-    // the stack short).
+    // A part's own $ref and allOf apply as much as its other keywords, and so do theirs (a $ref
+    // to a $ref); the depth bound keeps the stack short. The schema's own $ref is not followed
+    // here: a schema with one is read through it before its allOf.
+    if (depth >= ALL_OF_DEPTH_MAX) return;
+    const ref = depth === 0 ? undefined : own(part, '$ref');
+    const target = typeof ref === 'string' ? resolveRef(root, ref) : undefined;
+    if (isSchema(target)) addFrom(target, depth + 1);
     const parts = own(part, 'allOf');
-    if (!Array.isArray(parts) || depth >= ALL_OF_DEPTH_MAX) return;
+    if (!Array.isArray(parts)) return;
     for (const nested of parts) {
       step(1);
-      if (!isSchema(nested)) continue;
-      addFrom(nested, depth + 1);
-      const ref = own(nested, '$ref');
-      const target = typeof ref === 'string' ? resolveRef(root, ref) : undefined;
-      if (isSchema(target)) addFrom(target, depth + 1);
+      if (isSchema(nested)) addFrom(nested, depth + 1);
     }
   };
   addFrom(schema, 0);

@@ -20,6 +20,8 @@ const PATTERN_NODES_MAX = 1024;
 const REPEAT_EXTRA_MAX = 3;
 /** Varied builds aimed at a length allowed by minLength and maxLength, before the plain ones. */
 const LENGTH_ATTEMPTS_MAX = 4;
+/** Plain builds then: at the least length, one more and two more, each with fewer, then more. */
+const PLAIN_ATTEMPTS_MAX = 6;
 /**
  * A build's node visits per step of the caller's budget (a schema node costs about as much as
  * this many of them; a visit of a build aimed at a length, up to ~0.3 µs): a long array may build
@@ -48,6 +50,11 @@ interface AltNode {
   lengths: Lengths;
   /** The branch that makes the fewest code points (the first of them). */
   shortest: number;
+  /**
+   * The whole pattern only: no `$` in it, so whatever follows a match keeps it a match (JSON
+   * Schema patterns are not anchored): a string too short for minLength may be padded.
+   */
+  openEnd?: boolean;
 }
 interface RepeatNode {
   kind: 'repeat';
@@ -125,13 +132,17 @@ const PRINTABLE: Array<[number, number]> = [
 class PatternParser {
   private at = 0;
   private nodes = 0;
+  /** A `$` came (anywhere: a branch's end anchor is enough to make padding unsafe). */
+  private endAnchored = false;
 
   constructor(private readonly source: string) {}
 
   parse(): AltNode {
     const branches = this.alternation();
     if (this.at < this.source.length) throw new Unsupported('unbalanced )');
-    return altNode(branches);
+    const root = altNode(branches);
+    root.openEnd = !this.endAnchored;
+    return root;
   }
 
   private count(): void {
@@ -154,6 +165,7 @@ class PatternParser {
       if (char === '|' || char === ')') break;
       if (char === '^' || char === '$') {
         // The string built is the match itself, from its start to its end: anchors hold.
+        if (char === '$') this.endAnchored = true;
         this.at++;
         continue;
       }
@@ -306,7 +318,19 @@ class PatternParser {
           if (code > 0x10ffff) throw new Unsupported('bad \\u{');
           return { kind: 'text', char: String.fromCodePoint(code) };
         }
-        return { kind: 'text', char: String.fromCharCode(this.hex(4)) };
+        const code = this.hex(4);
+        // `\uD83D\uDE00` is one character, as the `u` flag reads it (Ajv compiles with it).
+        const lowHex = this.source.slice(this.at + 2, this.at + 6);
+        if (
+          code >= 0xd800 &&
+          code <= 0xdbff &&
+          this.source.startsWith('\\u', this.at) &&
+          /^[dD][c-fC-F][0-9a-fA-F]{2}$/.test(lowHex)
+        ) {
+          this.at += 6;
+          return { kind: 'text', char: String.fromCharCode(code, Number.parseInt(lowHex, 16)) };
+        }
+        return { kind: 'text', char: String.fromCharCode(code) };
       }
       case 'c': {
         const letter = this.source.charCodeAt(this.at++);
@@ -381,8 +405,9 @@ class PatternBuilder {
   /** Code points built so far (each text and class node makes one). */
   points = 0;
   /**
-   * When no count of a repeat makes its length exactly (`(ab)+` for 3): more (4) rather than
-   * fewer (2). Fewer leaves what follows the rest to make; more reaches a minimum on its own.
+   * When no count of a repeat or branch of an alternation makes its length exactly (`(ab)+` for
+   * 3): more (4) rather than fewer (2). Fewer leaves what follows the rest to make; more reaches a
+   * minimum on its own.
    */
   more = false;
   private charsLeft = 0;
@@ -428,7 +453,7 @@ class PatternBuilder {
 
   /**
    * One of the branches that can make `target` code points, each as likely (the first without
-   * random); else the nearest.
+   * random); else the nearest longer or shorter one (`more`).
    */
   private branchFor(node: AltNode, target: number): number {
     // Each branch looked at is a visit: `(?:|||…){n}` must not look at a thousand per repetition
@@ -437,8 +462,9 @@ class PatternBuilder {
     if (this.stepsLeft < 0) throw new Unsupported('too much work');
     let chosen = -1;
     let fitting = 0;
-    let nearest = 0;
-    let nearestGap = Number.POSITIVE_INFINITY;
+    // When none can: the nearest longer one and the nearest shorter one.
+    let longer = -1;
+    let shorter = -1;
     for (let i = 0; i < node.branches.length; i++) {
       const { lo, hi } = node.branchLengths[i]!;
       if (lo <= target && target <= hi) {
@@ -446,15 +472,14 @@ class PatternBuilder {
         // Reservoir sampling: the i-th fitting branch replaces the choice with chance 1/i.
         if (chosen === -1 || (this.random !== null && this.random.integer(1, fitting) === 1))
           chosen = i;
-        continue;
-      }
-      const gap = lo > target ? lo - target : target - hi;
-      if (gap < nearestGap) {
-        nearestGap = gap;
-        nearest = i;
-      }
+      } else if (lo > target) {
+        if (longer === -1 || lo < node.branchLengths[longer]!.lo) longer = i;
+      } else if (shorter === -1 || hi > node.branchLengths[shorter]!.hi) shorter = i;
     }
-    return chosen === -1 ? nearest : chosen;
+    if (chosen !== -1) return chosen;
+    // More reaches a minimum on its own; fewer leaves the rest to what follows (see `more`).
+    if (this.more) return longer !== -1 ? longer : shorter;
+    return shorter !== -1 ? shorter : longer;
   }
 
   /**
@@ -628,6 +653,24 @@ function inRanges(merged: Array<[number, number]>, code: number): boolean {
   return false;
 }
 
+/**
+ * `built` made long enough for `lengthMin` when the pattern leaves its end open (no `$`): what
+ * follows a match keeps it one. Letters, one code point each.
+ */
+function padded(
+  built: string | Unsupported,
+  builder: PatternBuilder,
+  root: AltNode,
+  lengthMin: number,
+  charsMax: number,
+): string | Unsupported {
+  if (built instanceof Unsupported || !root.openEnd || builder.points >= lengthMin) return built;
+  const missing = lengthMin - builder.points;
+  if (built.length + missing > charsMax) return new TooLong('too long');
+  builder.points = lengthMin;
+  return built + 'x'.repeat(missing);
+}
+
 /** stringForPattern's answer when the pattern's shortest string does not fit the characters. */
 export const PATTERN_TOO_LONG = Symbol('pattern too long');
 
@@ -654,24 +697,25 @@ export function stringForPattern(
   if (root === null) return null;
   const visitsMax = Math.max(0, stepsMax) * PATTERN_STEPS_PER_STEP;
   const builder = new PatternBuilder(random, charsMax, visitsMax);
-  let built = builder.build(root, null);
+  let built = padded(builder.build(root, null), builder, root, lengthMin, charsMax);
   const fits = () => builder.points >= lengthMin && builder.points <= lengthMax;
   if (!(built instanceof Unsupported) ? !fits() : built instanceof TooLong) {
     // Out of the lengths (or too long as built freely): aimed at a length both allow. A share of
     // it may miss (`(\.\d+)?` cannot make 1), so a few varied attempts, then the first choices
-    // (the least early, the rest left to the end), each with fewer and with more repetitions.
+    // (the least early, the rest left to the end) aimed at the least length, one more, two more:
+    // each with fewer repetitions and shorter branches where none makes the length, then more.
     const low = Math.max(lengthMin, root.lengths.lo);
     const high = Math.min(lengthMax, root.lengths.hi);
-    const attempts = random === null ? 2 : LENGTH_ATTEMPTS_MAX + 2;
+    const varied = random === null ? 0 : LENGTH_ATTEMPTS_MAX;
     built = new Unsupported('no string of the pattern has an allowed length');
-    for (let attempt = 0; low <= high && attempt < attempts; attempt++) {
-      builder.random = attempt < attempts - 2 ? random : null;
+    for (let attempt = 0; low <= high && attempt < varied + PLAIN_ATTEMPTS_MAX; attempt++) {
+      builder.random = attempt < varied ? random : null;
       builder.more = attempt % 2 === 1;
       const target =
         builder.random === null
-          ? low
+          ? Math.min(high, low + ((attempt - varied) >> 1))
           : builder.random.integer(low, Math.min(high, low + REPEAT_EXTRA_MAX));
-      built = builder.build(root, target);
+      built = padded(builder.build(root, target), builder, root, lengthMin, charsMax);
       if (!(built instanceof Unsupported) && fits()) break;
       if (builder.stepsLeft < 0) break;
       if (!(built instanceof Unsupported)) built = new Unsupported('no string within the lengths');
