@@ -327,7 +327,18 @@ async function decisionWork(
     value: { answers, usage, charged: charge },
     usage,
     charge,
-    budgetSpendMicro: costCreditsMicro,
+    // The day's budget counts what was charged: past the hold (a second ask), the estimate.
+    budgetSpendMicro:
+      hold.tokens > 0
+        ? Math.min(
+            costCreditsMicro,
+            costMicro(
+              ratesFor(decision.model, admission.promptTokens),
+              admission.promptTokens,
+              admission.answerTokens,
+            ),
+          )
+        : charge.credits_micro,
     answers,
   };
 }

@@ -1276,6 +1276,28 @@ describe('429 api_key_spend_limit_exceeded', () => {
     expect((await post(t, roomy.key, decisionBody())).status).toBe(200);
   });
 
+  test('the budget counts what was charged, not a usage past the hold', async () => {
+    // Asked twice (the first answer invalid), each ask reporting a million tokens each way: the
+    // charge is capped at the hold, and so is what the day's budget counts.
+    const huge = { prompt_tokens: 1_000_000, completion_tokens: 1_000_000 };
+    const { t } = gatewayWithUpstream((call) =>
+      call.index === 0
+        ? { kind: 'tool', arguments: { urgency: 'not-a-label' }, usage: huge }
+        : {
+            kind: 'tool',
+            arguments: validArguments(call.body),
+            usage: call.index === 1 ? huge : undefined,
+          },
+    );
+    const { key } = await t.createKey({ credits: 10, daily_decision_budget: 0.05 });
+    const first = await post(t, key, decisionBody());
+    expect(first.status).toBe(200);
+    const charged = ((await first.json()) as any).charged.credits;
+    expect(charged).toBeLessThan(0.025);
+    // Another decision fits what is left of the budget (it did not: the uncapped cost was counted).
+    expect((await post(t, key, decisionBody())).status).toBe(200);
+  });
+
   test('the budget counts spend paid from the token wallet too', async () => {
     // Each decision reports 100 + 1,000 tokens: 100 × 5 + 1,000 × 14 = 14,500 µcr of spend, paid in
     // tokens.
