@@ -53,10 +53,15 @@ export function createApp(gateway: Gateway) {
       // Elysia's router decodes each path parameter and leaves null where the percent-encoding is
       // broken (`%ZZ`, a lone `%`, overlong UTF-8 such as `%C0%AF`): no such resource, before any
       // handler sees it.
-      .onTransform(({ params }) => {
+      .onTransform(({ params, request }) => {
         for (const name in params) {
           if ((params as Record<string, string | null>)[name] === null) {
-            throw new GatewayError('not_found', 'The path is not valid percent-encoding.');
+            // A request id that cannot be decoded names no request: the lookup's own 404 code
+            // (CONTRACT §2), as for any id it does not know.
+            const code = urlPath(request.url).includes('/requests/')
+              ? 'request_not_found'
+              : 'not_found';
+            throw new GatewayError(code, 'The path is not valid percent-encoding.');
           }
         }
       })
