@@ -465,6 +465,14 @@ describe('schema values', () => {
         one({ pattern: '^(?:x{200}|yy)$', maxLength: 2 }),
         one({ pattern: '^.{3,8}$', minLength: 8 }),
         one({ format: 'email', maxLength: 200, minLength: 3 }),
+        // Review of stop 34: a format's free part grows to its minLength.
+        one({ format: 'email', minLength: 30 }),
+        one({ format: 'uri', minLength: 40 }),
+        ...[64, 65, 100, 128, 253].map((minLength) => one({ format: 'hostname', minLength })),
+        one({ format: 'uri-reference', minLength: 10 }),
+        one({ format: 'json-pointer', minLength: 5 }),
+        one({ format: 'regex', minLength: 12 }),
+        one({ format: 'uri-template', minLength: 30, maxLength: 30 }),
         // Review of stop 34: {0} on an unbounded group (0 × Infinity had made its lengths NaN).
         one({ pattern: '^(?:a*){0}b+$', minLength: 3 }),
         // … branches of other lengths than the one aimed at: the nearest longer or shorter one.

@@ -464,7 +464,7 @@ function shapedString(
   const pattern = own(schema, 'pattern');
   if (typeof format !== 'string' && typeof pattern !== 'string') return null;
   const { lengthMin, lengthMax } = stringBounds(schema);
-  const formatted = typeof format === 'string' ? stringForFormat(format, random) : null;
+  const formatted = typeof format === 'string' ? stringForFormat(format, random, lengthMin) : null;
   // Samples of formats are ASCII: a character is a code point.
   if (formatted !== null && formatted.length >= lengthMin && formatted.length <= lengthMax)
     return formatted;

@@ -751,11 +751,22 @@ function pad(value: number, width: number): string {
 
 /**
  * A string of JSON Schema `format` (the formats of draft 2020-12 and OpenAI's structured outputs):
- * varied with `random`, a fixed one without; null for a format not known here.
+ * varied with `random`, a fixed one without; null for a format not known here. Formats with a
+ * free part (an email's local part, a hostname's labels, a URI's path) grow it to `lengthMin`
+ * characters; the others have the length they have.
  */
-export function stringForFormat(format: string, random: SeededRandom | null): string | null {
+export function stringForFormat(
+  format: string,
+  random: SeededRandom | null,
+  lengthMin = 0,
+): string | null {
   const pick = (low: number, high: number) => (random === null ? low : random.integer(low, high));
   const word = () => WORDS[pick(0, WORDS.length - 1)]!;
+  /** A word, grown with letters so that `around` characters more make `lengthMin`. */
+  const free = (around: number) => {
+    const text = word();
+    return text + 'x'.repeat(Math.max(0, lengthMin - around - text.length));
+  };
   const date = () => `${pick(2020, 2029)}-${pad(pick(1, 12), 2)}-${pad(pick(1, 28), 2)}`;
   const time = () => `${pad(pick(0, 23), 2)}:${pad(pick(0, 59), 2)}:${pad(pick(0, 59), 2)}Z`;
   switch (format) {
@@ -769,10 +780,10 @@ export function stringForFormat(format: string, random: SeededRandom | null): st
       return `P${pick(1, 30)}D`;
     case 'email':
     case 'idn-email':
-      return `${word()}@example.com`;
+      return `${free(EXAMPLE_DOMAIN.length + 1)}@${EXAMPLE_DOMAIN}`;
     case 'hostname':
     case 'idn-hostname':
-      return `${word()}.example.com`;
+      return hostname(word(), lengthMin);
     case 'ipv4':
       return `192.0.2.${pick(1, 254)}`;
     case 'ipv6':
@@ -780,12 +791,13 @@ export function stringForFormat(format: string, random: SeededRandom | null): st
     case 'uri':
     case 'iri':
     case 'url':
-      return `https://example.com/${word()}`;
+      return `https://${EXAMPLE_DOMAIN}/${free(EXAMPLE_DOMAIN.length + 9)}`;
     case 'uri-reference':
     case 'iri-reference':
-      return `/${word()}`;
+    case 'json-pointer':
+      return `/${free(1)}`;
     case 'uri-template':
-      return `https://example.com/{${word()}}`;
+      return `https://${EXAMPLE_DOMAIN}/{${free(EXAMPLE_DOMAIN.length + 11)}}`;
     case 'uuid': {
       let hex = '';
       for (let i = 0; i < 32; i++) hex += pick(0, 15).toString(16);
@@ -796,13 +808,35 @@ export function stringForFormat(format: string, random: SeededRandom | null): st
         `${variant}${hex.slice(17, 20)}-${hex.slice(20)}`
       );
     }
-    case 'json-pointer':
-      return `/${word()}`;
     case 'relative-json-pointer':
       return '0';
     case 'regex':
-      return `^${word()}$`;
+      return `^${free(2)}$`;
     default:
       return null;
   }
+}
+
+const EXAMPLE_DOMAIN = 'example.com';
+/** A hostname's longest label, and the longest hostname (RFC 1123). */
+const LABEL_CHARS_MAX = 63;
+const HOSTNAME_CHARS_MAX = 253;
+
+/**
+ * `first`.example.com, or, to reach `lengthMin` (up to a hostname's 253 characters), labels of at
+ * most 63 letters before example.com, the first starting with `first`.
+ */
+function hostname(first: string, lengthMin: number): string {
+  const suffix = `.${EXAMPLE_DOMAIN}`;
+  const room = Math.min(lengthMin, HOSTNAME_CHARS_MAX) - suffix.length;
+  if (room <= first.length) return first + suffix;
+  // k labels and k - 1 dots in `room` characters, each label 1 to 63 letters.
+  const count = Math.ceil((room + 1) / (LABEL_CHARS_MAX + 1));
+  const letters = room - (count - 1);
+  const parts: string[] = [];
+  for (let i = 0; i < count; i++) {
+    const size = Math.floor(letters / count) + (i < letters % count ? 1 : 0);
+    parts.push(i === 0 ? (first + 'x'.repeat(size)).slice(0, size) : 'x'.repeat(size));
+  }
+  return parts.join('.') + suffix;
 }
