@@ -908,6 +908,12 @@ describe(
         message: tooLarge,
       },
       {
+        // A format's free part grows to the minLength: to what fits, not to 1e9 (8.5 s and 1 GB).
+        name: 'an email of minLength 1e9',
+        parameters: { type: 'string', format: 'email', minLength: 1e9 },
+        message: tooLarge,
+      },
+      {
         // Each string of the pattern is 70,000 characters long (a word had been sent instead).
         name: 'a pattern whose every string is over the limit',
         parameters: { type: 'string', pattern: '^(x{70000}|y{80000})$' },

@@ -464,7 +464,9 @@ function shapedString(
   const pattern = own(schema, 'pattern');
   if (typeof format !== 'string' && typeof pattern !== 'string') return null;
   const { lengthMin, lengthMax } = stringBounds(schema);
-  const formatted = typeof format === 'string' ? stringForFormat(format, random, lengthMin) : null;
+  // Grown at most to what can be printed: a minLength of 1e9 must not build a 1 GB string.
+  const grownTo = Math.min(lengthMin, charsMax);
+  const formatted = typeof format === 'string' ? stringForFormat(format, random, grownTo) : null;
   // Samples of formats are ASCII: a character is a code point.
   if (formatted !== null && formatted.length >= lengthMin && formatted.length <= lengthMax)
     return formatted;
