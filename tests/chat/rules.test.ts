@@ -454,6 +454,29 @@ const rules: Rule[] = [
     message: 'messages[1].tool_calls[0].id must not be empty',
   },
   {
+    // Room for a Gemini call's thought signature (a few KB), still bounded (32 KiB).
+    name: 'a tool call id over 32 KiB',
+    body: chatBody({
+      messages: [
+        { role: 'user', content: 'a' },
+        {
+          role: 'assistant',
+          tool_calls: [
+            {
+              id: 'x'.repeat(32 * 1024 + 1),
+              type: 'function',
+              function: { name: 'f', arguments: '{}' },
+            },
+          ],
+        },
+      ],
+    }),
+    status: 400,
+    code: 'invalid_request_error',
+    param: 'messages[1].tool_calls[0].id',
+    message: 'messages[1].tool_calls[0].id must be at most 32768 characters',
+  },
+  {
     name: 'tool_choice an object without its type',
     body: chatBody({ tools: [weatherTool], tool_choice: { function: { name: 'weather' } } }),
     status: 400,
@@ -905,6 +928,12 @@ describe(
       {
         name: 'a string one byte over the limit',
         parameters: { type: 'string', minLength: LIMIT - 1 },
+        message: tooLarge,
+      },
+      {
+        // A pattern open at its end is padded to its minLength: to what fits, no further.
+        name: 'an open pattern of minLength 1e9',
+        parameters: { type: 'string', pattern: '^a', minLength: 1e9 },
         message: tooLarge,
       },
       {
