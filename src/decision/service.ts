@@ -38,6 +38,8 @@ export interface DecisionAdmission extends Admission {
   promptTokens: number;
   /** The output budget of each ask (answerTokensFor), reserved with the input. */
   answerTokens: number;
+  /** The reservation's cost in µcr at the model's rates, whether held in credits or tokens. */
+  estimateMicro: number;
 }
 
 export interface DecisionSuccess {
@@ -64,6 +66,7 @@ export function admitDecision(
   client: ClientConnection | null,
 ): DecisionAdmission {
   let answerTokens = gateway.config.decision.answer_tokens;
+  let estimateMicro = 0;
   const admission = admit(gateway, {
     service: 'decision',
     requestId,
@@ -79,7 +82,7 @@ export function admitDecision(
         answerTokens,
         decision.model.max_output_tokens,
       );
-      return reserveDecision(
+      const reservation = reserveDecision(
         gateway,
         decision,
         prepared.promptTokens,
@@ -87,6 +90,8 @@ export function admitDecision(
         current,
         nowMs,
       );
+      estimateMicro = reservation.estimateMicro;
+      return reservation;
     },
   });
   return {
@@ -94,6 +99,7 @@ export function admitDecision(
     prompt: prepared.prompt,
     promptTokens: prepared.promptTokens,
     answerTokens,
+    estimateMicro,
   };
 }
 
@@ -108,7 +114,7 @@ function reserveDecision(
   answerTokens: number,
   account: KeyAccount,
   nowMs: number,
-): Reservation {
+): Reservation & { estimateMicro: number } {
   const { config } = gateway;
   if (promptTokens > config.decision.context_tokens) {
     throw new GatewayError(
@@ -143,10 +149,10 @@ function reserveDecision(
   }
   const budgetHoldMicro = account.dailyDecisionBudgetMicro === null ? 0 : estimateMicro;
   if (account.tokenWallet >= estimateTokens) {
-    return { hold: { credits_micro: 0, tokens: estimateTokens }, budgetHoldMicro };
+    return { hold: { credits_micro: 0, tokens: estimateTokens }, budgetHoldMicro, estimateMicro };
   }
   if (account.balanceMicro >= estimateMicro) {
-    return { hold: { credits_micro: estimateMicro, tokens: 0 }, budgetHoldMicro };
+    return { hold: { credits_micro: estimateMicro, tokens: 0 }, budgetHoldMicro, estimateMicro };
   }
   throw new GatewayError(
     'insufficient_quota',
@@ -328,17 +334,7 @@ async function decisionWork(
     usage,
     charge,
     // The day's budget counts what was charged: past the hold (a second ask), the estimate.
-    budgetSpendMicro:
-      hold.tokens > 0
-        ? Math.min(
-            costCreditsMicro,
-            costMicro(
-              ratesFor(decision.model, admission.promptTokens),
-              admission.promptTokens,
-              admission.answerTokens,
-            ),
-          )
-        : charge.credits_micro,
+    budgetSpendMicro: Math.min(costCreditsMicro, admission.estimateMicro),
     answers,
   };
 }

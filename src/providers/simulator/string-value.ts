@@ -128,6 +128,21 @@ const PRINTABLE: Array<[number, number]> = [
   [0x7b, 0x7e],
 ];
 
+/** `\d`, `\w`, `\s`; their capitals are the negations. */
+const CLASS_ESCAPES = new Map([
+  ['d', DIGIT],
+  ['w', WORD],
+  ['s', SPACE],
+]);
+const CONTROL_ESCAPES = new Map([
+  ['t', '\t'],
+  ['n', '\n'],
+  ['r', '\r'],
+  ['f', '\f'],
+  ['v', '\v'],
+  ['0', '\0'],
+]);
+
 /** Parses the subset of ECMAScript regex syntax above; throws Unsupported past it. */
 class PatternParser {
   private at = 0;
@@ -273,31 +288,11 @@ class PatternParser {
   private escape(inSet: boolean): Node {
     const char = this.source[this.at++];
     if (char === undefined) throw new Unsupported('trailing backslash');
+    const ranges = CLASS_ESCAPES.get(char.toLowerCase());
+    if (ranges !== undefined) return { kind: 'set', ranges, negated: char !== char.toLowerCase() };
+    const control = CONTROL_ESCAPES.get(char);
+    if (control !== undefined) return { kind: 'text', char: control };
     switch (char) {
-      case 'd':
-        return { kind: 'set', ranges: DIGIT, negated: false };
-      case 'D':
-        return { kind: 'set', ranges: DIGIT, negated: true };
-      case 'w':
-        return { kind: 'set', ranges: WORD, negated: false };
-      case 'W':
-        return { kind: 'set', ranges: WORD, negated: true };
-      case 's':
-        return { kind: 'set', ranges: SPACE, negated: false };
-      case 'S':
-        return { kind: 'set', ranges: SPACE, negated: true };
-      case 't':
-        return { kind: 'text', char: '\t' };
-      case 'n':
-        return { kind: 'text', char: '\n' };
-      case 'r':
-        return { kind: 'text', char: '\r' };
-      case 'f':
-        return { kind: 'text', char: '\f' };
-      case 'v':
-        return { kind: 'text', char: '\v' };
-      case '0':
-        return { kind: 'text', char: '\0' };
       case 'b':
         if (inSet) return { kind: 'text', char: '\b' };
         throw new Unsupported('word boundary');
@@ -553,8 +548,8 @@ class PatternBuilder {
 
   /** A count whose repetitions can make `target` code points. */
   private timesFor(node: RepeatNode, target: number): number {
+    // The child makes something (repeat() builds nothing of one that cannot).
     const { lo, hi } = lengthsOf(node.node);
-    if (hi === 0) return node.min;
     let low = node.min;
     let high = node.max;
     if (hi !== Number.POSITIVE_INFINITY) low = Math.max(low, Math.ceil(target / hi));
