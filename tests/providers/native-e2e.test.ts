@@ -616,3 +616,66 @@ test(
     expect(args).toBe('{}');
   },
 );
+
+test(
+  'anthropic: tool blocks without input are bounded as tool calls are: 128 answer "{}" each, ' +
+    '129 are upstream_invalid_response',
+  async () => {
+    const event = (type: string, data: object) =>
+      `event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`;
+    const frames = (count: number) =>
+      [
+        event('message_start', {
+          message: { id: 'msg_1', type: 'message', role: 'assistant', content: [], model: 'm' },
+        }),
+        ...Array.from({ length: count }, (_, index) =>
+          event('content_block_start', {
+            index,
+            content_block: { type: 'tool_use', id: `toolu_${index}`, name: 'get_time', input: {} },
+          }),
+        ),
+        event('message_delta', {
+          delta: { stop_reason: 'tool_use', stop_sequence: null },
+          usage: { input_tokens: 5, output_tokens: 3 },
+        }),
+        event('message_stop', {}),
+      ].join('');
+    let count = 128;
+    const upstream = cleanup.track(
+      Bun.serve({
+        port: 0,
+        fetch: () =>
+          new Response(frames(count), { headers: { 'content-type': 'text/event-stream' } }),
+      }),
+    );
+    const server = await cleanup.server({
+      providers: { up: { type: 'anthropic', base_url: `http://127.0.0.1:${upstream.port}/v1` } },
+      models: { model_03: { provider: 'up', upstream_model: 'vendor-model' } },
+    });
+    const { key } = await server.createKey({ credits: 1000 });
+    const ask = () =>
+      server.request('/api/v1/chat/completions', {
+        method: 'POST',
+        headers: bearer(key),
+        body: JSON.stringify({
+          model: 'model_03',
+          stream: true,
+          messages: [{ role: 'user', content: 'What time is it?' }],
+          tools: [{ type: 'function', function: { name: 'get_time' } }],
+        }),
+      });
+    const text = await (await ask()).text();
+    const args = new Map<number, string>();
+    for (const line of text.split('\n')) {
+      if (!line.startsWith('data: {')) continue;
+      for (const call of JSON.parse(line.slice(6)).choices[0]?.delta?.tool_calls ?? [])
+        args.set(call.index, (args.get(call.index) ?? '') + (call.function?.arguments ?? ''));
+    }
+    expect(args.size).toBe(128);
+    expect([...args.values()].every((value) => value === '{}')).toBe(true);
+    count = 129;
+    const refused = await ask();
+    expect(refused.status).toBe(502);
+    expect(((await refused.json()) as any).error.code).toBe('upstream_invalid_response');
+  },
+);
