@@ -258,7 +258,9 @@ export const ConfigSchema = Type.Object(
       { on_error: Type.Union([Type.Literal('keep'), Type.Literal('release')]) },
       { additionalProperties: false },
     ),
-    idempotency_ttl_s: PositiveInt('how long a bound Idempotency-Key lives'),
+    idempotency_ttl_s: PositiveInt(
+      'how long a bound Idempotency-Key and a finished request record live after the request ends',
+    ),
     usage_retention_days: Type.Integer({
       minimum: 1,
       maximum: USAGE_RETENTION_DAYS_MAX,

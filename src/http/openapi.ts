@@ -251,8 +251,9 @@ function components(): Json {
         in: 'header',
         required: false,
         description:
-          'Binds the request to this key for idempotency_ttl_s: a repeat with the same content ' +
-          'answers 409 with the original request, never a second charge.',
+          'Binds the request to this key while it runs and for idempotency_ttl_s after it ' +
+          'ends: a repeat with the same content answers 409 with the original request, never ' +
+          'a second charge.',
         schema: { type: 'string', pattern: IDEMPOTENCY_KEY_RE.source },
       },
     },

@@ -57,6 +57,10 @@ export interface KeyAccount {
 
 export interface StateLimits {
   requestRecordsMax: number;
+  /**
+   * `idempotency_ttl_s`: how long a finished request's record, and its Idempotency-Key binding,
+   * live after its finish.
+   */
   requestRecordTtlMs: number;
   idempotencyKeysMax: number;
   requestRecordsPerKey: number;
@@ -85,7 +89,11 @@ export class GatewayState {
       limits.requestRecordTtlMs,
       limits.requestRecordsPerKey,
     );
-    this.idempotency = new BindingTable(limits.idempotencyKeysMax, limits.idempotencyKeysPerKey);
+    this.idempotency = new BindingTable(
+      limits.idempotencyKeysMax,
+      limits.idempotencyKeysPerKey,
+      (requestId) => this.inFlight.has(requestId),
+    );
     this.usage = new UsageTable(limits.usageRetentionDays);
   }
 
@@ -234,13 +242,19 @@ export class GatewayState {
     this.usage.add(record.keyId, record.model, event);
     this.inFlight.delete(record.id);
     this.finished.add(record);
-    // The one rule for an Idempotency-Key whose request ended without an answer.
-    if (
-      event.status !== 'completed' &&
-      record.idempotencyKey !== null &&
-      KEY_FREED_WITHOUT_ANSWER[record.service]
-    ) {
-      this.idempotency.deleteIfBoundTo(record.keyId, record.idempotencyKey, record.id);
+    if (record.idempotencyKey !== null) {
+      // The one rule for an Idempotency-Key whose request ended without an answer.
+      if (event.status !== 'completed' && KEY_FREED_WITHOUT_ANSWER[record.service])
+        this.idempotency.deleteIfBoundTo(record.keyId, record.idempotencyKey, record.id);
+      // A request that ran past its key's TTL keeps the key as long after its end as a quick one
+      // (the TTL is the records' too: the retry can still read what it ran into).
+      else
+        this.idempotency.extend(
+          record.keyId,
+          record.idempotencyKey,
+          record.id,
+          event.at_ms + this.limits.requestRecordTtlMs,
+        );
     }
   }
 

@@ -1,10 +1,14 @@
 // Idempotency-Key bindings: (API key, Idempotency-Key) → the request it created, bounded per key
 // (§8).
 //
-// A binding lives `idempotency_ttl_s`. Room is made by FairSlots (a key past its own bound loses
-// its own oldest binding; at the total bound an expired binding goes first, else the oldest of the
-// key holding the most), so no key's traffic can evict the binding of a key within its share: its
-// retry always finds the original and is never charged twice.
+// A binding lives while its request runs and `idempotency_ttl_s` after it ends (its start event
+// carries start + TTL, extended at its finish): a request that runs longer than the TTL can never
+// run twice under its key (spec 000: at most one task per pair), nor the retry after its end.
+//
+// Room is made by FairSlots (a key past its own bound loses its own oldest binding; at the total
+// bound an expired binding goes first, else the oldest of the key holding the most), so no key's
+// traffic can evict the binding of a key within its share: its retry always finds the original and
+// is never charged twice.
 import { FairSlots } from './fair-slots.ts';
 
 /** Never changed in place (a snapshot serializes the ones it captured after the capture). */
@@ -31,9 +35,14 @@ export class BindingTable {
   private readonly ownerKeyIds: string[] = [];
   private readonly slots: FairSlots;
   private readonly expiredAt = (slot: number, nowMs: number): boolean =>
-    this.bindings[slot]!.expiresAtMs <= nowMs;
+    this.expired(this.bindings[slot]!, nowMs);
 
-  constructor(capacity: number, perKeyMax: number) {
+  /** `running(requestId)`: the request is in flight, so its binding cannot expire yet. */
+  constructor(
+    capacity: number,
+    perKeyMax: number,
+    private readonly running: (requestId: string) => boolean,
+  ) {
     this.slots = new FairSlots(capacity, perKeyMax, (slot) =>
       this.slotOf.delete(this.scopes[slot]!),
     );
@@ -54,7 +63,23 @@ export class BindingTable {
     const slot = this.slotOf.get(idempotencyScope(keyId, idempotencyKey));
     if (slot === undefined) return undefined;
     const binding = this.bindings[slot]!;
-    return binding.expiresAtMs > nowMs ? binding : undefined;
+    return this.expired(binding, nowMs) ? undefined : binding;
+  }
+
+  private expired(binding: IdempotencyBinding, nowMs: number): boolean {
+    return binding.expiresAtMs <= nowMs && !this.running(binding.requestId);
+  }
+
+  /**
+   * The request bound to the pair finished at `finishedAtMs`: its binding lives `ttlMs` from then,
+   * if that is later than its expiry (a new object: bindings never change in place).
+   */
+  extend(keyId: string, idempotencyKey: string, requestId: string, expiresAtMs: number): void {
+    const slot = this.slotOf.get(idempotencyScope(keyId, idempotencyKey));
+    if (slot === undefined) return;
+    const binding = this.bindings[slot]!;
+    if (binding.requestId !== requestId || binding.expiresAtMs >= expiresAtMs) return;
+    this.bindings[slot] = { ...binding, expiresAtMs };
   }
 
   /**
@@ -99,7 +124,7 @@ export class BindingTable {
   *entries(nowMs: number): Generator<[string, IdempotencyBinding]> {
     for (const slot of this.slots.inOrder()) {
       const binding = this.bindings[slot]!;
-      if (binding.expiresAtMs > nowMs) yield [this.scopes[slot]!, binding];
+      if (!this.expired(binding, nowMs)) yield [this.scopes[slot]!, binding];
     }
   }
 

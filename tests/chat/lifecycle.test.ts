@@ -1,6 +1,6 @@
 // A chat request's life through HTTP: status, cancel, disconnect, timeouts, upstream failures,
 // billing.
-import { describe, expect, test } from 'bun:test';
+import { describe, expect, setSystemTime, test } from 'bun:test';
 import {
   ADMIN_TOKEN,
   bearer,
@@ -501,6 +501,42 @@ describe('idempotency', () => {
     });
     expect((await post(t, key, chatBody(), headers)).status).toBe(200);
   });
+
+  test(
+    'a key outlives its TTL while its request runs, ' +
+      'and is kept the TTL after the request ends (one task per key)',
+    async () => {
+      const fake = upstream('gated');
+      const t = await server(upstreamOverrides(fake, { idempotency_ttl_s: 1 }));
+      const { id: keyId, key } = await t.createKey({ credits: 10 });
+      const headers = { 'idempotency-key': 'long-runner-01' };
+      const startMs = Date.now();
+      try {
+        const original = post(t, key, chatBody(), headers);
+        await fake.nextCall.promise;
+        // Five TTLs later the original is still with the provider: a repeat must not run it again.
+        setSystemTime(new Date(startMs + 5_000));
+        const secondCall = fake.nextCall.promise.then(() => 'a second provider call');
+        const during = await Promise.race([post(t, key, chatBody(), headers), secondCall]);
+        expect(during).toBeInstanceOf(Response);
+        expect(((await (during as Response).json()) as any).error.code).toBe('request_in_progress');
+        fake.gate.resolve();
+        expect((await original).status).toBe(200);
+        // It ended at +5 s: a retry within the TTL of its end reads it, one after runs anew.
+        setSystemTime(new Date(startMs + 5_500));
+        const after = await post(t, key, chatBody(), headers);
+        expect(after.status).toBe(409);
+        expect(((await after.json()) as any).error.code).toBe('request_already_completed');
+        expect(fake.calls).toBe(1);
+        setSystemTime(new Date(startMs + 7_000));
+        expect((await post(t, key, chatBody(), headers)).status).toBe(200);
+        expect(fake.calls).toBe(2);
+        expect((await balances(t, keyId)).charged).toBe((2 * (11 * 5 + 2 * 14)) / 1e6);
+      } finally {
+        setSystemTime();
+      }
+    },
+  );
 
   test('N identical requests at once create exactly one provider call', async () => {
     const fake = upstream('ok');

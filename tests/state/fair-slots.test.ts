@@ -123,7 +123,7 @@ describe('FairSlots', () => {
 
 describe('BindingTable', () => {
   test('one key flooding the table never evicts another key within its share', () => {
-    const table = new BindingTable(100, 100_000);
+    const table = new BindingTable(100, 100_000, () => false);
     const far = Date.now() + 86_400_000;
     table.set(
       'key_victim',
@@ -147,7 +147,7 @@ describe('BindingTable', () => {
   });
 
   test('the per-key bound evicts the key’s own oldest binding', () => {
-    const table = new BindingTable(1_000, 3);
+    const table = new BindingTable(1_000, 3, () => false);
     const far = Date.now() + 60_000;
     for (let i = 0; i < 5; i++)
       table.set(
@@ -163,7 +163,7 @@ describe('BindingTable', () => {
     'rebinding a pair replaces its binding; a freed ' +
       'pair is gone; expired bindings read as absent',
     () => {
-      const table = new BindingTable(10, 10);
+      const table = new BindingTable(10, 10, () => false);
       const now = Date.now();
       table.set(
         'k',

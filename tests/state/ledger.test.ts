@@ -336,9 +336,23 @@ describe('idempotency bindings on finish', () => {
       fingerprint: 'f'.repeat(64),
       expiresAtMs: LATER,
     });
-    // Scoped per API key, and gone once expired.
+    // Scoped per API key; kept past its expiry while its request runs.
     expect(state.binding('k2', 'idem-chat-1', NOW)).toBeUndefined();
-    expect(state.binding('k1', 'idem-chat-1', LATER)).toBeUndefined();
+    expect(state.binding('k1', 'idem-chat-1', LATER)?.requestId).toBe('r1');
+    // Once it ends, the binding lives the TTL from its end, if that is later: gone after that.
+    const endMs = LATER + 10;
+    step(state, requestFinished('r1', 10, { at_ms: endMs }));
+    const ttlMs = LIMITS.requestRecordTtlMs;
+    expect(state.binding('k1', 'idem-chat-1', endMs + ttlMs - 1)?.expiresAtMs).toBe(endMs + ttlMs);
+    expect(state.binding('k1', 'idem-chat-1', endMs + ttlMs)).toBeUndefined();
+  });
+
+  test('a quick request keeps its binding to the expiry it started with', () => {
+    const state = setup();
+    step(state, started('r1', 'chat', 'idem-chat-2'));
+    step(state, requestFinished('r1', 10, { at_ms: NOW }));
+    expect(state.binding('k1', 'idem-chat-2', LATER - 1)?.expiresAtMs).toBe(LATER);
+    expect(state.binding('k1', 'idem-chat-2', LATER)).toBeUndefined();
   });
 
   test('a decision that ends in error frees its binding', () => {
@@ -414,7 +428,7 @@ describe('idempotency bindings on finish', () => {
 
   test(
     'a binding replayed after its TTL is kept (the table must not depend on when the log is ' +
-      'read) but never found',
+      'read), found only while its request runs',
     () => {
       const state = setup();
       step(
@@ -424,6 +438,9 @@ describe('idempotency bindings on finish', () => {
         }),
       );
       expect(state.idempotency.size).toBe(1);
+      // Found while its request runs (it did when it was written), not after its end.
+      expect(state.binding('k1', 'idem-old-1', NOW)?.requestId).toBe('r1');
+      step(state, requestFinished('r1', 1, { at_ms: NOW - LIMITS.requestRecordTtlMs }));
       expect(state.binding('k1', 'idem-old-1', NOW)).toBeUndefined();
     },
   );
