@@ -15,6 +15,7 @@ import type { RequestRecord } from '../state/records.ts';
 import { GatewayError } from '../util/errors.ts';
 import { newChatRequestId } from '../util/ids.ts';
 import { parseJsonBody } from '../util/json.ts';
+import { quoted } from '../util/validation.ts';
 import { measureChat } from './measure.ts';
 import {
   ChatCompletionSchema,
@@ -342,7 +343,7 @@ export function chatController(gateway: Gateway) {
         if (!Object.hasOwn(config.models, params.id) || !config.models[params.id])
           throw new GatewayError(
             'model_not_found',
-            `The model ${JSON.stringify(params.id)} does not exist.`,
+            `The model ${quoted(params.id)} does not exist.`,
             { param: null },
           );
         return Response.json(modelView(config, params.id));

@@ -19,7 +19,7 @@ import { AttemptSchema, RequestStatusSchema, UsageSchema } from '../state/events
 import { assert } from '../util/assert.ts';
 import { GatewayError } from '../util/errors.ts';
 import { countJsonValues, DEPTH_PASSED, JSON_DEPTH_MAX } from '../util/json.ts';
-import { fieldPath, firstProblem, mustBe } from '../util/validation.ts';
+import { fieldPath, firstProblem, mustBe, quoted } from '../util/validation.ts';
 
 export const TextPartSchema = Type.Object({ type: Type.Literal('text'), text: Type.String() });
 /** Any content part: only text parts are used; image, audio, file and other parts are dropped. */
@@ -50,7 +50,9 @@ export const ToolMessageSchema = Type.Object({
 
 /** The documented fields; any other field is accepted and ignored (spec 000, "ignored fields"). */
 export const ChatRequestSchema = Type.Object({
-  model: Type.String({ minLength: 1, maxLength: 256 }),
+  // Any string: one that names no model (empty, or megabytes long) is 404 model_not_found, as
+  // spec 000 says of any name GET /models does not list.
+  model: Type.String(),
   messages: Type.Array(Type.Object({ role: Type.String() }), { minItems: 1 }),
   max_completion_tokens: Type.Optional(Nullable(Type.Integer({ minimum: 1 }))),
   max_tokens: Type.Optional(Nullable(Type.Integer({ minimum: 1 }))),
@@ -376,7 +378,7 @@ function toolMessage(
     const param = messageParam(at);
     throw invalid(
       `${param}.tool_call_id: no earlier assistant tool ` +
-        `call has id ${JSON.stringify(message.tool_call_id)}`,
+        `call has id ${quoted(message.tool_call_id)}`,
       `${param}.tool_call_id`,
     );
   }
@@ -419,7 +421,7 @@ function checkToolChoice(toolChoice: ToolChoice | null, tools: ToolDefinition[] 
     const name = toolChoice.function.name;
     if (!tools?.some((tool) => tool.function.name === name)) {
       throw invalid(
-        `tool_choice: no tool named ${JSON.stringify(name)} in tools`,
+        `tool_choice: no tool named ${quoted(name)} in tools`,
         'tool_choice.function.name',
       );
     }
@@ -436,7 +438,7 @@ function resolveModelId(config: Config, name: string): string {
   // Own keys only: a model named "__proto__" or "constructor" is just an unknown model.
   const modelId = Object.hasOwn(config.aliases, name) ? config.aliases[name]! : name;
   if (!Object.hasOwn(config.models, modelId) || !config.models[modelId])
-    throw new GatewayError('model_not_found', `The model ${JSON.stringify(name)} does not exist.`, {
+    throw new GatewayError('model_not_found', `The model ${quoted(name)} does not exist.`, {
       param: null,
     });
   return modelId;

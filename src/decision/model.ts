@@ -4,6 +4,7 @@ import { type Static, type TSchema, Type } from '@sinclair/typebox';
 import type { Config, ModelConfig } from '../config/model.ts';
 import { AttemptSchema, RequestStatusSchema, UsageSchema } from '../state/events.ts';
 import { GatewayError } from '../util/errors.ts';
+import { quoted } from '../util/validation.ts';
 
 export const QUESTION_ID_RE = /^[A-Za-z0-9_-]{1,64}$/;
 export const QUESTIONS_MAX = 64;
@@ -11,30 +12,25 @@ export const CHOICE_LABELS_MIN = 2;
 export const CHOICE_LABELS_MAX = 32;
 export const SCORE_LEVELS_MIN = 2;
 export const SCORE_LEVELS_MAX = 11;
-const PROMPT_CHARS_MAX = 8_192;
-const LABEL_CHARS_MAX = 128;
-const DESCRIPTION_CHARS_MAX = 4_096;
+// Prompts, labels and descriptions have no length of their own: the contract bounds them only by
+// the 4 MB body and the 32,000-token input (422), which the input's count enforces.
 
 export const DECISION_MODELS = ['decision-fast', 'decision-accurate'] as const;
 export type DecisionModelName = (typeof DECISION_MODELS)[number];
 
 export const ChoiceQuestionSchema = Type.Object({
   type: Type.Literal('choice'),
-  prompt: Type.String({ minLength: 1, maxLength: PROMPT_CHARS_MAX }),
-  criteria: Type.Record(
-    Type.String({ minLength: 1, maxLength: LABEL_CHARS_MAX }),
-    Type.String({ minLength: 1, maxLength: DESCRIPTION_CHARS_MAX }),
-    {
-      minProperties: CHOICE_LABELS_MIN,
-      maxProperties: CHOICE_LABELS_MAX,
-    },
-  ),
+  prompt: Type.String({ minLength: 1 }),
+  criteria: Type.Record(Type.String({ minLength: 1 }), Type.String({ minLength: 1 }), {
+    minProperties: CHOICE_LABELS_MIN,
+    maxProperties: CHOICE_LABELS_MAX,
+  }),
 });
 
 export const ScoreQuestionSchema = Type.Object({
   type: Type.Literal('score'),
-  prompt: Type.String({ minLength: 1, maxLength: PROMPT_CHARS_MAX }),
-  criteria: Type.Array(Type.String({ minLength: 1, maxLength: DESCRIPTION_CHARS_MAX }), {
+  prompt: Type.String({ minLength: 1 }),
+  criteria: Type.Array(Type.String({ minLength: 1 }), {
     minItems: SCORE_LEVELS_MIN,
     maxItems: SCORE_LEVELS_MAX,
   }),
@@ -110,12 +106,11 @@ function checkQuestion(id: string, raw: unknown): Question {
       `question "${id}": type must be "choice" or "score"`,
     );
   }
-  if (typeof prompt !== 'string' || prompt.length === 0 || prompt.length > PROMPT_CHARS_MAX) {
+  if (typeof prompt !== 'string' || prompt.length === 0) {
     throw invalid(
       `question ${id} needs a prompt`,
       `${param}.prompt`,
-      `question "${id}": prompt must be a non-empty ` +
-        `string of at most ${PROMPT_CHARS_MAX} characters`,
+      `question "${id}": prompt must be a non-empty string`,
     );
   }
   if (type === 'choice') return { type, prompt, criteria: choiceCriteria(id, param, criteria) };
@@ -124,18 +119,13 @@ function checkQuestion(id: string, raw: unknown): Question {
 
 /** What is wrong with a choice label (the detail names it), or null. */
 function labelProblem(label: string): string | null {
-  if (label.length === 0) return 'is empty';
-  if (label.length > LABEL_CHARS_MAX) return `is longer than ${LABEL_CHARS_MAX} characters`;
-  return null;
+  return label.length === 0 ? 'is empty' : null;
 }
 
 /** What is wrong with a label's description or a level (the detail names it), or null. */
 function descriptionProblem(description: unknown): string | null {
   if (typeof description !== 'string') return `has a description that is ${describe(description)}`;
-  if (description.trim().length === 0) return 'has an empty description';
-  if (description.length > DESCRIPTION_CHARS_MAX)
-    return `has a description longer than ${DESCRIPTION_CHARS_MAX} characters`;
-  return null;
+  return description.trim().length === 0 ? 'has an empty description' : null;
 }
 
 /** A choice question's labels, each with a non-empty description, within their bounds. */
@@ -160,7 +150,7 @@ function choiceCriteria(id: string, param: string, criteria: unknown): Record<st
   for (const [label, description] of labels) {
     const problem = labelProblem(label) ?? descriptionProblem(description);
     if (problem) {
-      const named = JSON.stringify(label.slice(0, LABEL_CHARS_MAX));
+      const named = quoted(label);
       throw invalid(
         `question ${id}: criteria label ${named} is invalid`,
         `${param}.criteria`,
@@ -241,9 +231,9 @@ export function validateDecisionRequest(json: unknown, config: Config): Decision
   for (const [id, raw] of entries) {
     if (!QUESTION_ID_RE.test(id)) {
       throw invalid(
-        `question id ${JSON.stringify(id)} is invalid`,
+        `question id ${quoted(id)} is invalid`,
         'questions',
-        `question "${id}": a question id must be 1-64 characters of A-Z a-z 0-9 _ -`,
+        `question ${quoted(id)}: a question id must be 1-64 characters of A-Z a-z 0-9 _ -`,
       );
     }
     checked.push([id, checkQuestion(id, raw)]);
@@ -252,7 +242,7 @@ export function validateDecisionRequest(json: unknown, config: Config): Decision
   if (!(DECISION_MODELS as readonly string[]).includes(modelName)) {
     throw new GatewayError(
       'model_not_found',
-      `The decision model ${JSON.stringify(json.model)} does ` +
+      `The decision model ${quoted(json.model)} does ` +
         `not exist; use decision-fast or decision-accurate.`,
       {
         param: 'model',

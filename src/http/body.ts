@@ -24,6 +24,7 @@ function tooLarge(maxBytes: number): GatewayError {
   return new GatewayError(
     'request_too_large',
     `The request body is larger than ${maxBytes} bytes.`,
+    { detail: `the HTTP body must be at most ${maxBytes} bytes; split the request` },
   );
 }
 

@@ -60,6 +60,9 @@ export function checkIdempotency(
       'This Idempotency-Key was used with a different request body.',
       {
         param: 'Idempotency-Key',
+        detail:
+          'this Idempotency-Key is bound to an earlier request with different content; ' +
+          'send this one under a new key',
         ...(sameService ? { headers: { 'x-request-id': binding.requestId } } : {}),
         ...(settleFirst ? { settleFirst } : {}),
       },

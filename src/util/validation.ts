@@ -3,6 +3,18 @@
 import { Kind, type TSchema } from '@sinclair/typebox';
 import { type ValueError, type ValueErrorIterator, ValueErrorType } from '@sinclair/typebox/errors';
 
+/** How much of a client's string an error message quotes back: enough to recognise it. */
+const QUOTED_CHARS_MAX = 128;
+
+/**
+ * `text` in JSON quotes for an error message, cut after QUOTED_CHARS_MAX characters: an error must
+ * not echo the megabytes a client sent as a model name or an id.
+ */
+export function quoted(text: string): string {
+  if (text.length <= QUOTED_CHARS_MAX) return JSON.stringify(text);
+  return `${JSON.stringify(text.slice(0, QUOTED_CHARS_MAX))}… (${text.length} characters)`;
+}
+
 /** One problem of a value: where it is and what is wrong there. */
 export interface FieldProblem {
   /** Path segments from the root, JSON-pointer escapes undone; empty for the root itself. */

@@ -222,6 +222,24 @@ const rules: Rule[] = [
     param: null,
     message: 'The model "constructor" does not exist.',
   },
+  // Spec 000: a name that is no model of GET /models is a 404 with param null, whatever its length
+  // (these were 400s naming `model`); the message quotes only the start of a long one.
+  {
+    name: 'model the empty string',
+    body: chatBody({ model: '' }),
+    status: 404,
+    code: 'model_not_found',
+    param: null,
+    message: 'The model "" does not exist.',
+  },
+  {
+    name: 'model a megabyte long',
+    body: chatBody({ model: 'm'.repeat(1024 * 1024) }),
+    status: 404,
+    code: 'model_not_found',
+    param: null,
+    message: `The model "${'m'.repeat(128)}"… (1048576 characters) does not exist.`,
+  },
   {
     name: 'user content a number',
     body: chatBody({ messages: [{ role: 'user', content: 7 }] }),

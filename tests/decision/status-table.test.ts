@@ -147,6 +147,10 @@ interface ExpectedError {
  * Asserts one refusal: status, X-Request-ID dec_…, and the whole body — message, type (from the
  * status), code, param, and detail only where given.
  */
+/** CONTRACT §2: the decision service names what is wrong with the request, these two included. */
+const TOO_LARGE_DETAIL = expect.stringContaining('at most 4194304 bytes');
+const REUSED_DETAIL = expect.stringContaining('different content');
+
 async function expectError(
   response: Response,
   expected: ExpectedError,
@@ -628,10 +632,22 @@ describe('400 invalid_request_error: detail names the question id and the expect
       /"urgency".*; label "" is empty$/,
     ],
     [
-      'a label over 128 characters',
-      choice({ ['l'.repeat(129)]: 'a', y: 'b' }),
+      'a question id of a megabyte (quoted in part)',
+      {
+        ['x'.repeat(1024 * 1024)]: {
+          type: 'choice',
+          prompt: 'Long?',
+          criteria: { a: 'a', b: 'b' },
+        },
+      },
+      'questions',
+      /^question "x{128}"… \(1048576 characters\): a question id must be 1-64 characters/,
+    ],
+    [
+      'a label of a megabyte with an empty description (quoted in part)',
+      choice({ [`${'l'.repeat(1024 * 1024)}`]: '', y: 'b' }),
       'questions.urgency.criteria',
-      /"urgency".*; label "l{128}" is longer than 128 characters$/,
+      /"urgency".*; label "l{128}"… \(1048576 characters\) has an empty description$/,
     ],
     [
       'a blank description',
@@ -672,6 +688,38 @@ describe('400 invalid_request_error: detail names the question id and the expect
     });
     expect(await balances(t, keyId)).toEqual(before);
   });
+
+  test(
+    'prompts, labels and descriptions have no length of their own: long ones well within ' +
+      '32,000 tokens are answered (they were 400s past 8,192 / 128 / 4,096 characters)',
+    async () => {
+      const t = gateway();
+      const { key } = await t.createKey({ credits: 10 });
+      const longLabel = `needs-${'a'.repeat(300)}`;
+      const response = await post(
+        t,
+        key,
+        decisionBody({
+          questions: {
+            urgency: {
+              type: 'choice',
+              prompt: `How urgent is it? ${'Consider the whole ticket. '.repeat(400)}`,
+              criteria: { [longLabel]: 'word '.repeat(1_200), routine: 'can wait' },
+            },
+            quality: {
+              type: 'score',
+              prompt: 'How complete?',
+              criteria: ['missing', 'level '.repeat(900)],
+            },
+          },
+        }),
+      );
+      const body = (await response.json()) as any;
+      expect(response.status).toBe(200);
+      expect([longLabel, 'routine']).toContain(body.answers.urgency.label);
+      expect([0, 1]).toContain(body.answers.quality.score);
+    },
+  );
 
   test('64 questions and 32 labels are accepted (the limits are inclusive)', async () => {
     const t = gateway();
@@ -837,6 +885,21 @@ describe('402 insufficient_quota', () => {
 
 // ──────────────────────────────────────────────────────────────────────────────────────────
 describe('404 model_not_found', () => {
+  test('a model name of a megabyte is quoted in part, not echoed', async () => {
+    const t = gateway();
+    const { key } = await t.createKey({ credits: 10 });
+    const response = await post(t, key, decisionBody({ model: 'm'.repeat(1024 * 1024) }));
+    const text = await response.clone().text();
+    expect(text.length).toBeLessThan(1024);
+    await expectError(response, {
+      status: 404,
+      code: 'model_not_found',
+      param: 'model',
+      detail: expect.stringContaining('decision-fast'),
+      fields: { message: expect.stringContaining(`"${'m'.repeat(128)}"… (1048576 characters)`) },
+    });
+  });
+
   test('model is not one of the two decision models', async () => {
     const t = gateway();
     const { id: keyId, key } = await t.createKey({ credits: 10 });
@@ -942,6 +1005,7 @@ describe('409 Idempotency-Key collisions', () => {
       status: 409,
       code: 'idempotency_key_reused',
       param: 'Idempotency-Key',
+      detail: REUSED_DETAIL,
     });
     // A 409 about an existing request names it (CONTRACT §8), not the refused attempt.
     expect(original.headers.get('x-request-id')).toMatch(REQUEST_ID_RE);
@@ -970,6 +1034,7 @@ describe('409 Idempotency-Key collisions', () => {
         status: 409,
         code: 'idempotency_key_reused',
         param: 'Idempotency-Key',
+        detail: REUSED_DETAIL,
       });
       expect(decision.headers.get('x-request-id')).toMatch(REQUEST_ID_RE);
 
@@ -1087,7 +1152,11 @@ describe('413 request_too_large', () => {
       headers: bearer(key),
       body,
     });
-    await expectError(response, { status: 413, code: 'request_too_large' });
+    await expectError(response, {
+      status: 413,
+      code: 'request_too_large',
+      detail: TOO_LARGE_DETAIL,
+    });
     expect(await balances(t, keyId)).toEqual(before);
   });
 
@@ -1106,7 +1175,11 @@ describe('413 request_too_large', () => {
       });
       expect(response.status).toBe(413);
       expect(response.headers.get('x-request-id')).toMatch(REQUEST_ID_RE);
-      await expectError(response, { status: 413, code: 'request_too_large' });
+      await expectError(response, {
+        status: 413,
+        code: 'request_too_large',
+        detail: TOO_LARGE_DETAIL,
+      });
       expect(await balances(t, keyId)).toEqual(before);
     },
   );
@@ -1135,7 +1208,11 @@ describe('413 request_too_large', () => {
     } as RequestInit);
     expect(request.headers.get('content-length')).toBeNull();
     const response = await t.app.handle(request);
-    await expectError(response, { status: 413, code: 'request_too_large' });
+    await expectError(response, {
+      status: 413,
+      code: 'request_too_large',
+      detail: TOO_LARGE_DETAIL,
+    });
     expect(sentBytes).toBeGreaterThan(FOUR_MB - piece.byteLength);
     expect(await balances(t, keyId)).toEqual(before);
   });
