@@ -426,7 +426,9 @@ async function chatWork(run: ChatRun): Promise<Completion<ChatAnswer>> {
     value: {
       content: answer.sawText || toolCalls.length === 0 ? text : null,
       toolCalls,
-      finishReason: toolCalls.length > 0 ? 'tool_calls' : 'stop',
+      // A call cut off by the output limit is no call to run: its arguments are a fragment. The
+      // provider's `length` is `stop` on the wire (spec 000: stop or tool_calls).
+      finishReason: toolCalls.length > 0 && finish.reason !== 'length' ? 'tool_calls' : 'stop',
       usage,
     },
     usage,

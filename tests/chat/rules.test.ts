@@ -702,6 +702,43 @@ describe('chat request rules', () => {
 });
 
 describe('what the rules accept', () => {
+  test(
+    'a tool call the output limit cuts off ends with finish_reason stop, not tool_calls (its ' +
+      'arguments are a fragment no client should run)',
+    async () => {
+      const tools = [
+        {
+          type: 'function',
+          function: {
+            name: 'lookup',
+            parameters: {
+              type: 'object',
+              properties: { query: { type: 'string', minLength: 200 } },
+              required: ['query'],
+            },
+          },
+        },
+      ];
+      for (const stream of [false, true]) {
+        const response = await post(
+          chatBody({ tools, tool_choice: 'required', max_completion_tokens: 3, stream }),
+        );
+        expect(response.status).toBe(200);
+        const text = await response.text();
+        const finishes = stream
+          ? [...text.matchAll(/"finish_reason":"(\w+)"/g)].map((match) => match[1])
+          : [JSON.parse(text).choices[0].finish_reason];
+        expect({ stream, finishes }).toEqual({ stream, finishes: ['stop'] });
+        expect(text).toContain('"name":"lookup"');
+      }
+      const whole = await post(chatBody({ tools, tool_choice: 'required' }));
+      const completion = (await whole.json()) as any;
+      expect(completion.choices[0].finish_reason).toBe('tool_calls');
+      const args = completion.choices[0].message.tool_calls[0].function.arguments;
+      expect(JSON.parse(args).query.length).toBeGreaterThanOrEqual(200);
+    },
+  );
+
   test('non-text content parts are dropped, not refused', async () => {
     const response = await post(
       chatBody({
