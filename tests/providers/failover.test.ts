@@ -423,3 +423,80 @@ for (const stream of [false, true]) {
     },
   );
 }
+
+/**
+ * An upstream that answers every call 200 with an error inside: the first SSE event of a stream,
+ * or the JSON body of a plain call (OpenRouter and Gemini do this when overloaded).
+ */
+function errorInsideUpstream(error: Record<string, unknown>): { url: string; calls: number } {
+  const state = { url: '', calls: 0 };
+  const server = Bun.serve({
+    port: 0,
+    hostname: '127.0.0.1',
+    async fetch(request) {
+      state.calls++;
+      await request.text();
+      const url = new URL(request.url);
+      const sse = url.pathname.includes('streamGenerateContent') || url.search.includes('alt=sse');
+      const streamed = sse || request.headers.get('accept') === 'text/event-stream';
+      if (streamed)
+        return new Response(`data: ${JSON.stringify({ error })}\n\n`, {
+          headers: { 'content-type': 'text/event-stream' },
+        });
+      return Response.json({ error });
+    },
+  });
+  state.url = `http://127.0.0.1:${server.port}`;
+  cleanup.track({ stop: () => server.stop(true) });
+  return state;
+}
+
+for (const [dialect, error, failsOver] of [
+  ['openai', { code: 502, message: 'Provider returned error' }, true],
+  ['openai', { message: 'overloaded', type: 'server_error', code: null }, true],
+  ['openai', { code: 429, message: 'rate limited' }, true],
+  ['openai', { message: 'bad', type: 'invalid_request_error', code: 'invalid_value' }, false],
+  ['gemini', { code: 503, message: 'The model is overloaded.', status: 'UNAVAILABLE' }, true],
+  ['gemini', { code: 429, message: 'quota', status: 'RESOURCE_EXHAUSTED' }, true],
+  ['gemini', { code: 400, message: 'bad', status: 'INVALID_ARGUMENT' }, false],
+] as const) {
+  test(
+    `${dialect}: an error inside a 200 answer, ${JSON.stringify(error)}, ` +
+      (failsOver ? 'fails over like its status would' : 'does not fail over (the request’s fault)'),
+    async () => {
+      const a = errorInsideUpstream(error);
+      const b = upstream('answer');
+      const base = dialect === 'gemini' ? `${a.url}/v1beta` : `${a.url}/v1`;
+      const t = await cleanup.server({
+        providers: {
+          a: { type: dialect, base_url: base, timeout_ms: 2_000 },
+          b: { type: 'openai', base_url: b.url, timeout_ms: 2_000 },
+        },
+        models: {
+          model_03: {
+            deployments: [
+              { provider: 'a', upstream_model: 'up-a', weight: A_FIRST },
+              { provider: 'b', upstream_model: 'up-b', weight: 1 },
+            ],
+          },
+        },
+      });
+      const { key } = await t.createKey({ credits: 10 });
+      for (const stream of [false, true]) {
+        const callsBefore = { a: a.calls, b: b.calls.length };
+        const response = await post(t, key, chatBody({ stream }));
+        const text = await response.text();
+        expect({ stream, calledA: a.calls - callsBefore.a }).toEqual({ stream, calledA: 1 });
+        if (failsOver) {
+          expect({ stream, status: response.status }).toEqual({ stream, status: 200 });
+          expect(text).toContain('Hello');
+          expect(b.calls.length - callsBefore.b).toBe(1);
+        } else {
+          expect({ stream, status: response.status }).toEqual({ stream, status: 502 });
+          expect(JSON.parse(text).error.code).toBe('upstream_error');
+          expect(b.calls.length).toBe(callsBefore.b);
+        }
+      }
+    },
+  );
+}

@@ -2,7 +2,7 @@
 // become `system`, tools and tool results become `tool_use` / `tool_result` blocks, and the
 // stream's message_start … content_block_* … message_delta … message_stop events become deltas.
 import type { AnthropicProviderConfig } from '../../config/model.ts';
-import { GatewayError } from '../../util/errors.ts';
+import type { GatewayError } from '../../util/errors.ts';
 import {
   ContentMeter,
   invalid,
@@ -10,6 +10,7 @@ import {
   TOOL_CALLS_MAX,
   toolArgumentsObject,
   type Usage,
+  upstreamErrorInStream,
   usageFigure,
 } from '../http/answer.ts';
 import type { Dialect, StreamTranslator } from '../http/http-provider.ts';
@@ -196,19 +197,9 @@ function toolUseOf(
   return { id: block.id, name: block.name, arguments: JSON.stringify(input) };
 }
 
+/** Overloaded, failing or rate-limited (by its error type) fails over, as a 529/5xx/429 would. */
 function upstreamErrorInAnswer(name: string, event: Record<string, unknown>): GatewayError {
-  const type = isRecord(event.error) ? event.error.type : null;
-  // Overloaded or failing at the provider, not the request's fault: another deployment may answer
-  // (only before anything reached the client; the router knows).
-  const failover =
-    type === 'overloaded_error' || type === 'api_error' || type === 'rate_limit_error';
-  return new GatewayError(
-    'upstream_error',
-    `Upstream ${name} reported an error inside its answer.`,
-    {
-      failover,
-    },
-  );
+  return upstreamErrorInStream(name, event.error);
 }
 
 /** Turns the Messages stream's events into deltas. */

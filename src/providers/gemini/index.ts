@@ -9,6 +9,7 @@ import {
   isRecord,
   TOOL_CALLS_MAX,
   toolArgumentsObject,
+  upstreamErrorInStream,
   usageFigure,
 } from '../http/answer.ts';
 import type { Dialect, StreamTranslator } from '../http/http-provider.ts';
@@ -224,12 +225,8 @@ class ChunkTranslator implements StreamTranslator {
   translate(chunk: unknown, out: Delta[]): void {
     const name = this.providerName;
     if (!isRecord(chunk)) throw invalid(name, 'sent a chunk that is not an object');
-    if (chunk.error !== undefined && chunk.error !== null) {
-      throw new GatewayError(
-        'upstream_error',
-        `Upstream ${name} reported an error inside its answer.`,
-      );
-    }
+    if (chunk.error !== undefined && chunk.error !== null)
+      throw upstreamErrorInStream(name, chunk.error);
     if (isRecord(chunk.usageMetadata)) this.readUsage(chunk.usageMetadata);
     // A prompt the provider blocked answers with no candidate (or an empty list): an empty answer.
     if (isRecord(chunk.promptFeedback) && chunk.promptFeedback.blockReason !== undefined) {

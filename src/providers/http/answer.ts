@@ -145,10 +145,45 @@ export function oversizedBody(providerName: string, bytesMax: number): GatewayEr
   return invalid(providerName, `sent a body over ${bytesMax} bytes`);
 }
 
-export function upstreamErrorInStream(providerName: string): GatewayError {
+/**
+ * Names a provider gives an error inside a 200 answer when it, not the request, failed: OpenAI's
+ * `type`s and codes, Anthropic's error types, Gemini's statuses.
+ */
+const TRANSIENT_ERROR_NAMES = new Set([
+  'server_error',
+  'internal_error',
+  'api_error',
+  'overloaded_error',
+  'rate_limit_error',
+  'rate_limit_exceeded',
+  'service_unavailable',
+  'UNAVAILABLE',
+  'RESOURCE_EXHAUSTED',
+  'INTERNAL',
+  'DEADLINE_EXCEEDED',
+]);
+
+/**
+ * Whether an error object a provider sent inside its answer says it was overloaded or failing (a
+ * 429 or a 5xx, as a number or by name): then another deployment may answer, as for the same
+ * status on the HTTP answer (CONTRACT §7; the router fails over only before the client's first
+ * byte).
+ */
+function isTransient(error: unknown): boolean {
+  if (!isRecord(error)) return false;
+  for (const field of [error.code, error.status, error.type]) {
+    if (typeof field === 'number' && (field === 429 || (field >= 500 && field <= 599))) return true;
+    if (typeof field === 'string' && TRANSIENT_ERROR_NAMES.has(field)) return true;
+  }
+  return false;
+}
+
+/** A provider's error inside its answer (`error` is the error object it sent, if any). */
+export function upstreamErrorInStream(providerName: string, error?: unknown): GatewayError {
   return new GatewayError(
     'upstream_error',
     `Upstream ${providerName} reported an error inside its answer.`,
+    { failover: isTransient(error) },
   );
 }
 

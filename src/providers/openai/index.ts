@@ -77,7 +77,7 @@ class ChunkTranslator implements StreamTranslator {
     if (!isRecord(chunk))
       throw invalid(this.providerName, 'sent a stream chunk that is not an object');
     if (chunk.error !== undefined && chunk.error !== null)
-      throw upstreamErrorInStream(this.providerName);
+      throw upstreamErrorInStream(this.providerName, chunk.error);
     const usage = readUsage(chunk.usage, this.providerName);
     if (usage) this.usage = usage;
     const choices = chunk.choices;
@@ -160,7 +160,7 @@ class ChunkTranslator implements StreamTranslator {
 function completionToDeltas(completion: unknown, name: string): Delta[] {
   if (!isRecord(completion)) throw invalid(name, 'answered with JSON that is not an object');
   if (completion.error !== undefined && completion.error !== null)
-    throw upstreamErrorInStream(name);
+    throw upstreamErrorInStream(name, completion.error);
   const choices = completion.choices;
   if (!Array.isArray(choices) || choices.length === 0)
     throw invalid(name, 'answered without choices');
