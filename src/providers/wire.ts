@@ -1,6 +1,7 @@
 // The chat wire types the chat API and the providers share: messages as the gateway hands them on,
 // tool calls, tools and tool choice. TypeBox schemas, the one source of their types (Static<>);
 // chat/model.ts validates requests with them, and imports nothing of chat.
+import { createHash } from 'node:crypto';
 import { type Static, type TSchema, Type } from '@sinclair/typebox';
 
 export const Nullable = <T extends TSchema>(schema: T) => Type.Union([schema, Type.Null()]);
@@ -66,3 +67,37 @@ export const ProviderMessageSchema = Type.Union([
   }),
 ]);
 export type ProviderMessage = Static<typeof ProviderMessageSchema>;
+
+/**
+ * A tool call id as a provider takes it back: `id` itself when it is of `pattern` and at most
+ * `charsMax` long, else `prefix` and 32 base64url characters of its SHA-256, the same for a call
+ * and its reply, distinct for distinct ids. Clients send back ids another deployment of the model
+ * made (a Gemini call's carries a few KB of signature; vLLM servers write
+ * `functions.get_weather:0`), and each API refuses some (Anthropic: `^[a-zA-Z0-9_-]+$`; OpenAI: at
+ * most 40 characters): the conversation must survive a failover.
+ */
+export function toolCallIdAs(
+  id: string,
+  pattern: RegExp | null,
+  charsMax: number,
+  prefix: string,
+): string {
+  if (id.length <= charsMax && (pattern === null || pattern.test(id))) return id;
+  return prefix + createHash('sha256').update(id).digest('base64url').slice(0, 32);
+}
+
+/**
+ * Text a provider takes as a message: Anthropic refuses an empty (or blank) text block, Gemini an
+ * empty part, and both a turn without any; OpenAI-style APIs take "". Blank text carries nothing
+ * for the model, so those adapters leave it out.
+ */
+export function isBlank(text: string | null): boolean {
+  return text === null || text.trim().length === 0;
+}
+
+/**
+ * The one user turn an adapter sends when nothing of the conversation has text left (every message
+ * was blank or dropped parts, such as images): the APIs refuse an empty conversation, and OpenAI's
+ * would answer such a request all the same.
+ */
+export const EMPTY_CONVERSATION_TEXT = '.';

@@ -500,3 +500,38 @@ for (const [dialect, error, failsOver] of [
     },
   );
 }
+
+test(
+  'an OpenAI-style deployment gets every tool call id within 40 characters (a Gemini id with its ' +
+    'signature runs to KBs), calls and results still paired; shorter ids as they were',
+  async () => {
+    const b = upstream('answer');
+    const t = await cleanup.server({
+      providers: { b: { type: 'openai', base_url: b.url, timeout_ms: 2_000 } },
+      models: { model_03: { provider: 'b', upstream_model: 'up-b' } },
+    });
+    const { key } = await t.createKey({ credits: 10 });
+    const ids = [`call_x__sig_${'A'.repeat(800)}`, `call_y__sig_${'A'.repeat(800)}`, 'call_short'];
+    const messages = [
+      { role: 'user', content: 'Weather?' },
+      {
+        role: 'assistant',
+        content: null,
+        tool_calls: ids.map((id) => ({
+          id,
+          type: 'function',
+          function: { name: 'get_weather', arguments: '{}' },
+        })),
+      },
+      ...ids.map((id) => ({ role: 'tool', tool_call_id: id, content: '21 C' })),
+    ];
+    const response = await post(t, key, chatBody({ messages }));
+    expect(response.status).toBe(200);
+    const sent = b.calls[0]!.body.messages;
+    const callIds = sent[1].tool_calls.map((call: any) => call.id);
+    expect(sent.slice(2).map((message: any) => message.tool_call_id)).toEqual(callIds);
+    expect(callIds[2]).toBe('call_short');
+    expect(new Set(callIds).size).toBe(3);
+    for (const id of callIds) expect(id.length).toBeLessThanOrEqual(40);
+  },
+);

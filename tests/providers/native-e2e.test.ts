@@ -387,6 +387,73 @@ describe.each(VENDORS)('$type through the openai SDK', (vendor) => {
     },
   );
 
+  test(
+    'a conversation another deployment made: foreign tool call ids, blank and image-only ' +
+      'messages are taken (the vendor refuses them as they are: 502, hold kept)',
+    async () => {
+      const s = await setup(vendor, 'text');
+      // Ids as a vLLM server, a client and a Gemini call with its signature write them.
+      const ids = ['functions.get_weather:0', 'call abc/1', `call_x__sig_${'A'.repeat(800)}`];
+      const messages: OpenAI.ChatCompletionMessageParam[] = [
+        { role: 'system', content: '' },
+        {
+          role: 'user',
+          content: [{ type: 'image_url', image_url: { url: 'https://x.invalid/a.png' } }],
+        },
+        { role: 'user', content: 'Weather in Paris, Rome and Oslo?' },
+        {
+          role: 'assistant',
+          content: '',
+          tool_calls: ids.map((id) => ({
+            id,
+            type: 'function' as const,
+            function: { name: 'get_weather', arguments: '{"location":"Paris","unit":"celsius"}' },
+          })),
+        },
+        ...ids.map((id) => ({ role: 'tool' as const, tool_call_id: id, content: '21 C' })),
+        { role: 'assistant', content: '' },
+        { role: 'user', content: '   ' },
+        { role: 'user', content: 'Thanks.' },
+      ];
+      for (const stream of [false, true]) {
+        const response = await s.server.request('/api/v1/chat/completions', {
+          method: 'POST',
+          headers: bearer(s.key),
+          body: JSON.stringify({ model: 'model_03', messages, tools: [weatherTool], stream }),
+        });
+        expect({ stream, status: response.status }).toEqual({ stream, status: 200 });
+        const text = await response.text();
+        expect(text).not.toContain('"error"');
+        expect(text).toContain(stream ? '[DONE]' : ANSWER_TEXT);
+      }
+      // Calls and their results still pair up, each id as the vendor takes it.
+      const sent = JSON.stringify(s.fake.requests.at(-1)!.body);
+      if (vendor.type === 'anthropic') {
+        const body = s.fake.requests.at(-1)!.body;
+        const uses = body.messages
+          .flatMap((m: any) => m.content)
+          .filter((b: any) => b.type === 'tool_use');
+        const results = body.messages
+          .flatMap((m: any) => m.content)
+          .filter((b: any) => b.type === 'tool_result');
+        expect(uses.map((b: any) => b.id)).toEqual(results.map((b: any) => b.tool_use_id));
+        expect(new Set(uses.map((b: any) => b.id)).size).toBe(3);
+        expect(uses[0].id).toMatch(/^toolu_[A-Za-z0-9_-]{32}$/);
+      }
+      expect(sent).not.toContain('functions.get_weather:0');
+      // Nothing left to say: the one placeholder turn the APIs take.
+      const blank = await s.server.request('/api/v1/chat/completions', {
+        method: 'POST',
+        headers: bearer(s.key),
+        body: JSON.stringify({
+          model: 'model_03',
+          messages: [{ role: 'user', content: [{ type: 'image_url', image_url: { url: 'x' } }] }],
+        }),
+      });
+      expect(blank.status).toBe(200);
+    },
+  );
+
   test('hang with a short provider timeout_ms → 504 upstream_timeout', async () => {
     const s = await setup(vendor, 'hang', { timeout_ms: 200 });
     const error = await failure(

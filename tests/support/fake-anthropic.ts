@@ -88,7 +88,7 @@ function invalidRequest(request: Request, body: any): Response | undefined {
   if (!Array.isArray(body.messages)) {
     return errorResponse(400, 'invalid_request_error', 'messages: Field required');
   }
-  for (const message of body.messages) {
+  for (const [at, message] of body.messages.entries()) {
     if (message?.role !== 'user' && message?.role !== 'assistant') {
       return errorResponse(
         400,
@@ -97,9 +97,37 @@ function invalidRequest(request: Request, body: any): Response | undefined {
           '`system` parameter, not "system" as an input message role.',
       );
     }
+    const problem = contentProblem(message.content, at);
+    if (problem !== null) return errorResponse(400, 'invalid_request_error', problem);
   }
   return undefined;
 }
+
+/** The API's own checks of a message's content (its words), or null. */
+function contentProblem(content: unknown, at: number): string | null {
+  if (content === '' || (Array.isArray(content) && content.length === 0))
+    return (
+      `messages.${at}: all messages must have non-empty content except for the optional final ` +
+      'assistant message'
+    );
+  if (!Array.isArray(content)) return null;
+  for (const [index, block] of content.entries()) {
+    if (block?.type === 'text' && (typeof block.text !== 'string' || block.text.trim() === ''))
+      return 'messages: text content blocks must contain non-whitespace text';
+    const field = block?.type === 'tool_use' ? 'id' : 'tool_use_id';
+    if (
+      (block?.type === 'tool_use' || block?.type === 'tool_result') &&
+      !TOOL_ID_RE.test(block[field])
+    )
+      return (
+        `messages.${at}.content.${index}.${block.type}.${field}: ` +
+        "String should match pattern '^[a-zA-Z0-9_-]+$'"
+      );
+  }
+  return null;
+}
+
+const TOOL_ID_RE = /^[a-zA-Z0-9_-]+$/;
 
 function toolInput(body: any): Record<string, unknown> {
   const tool = body?.tools?.[0];

@@ -92,6 +92,21 @@ function invalidRequest(request: Request, url: URL, stream: boolean, body: any) 
         'Please use a valid role: user, model.',
       );
     }
+    if (!Array.isArray(content?.parts) || content.parts.length === 0)
+      return errorResponse(
+        stream,
+        400,
+        'INVALID_ARGUMENT',
+        '* GenerateContentRequest.contents.parts: contents.parts must not be empty.\n',
+      );
+    if (content.parts.some((part: any) => 'text' in part && part.text === ''))
+      return errorResponse(
+        stream,
+        400,
+        'INVALID_ARGUMENT',
+        'Unable to submit request because it has an empty text parameter. Add a value to the ' +
+          'parameter and try again.',
+      );
   }
   return undefined;
 }

@@ -15,6 +15,7 @@ import {
 } from '../http/answer.ts';
 import type { Dialect, StreamTranslator } from '../http/http-provider.ts';
 import type { Delta, FinishReason, ProviderMessage, ProviderRequest } from '../provider.ts';
+import { EMPTY_CONVERSATION_TEXT, isBlank, toolCallIdAs } from '../wire.ts';
 
 /**
  * The output limit sent when neither the caller nor the gateway gave one: the Messages API
@@ -48,6 +49,14 @@ export function anthropicDialect(config: Pick<AnthropicProviderConfig, 'version'
 }
 
 type Block = Record<string, unknown>;
+
+/** The tool ids the Messages API takes back (it names the pattern in its 400). */
+const TOOL_ID_RE = /^[A-Za-z0-9_-]+$/;
+const TOOL_ID_CHARS_MAX = 64;
+
+function anthropicId(id: string): string {
+  return toolCallIdAs(id, TOOL_ID_RE, TOOL_ID_CHARS_MAX, 'toolu_');
+}
 interface AnthropicMessage {
   role: 'user' | 'assistant';
   content: Block[];
@@ -57,9 +66,12 @@ function requestBody(request: ProviderRequest): Record<string, unknown> {
   const system: string[] = [];
   const messages: AnthropicMessage[] = [];
   for (const message of request.messages) {
-    if (message.role === 'system') system.push(message.content);
-    else appendMessage(messages, message);
+    if (message.role === 'system') {
+      if (!isBlank(message.content)) system.push(message.content);
+    } else appendMessage(messages, message);
   }
+  if (messages.length === 0)
+    messages.push({ role: 'user', content: [{ type: 'text', text: EMPTY_CONVERSATION_TEXT }] });
   const body: Record<string, unknown> = {
     model: request.model,
     max_tokens: request.maxOutputTokens ?? request.outputCapTokens ?? MAX_TOKENS_FALLBACK,
@@ -101,27 +113,28 @@ function appendMessage(
   const blocks: Block[] = [];
   if (message.role === 'tool') {
     role = 'user';
-    blocks.push({
-      type: 'tool_result',
-      tool_use_id: message.tool_call_id,
-      content: message.content,
-    });
+    const result: Block = { type: 'tool_result', tool_use_id: anthropicId(message.tool_call_id) };
+    // A result's content is optional, and blank text is refused.
+    if (!isBlank(message.content)) result.content = message.content;
+    blocks.push(result);
   } else if (message.role === 'assistant') {
     role = 'assistant';
-    if (message.content !== null && message.content.length > 0)
-      blocks.push({ type: 'text', text: message.content });
+    if (!isBlank(message.content)) blocks.push({ type: 'text', text: message.content });
     message.tool_calls?.forEach((call, index) => {
       blocks.push({
         type: 'tool_use',
-        id: call.id,
+        id: anthropicId(call.id),
         name: call.function.name,
         input: toolArgumentsObject(call.function.arguments, index),
       });
     });
   } else {
     role = 'user';
-    blocks.push({ type: 'text', text: message.content });
+    if (!isBlank(message.content)) blocks.push({ type: 'text', text: message.content });
   }
+  // A turn without content is refused: a message left without any (blank text, or only the
+  // images the gateway drops) is left out.
+  if (blocks.length === 0) return;
   const last = messages.at(-1);
   if (last !== undefined && last.role === role) last.content.push(...blocks);
   else messages.push({ role, content: blocks });

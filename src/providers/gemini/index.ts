@@ -14,7 +14,7 @@ import {
 } from '../http/answer.ts';
 import type { Dialect, StreamTranslator } from '../http/http-provider.ts';
 import type { Delta, FinishReason, ProviderMessage, ProviderRequest } from '../provider.ts';
-import { TOOL_CALL_ID_CHARS_MAX } from '../wire.ts';
+import { EMPTY_CONVERSATION_TEXT, isBlank, TOOL_CALL_ID_CHARS_MAX } from '../wire.ts';
 
 export const GEMINI_DIALECT: Dialect = {
   path(request) {
@@ -66,9 +66,12 @@ function requestBody(request: ProviderRequest): Record<string, unknown> {
   // turn that made the call.
   const names = new Map<string, string>();
   for (const message of request.messages) {
-    if (message.role === 'system') system.push(message.content);
-    else appendContent(contents, message, names);
+    if (message.role === 'system') {
+      if (!isBlank(message.content)) system.push(message.content);
+    } else appendContent(contents, message, names);
   }
+  if (contents.length === 0)
+    contents.push({ role: 'user', parts: [{ text: EMPTY_CONVERSATION_TEXT }] });
   const body: Record<string, unknown> = { contents };
   if (system.length > 0) body.systemInstruction = { parts: [{ text: system.join('\n\n') }] };
   const generation: Record<string, unknown> = {};
@@ -161,8 +164,7 @@ function appendContent(
     parts.push({ functionResponse: { name, response: toolResponse(message.content) } });
   } else if (message.role === 'assistant') {
     role = 'model';
-    if (message.content !== null && message.content.length > 0)
-      parts.push({ text: message.content });
+    if (!isBlank(message.content)) parts.push({ text: message.content });
     message.tool_calls?.forEach((call, index) => {
       names.set(call.id, call.function.name);
       const part: Part = {
@@ -177,8 +179,11 @@ function appendContent(
     });
   } else {
     role = 'user';
-    parts.push({ text: message.content });
+    if (!isBlank(message.content)) parts.push({ text: message.content });
   }
+  // A content without parts is refused: a message left without any (blank text, or only the
+  // images the gateway drops) is left out.
+  if (parts.length === 0) return;
   // Gemini wants turns to alternate, and all replies to one turn's calls in the next turn.
   const last = contents.at(-1);
   if (last !== undefined && last.role === role) last.parts.push(...parts);

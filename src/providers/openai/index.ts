@@ -17,7 +17,8 @@ import {
   type HttpProviderOptions,
   type StreamTranslator,
 } from '../http/http-provider.ts';
-import type { Delta, FinishReason, ProviderRequest } from '../provider.ts';
+import type { Delta, FinishReason, ProviderMessage, ProviderRequest } from '../provider.ts';
+import { toolCallIdAs } from '../wire.ts';
 
 /** The options the gateway gives every HTTP provider (kept under this name for its callers). */
 export type OpenAIProviderOptions = HttpProviderOptions;
@@ -209,8 +210,42 @@ function firstChoice(choices: unknown[]): unknown {
   return choices[0];
 }
 
+/** OpenAI refuses a tool call id past 40 characters ("expected a maximum length of 40"). */
+const TOOL_ID_CHARS_MAX = 40;
+
+function openaiId(id: string): string {
+  return toolCallIdAs(id, null, TOOL_ID_CHARS_MAX, 'call_');
+}
+
+/**
+ * The messages with every tool call id as OpenAI takes it; the same array when all are (the usual
+ * case: ids this API made come back as they were).
+ */
+function withOpenaiIds(messages: ProviderMessage[]): ProviderMessage[] {
+  if (messages.every(idsFit)) return messages;
+  return messages.map((message) => {
+    if (message.role === 'tool')
+      return { ...message, tool_call_id: openaiId(message.tool_call_id) };
+    if (message.role !== 'assistant' || !message.tool_calls) return message;
+    return {
+      ...message,
+      tool_calls: message.tool_calls.map((call) => ({ ...call, id: openaiId(call.id) })),
+    };
+  });
+}
+
+function idsFit(message: ProviderMessage): boolean {
+  if (message.role === 'tool') return message.tool_call_id.length <= TOOL_ID_CHARS_MAX;
+  if (message.role !== 'assistant' || !message.tool_calls) return true;
+  for (const call of message.tool_calls) if (call.id.length > TOOL_ID_CHARS_MAX) return false;
+  return true;
+}
+
 function requestBody(request: ProviderRequest): Record<string, unknown> {
-  const body: Record<string, unknown> = { model: request.model, messages: request.messages };
+  const body: Record<string, unknown> = {
+    model: request.model,
+    messages: withOpenaiIds(request.messages),
+  };
   if (request.maxOutputTokens !== null) body.max_completion_tokens = request.maxOutputTokens;
   if (request.temperature !== null) body.temperature = request.temperature;
   if (request.topP !== null) body.top_p = request.topP;
