@@ -1,6 +1,7 @@
 // The upstream HTTP/1.1 client against real sockets: keep-alive, stale connections, large bodies,
 // TLS, aborts.
 import { afterEach, describe, expect, test } from 'bun:test';
+import { readdirSync } from 'node:fs';
 import { join } from 'node:path';
 import type { Socket } from 'bun';
 import {
@@ -513,10 +514,12 @@ describe('tls', () => {
       const client = new HttpClient(new URL(silent.origin.replace('http:', 'https:')), {
         ca: await Bun.file(join(TLS_DIR, 'ca.crt')).text(),
       });
+      // Each request takes over the connect the one before it left: one connection in all.
       for (let i = 0; i < 3; i++) send(client, '/').exchange.abort();
-      while (silent.closed.length < 3) await new Promise((resolve) => setImmediate(resolve));
+      while (silent.closed.length < 1) await new Promise((resolve) => setImmediate(resolve));
       await Promise.all(silent.closed);
-      expect(silent.connections()).toBe(3);
+      expect(silent.connections()).toBe(1);
+      expect(client.openingCount).toBe(0);
     },
   );
 
@@ -530,5 +533,84 @@ describe('tls', () => {
     const error = await failure(send(client, '/').answer);
     expect(error.kind).toBe('connect');
     expect(error.message).toMatch(/^TLS: .*127\.0\.0\.2/);
+  });
+});
+
+/**
+ * A host that drops SYNs: a listener (python, as Bun accepts every connection) whose accept queue
+ * is full and never drained, so a new connect stays in SYN-SENT for the kernel's ~130 s.
+ */
+async function blackhole(): Promise<{ url: URL; stop(): void }> {
+  const script = [
+    'import socket, sys, time',
+    's = socket.socket(); s.bind(("127.0.0.1", 0)); s.listen(0)',
+    'port = s.getsockname()[1]',
+    'fill = []',
+    'for i in range(3):',
+    '    c = socket.socket(); c.setblocking(False)',
+    '    try: c.connect(("127.0.0.1", port))',
+    '    except BlockingIOError: pass',
+    '    fill.append(c)',
+    'print(port, flush=True)',
+    'sys.stdin.read()',
+  ].join('\n');
+  const child = Bun.spawn(['python3', '-c', script], { stdin: 'pipe', stdout: 'pipe' });
+  const reader = child.stdout.getReader();
+  let text = '';
+  while (!text.includes('\n')) {
+    const { value, done } = await reader.read();
+    if (done) throw new Error('the blackhole listener did not start');
+    text += decoder.decode(value);
+  }
+  return {
+    url: new URL(`http://127.0.0.1:${Number.parseInt(text, 10)}`),
+    stop: () => child.kill(),
+  };
+}
+
+function openDescriptors(): number {
+  return readdirSync('/proc/self/fd').length;
+}
+
+describe('a host that drops connects', () => {
+  test(
+    'requests aborted while connecting leave one connect in flight, not one each (a descriptor ' +
+      'for ~130 s apiece piled up until the process ran out)',
+    async () => {
+      const hole = await blackhole();
+      stops.push(hole.stop);
+      const client = new HttpClient(hole.url);
+      stops.push(() => client.close());
+      const before = openDescriptors();
+      for (let i = 0; i < 40; i++) {
+        const { exchange, answer } = send(client, `/try-${i}`);
+        answer.catch(() => {});
+        // The request's deadline passes while the connect is still in SYN-SENT.
+        exchange.abort();
+      }
+      // A turn for any connect the listener did take (then the host is no blackhole).
+      await new Promise((resolve) => setImmediate(resolve));
+      expect(openDescriptors() - before).toBeLessThanOrEqual(2);
+      expect(client.openingCount).toBe(1);
+    },
+  );
+
+  test('connects in flight to one origin are bounded: past 256 one fails at once', async () => {
+    const hole = await blackhole();
+    stops.push(hole.stop);
+    const client = new HttpClient(hole.url);
+    stops.push(() => client.close());
+    const pending = Array.from({ length: 257 }, (_, i) => send(client, `/wait-${i}`));
+    for (const { answer } of pending.slice(0, 256)) answer.catch(() => {});
+    const refused = await failure(pending[256]!.answer);
+    expect(refused.kind).toBe('connect');
+    expect(refused.message).toContain('still opening');
+    expect(client.openingCount).toBe(256);
+    for (const { exchange } of pending) exchange.abort();
+    // Aborted, they wait for the next requests instead of being opened again.
+    const next = send(client, '/next');
+    next.answer.catch(() => {});
+    expect(client.openingCount).toBe(256);
+    next.exchange.abort();
   });
 });

@@ -66,6 +66,15 @@ const RESEND_WINDOW_MS = 1_000;
 const IDLE_TIMEOUT_S = 4;
 const IDLE_MAX_DEFAULT = 256;
 
+/**
+ * Connects in flight to one origin at most. A connect cannot be closed before it opens (Bun hands
+ * no socket until then), and to a host that drops SYNs it stays in SYN-SENT for the kernel's
+ * ~130 s: without a bound, requests timing out one after another would each leave a descriptor
+ * behind until the process runs out. Past it a call fails at once as a connect failure (which
+ * fails over).
+ */
+const CONNECTS_OPENING_MAX = 256;
+
 /** One request and its answer, on a connection of the pool. */
 export class HttpExchange {
   connection: Connection | null = null;
@@ -96,7 +105,7 @@ export class HttpExchange {
     this.finished = true;
     const connection = this.connection;
     this.connection = null;
-    connection?.drop();
+    connection?.abandon();
   }
 
   /** Backpressure: stop reading the upstream socket until `resume`. */
@@ -128,6 +137,8 @@ class Connection implements ResponseSink {
   pendingWrite: Uint8Array | null = null;
   /** When this connection's current request was written (performance.now()). */
   startedAtMs = 0;
+  /** Its connect is in flight (counted in the client's `openingCount` until it opens or fails). */
+  opening = false;
   lastError: Error | null = null;
 
   constructor(readonly client: HttpClient) {}
@@ -278,6 +289,20 @@ class Connection implements ResponseSink {
     this.client.connect(exchange);
   }
 
+  /**
+   * Its exchange was aborted. A connection still connecting cannot be closed yet: it waits, without
+   * an exchange, for the next request to this origin (or, once open, in the idle pool), so that
+   * connects to a host that does not answer them do not pile up. Otherwise closed.
+   */
+  abandon(): void {
+    if (this.opening && !this.closed) {
+      this.exchange = null;
+      this.client.park(this);
+      return;
+    }
+    this.drop();
+  }
+
   /** Closes the socket now; an idle or unfinished connection is never reused. */
   drop(): void {
     this.closed = true;
@@ -333,8 +358,11 @@ function socketHandlers(tls: boolean): SocketHandler<Connection> {
     open(socket) {
       const connection = socket.data;
       connection.socket = socket;
-      // Aborted while connecting: end it now, not after a TLS handshake that may never come.
-      if (connection.closed) {
+      connection.client.connectEnded(connection);
+      // Aborted while connecting: end it now, not after a TLS handshake that may never come. (A
+      // parked connect no request took over is kept for the pool only when no handshake is due.)
+      if (connection.closed || (tls && connection.exchange === null)) {
+        connection.closed = true;
         socket.terminate();
         return;
       }
@@ -367,6 +395,7 @@ function socketHandlers(tls: boolean): SocketHandler<Connection> {
     },
     connectError(socket, error) {
       const connection = socket.data;
+      connection.client.connectEnded(connection);
       connection.closed = true;
       // Bun reports a socket it could not even create (out of descriptors) as ECONNREFUSED; tell
       // the two apart, since one is the upstream's doing and the other this process's.
@@ -387,6 +416,10 @@ export class HttpClient {
   private readonly tls: { serverName: string; ca?: string } | null;
   private readonly handlers: SocketHandler<Connection>;
   private readonly idle: Connection[] = [];
+  /** Connects in flight whose exchange was aborted: the next request takes one over. */
+  private readonly parked: Connection[] = [];
+  /** Connects in flight, parked or not. */
+  private openingCountValue = 0;
   private readonly idleMax: number;
   readonly resendWindowMs: number;
   private closed = false;
@@ -413,6 +446,11 @@ export class HttpClient {
     return this.idle.length;
   }
 
+  /** Connects in flight right now (bounded by CONNECTS_OPENING_MAX). */
+  get openingCount(): number {
+    return this.openingCountValue;
+  }
+
   /**
    * Sends a request. `requestText` holds the request line, the header fields, the empty line and
    * the body; `requestBytes` is its length in UTF-8. The handler hears the answer (or the failure).
@@ -431,17 +469,39 @@ export class HttpClient {
     if (connection !== null) {
       connection.reused = true;
       connection.start(exchange);
-    } else {
-      this.connect(exchange);
+      return exchange;
     }
+    const parked = this.parked.pop();
+    if (parked !== undefined) {
+      // Its connect goes on for this exchange: `open` sends the request.
+      parked.exchange = exchange;
+      exchange.connection = parked;
+      return exchange;
+    }
+    this.connect(exchange);
     return exchange;
   }
 
   /** Opens a new connection for `exchange`; `open` (or `handshake`) sends the request. */
   connect(exchange: HttpExchange): void {
+    if (this.openingCountValue >= CONNECTS_OPENING_MAX) {
+      queueMicrotask(() => {
+        if (exchange.finished) return; // aborted meanwhile: no callback follows an abort
+        exchange.finished = true;
+        exchange.handler.onError(
+          new HttpClientError(
+            'connect',
+            `${CONNECTS_OPENING_MAX} connections to the upstream are still opening`,
+          ),
+        );
+      });
+      return;
+    }
     const connection = new Connection(this);
     connection.exchange = exchange;
     exchange.connection = connection;
+    connection.opening = true;
+    this.openingCountValue++;
     Bun.connect<Connection>({
       hostname: this.hostname,
       port: this.port,
@@ -472,6 +532,21 @@ export class HttpClient {
     if (at !== -1) this.idle.splice(at, 1);
   }
 
+  /** A connect whose exchange was aborted waits here for the next request (Connection.abandon). */
+  park(connection: Connection): void {
+    if (this.closed) connection.drop();
+    else this.parked.push(connection);
+  }
+
+  /** The connect of `connection` ended, opened or failed: no longer in flight or parked. */
+  connectEnded(connection: Connection): void {
+    if (!connection.opening) return;
+    connection.opening = false;
+    this.openingCountValue--;
+    const at = this.parked.lastIndexOf(connection);
+    if (at !== -1) this.parked.splice(at, 1);
+  }
+
   private takeIdle(): Connection | null {
     // The most recently used first: the least likely to have been closed by the upstream meanwhile.
     for (;;) {
@@ -489,6 +564,8 @@ export class HttpClient {
   close(): void {
     this.closed = true;
     for (const connection of this.idle.splice(0)) connection.drop();
+    // Still connecting: `open` sees them closed and ends them there.
+    for (const connection of this.parked.splice(0)) connection.drop();
   }
 }
 
