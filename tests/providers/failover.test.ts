@@ -535,3 +535,62 @@ test(
     for (const id of callIds) expect(id.length).toBeLessThanOrEqual(40);
   },
 );
+
+/**
+ * An upstream that answers `status` at once, then trickles its declared 1,000-byte error body a
+ * byte every 100 ms: never silent, never done.
+ */
+function tricklingErrorUpstream(status: number): { url: string } {
+  const timers = new Set<ReturnType<typeof setInterval>>();
+  const server = Bun.listen<undefined>({
+    hostname: '127.0.0.1',
+    port: 0,
+    socket: {
+      data(socket) {
+        socket.write(`HTTP/1.1 ${status} Busy\r\ncontent-type: application/json\r\n`);
+        socket.write('content-length: 1000\r\n\r\n{');
+        const timer = setInterval(() => socket.write(' '), 100);
+        timers.add(timer);
+      },
+      close() {},
+    },
+  });
+  cleanup.track({
+    stop: () => {
+      for (const timer of timers) clearInterval(timer);
+      server.stop(true);
+    },
+  });
+  return { url: `http://127.0.0.1:${server.port}/v1` };
+}
+
+for (const [status, failsOver] of [
+  [503, true],
+  [400, false],
+] as const) {
+  test(
+    `a ${status} whose error body trickles in is answered as its status (` +
+      `${failsOver ? 'fails over' : 'no failover'}), not held to the request's deadline`,
+    async () => {
+      const a = tricklingErrorUpstream(status);
+      const b = upstream('answer');
+      const t = await twoDeployments(a, b, { limits: { upstream_timeout_ms: 8_000 } }, 8_000);
+      const { key } = await t.createKey({ credits: 10 });
+      const response = await post(t, key);
+      const body = (await response.json()) as any;
+      if (failsOver) {
+        expect(response.status).toBe(200);
+        expect(b.calls.length).toBe(1);
+        const status = await record(t, key, body.id);
+        expect(status.attempts).toEqual([
+          attempt('a', 'error', 'upstream_error'),
+          attempt('b', 'ok'),
+        ]);
+      } else {
+        expect(response.status).toBe(502);
+        expect(body.error.code).toBe('upstream_error');
+        expect(b.calls.length).toBe(0);
+      }
+    },
+  );
+}

@@ -182,11 +182,13 @@ describe('framing', () => {
   });
 
   test('204 and a zero Content-Length end at the head', () => {
+    // A 204's connection is not kept: bytes a broken upstream sent after it would be read as the
+    // next request's answer (another key's, maybe).
     expect(parse([encoder.encode('HTTP/1.1 204 No Content\r\n\r\n')])).toMatchObject({
       status: 204,
       body: '',
       ended: true,
-      keepAlive: true,
+      keepAlive: false,
     });
     expect(parse([encoder.encode('HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n')])).toMatchObject({
       status: 200,
@@ -287,6 +289,25 @@ describe('malformed answers', () => {
     expectProtocolError('HTTP/2 200 OK\r\n\r\n', /status line/);
     expectProtocolError('ICY 200 OK\r\n\r\n', /status line/);
     expectProtocolError('HTTP/1.1 20 OK\r\n\r\n', /status line/);
+    // No status, not an interim one: the answer that followed would have been taken as it.
+    expectProtocolError('HTTP/1.1 000 Zero\r\n\r\nHTTP/1.1 200 OK\r\n\r\n', /status line/);
+    expectProtocolError('HTTP/1.1 099 Low\r\n\r\n', /status line/);
+  });
+
+  test('another protocol is refused at its first bytes, not when its head would end', () => {
+    for (const banner of ['SSH-2.0-OpenSSH_9.6\r\n', 'HTX', '\u0015\u0003\u0001\u0000\u0002'])
+      for (const reads of everySplit(banner)) {
+        let caught: unknown = null;
+        try {
+          parse(reads);
+        } catch (error) {
+          caught = error;
+        }
+        expect(caught).toBeInstanceOf(HttpProtocolError);
+        expect((caught as Error).message).toMatch(/status line/);
+      }
+    // A status line arriving a byte at a time is still waited for.
+    expect(parse(everySplit('HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n')[1]!).status).toBe(200);
   });
 
   test('bad or conflicting Content-Length', () => {
@@ -328,6 +349,11 @@ describe('malformed answers', () => {
     expectProtocolError(
       'HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n',
       /transfer-encoding/,
+    );
+    // The provider's text stays out of the message (it reaches the client in a 502).
+    expectProtocolError(
+      'HTTP/1.1 200 OK\r\ntransfer-encoding: SECRET-UPSTREAM-TEXT\r\n\r\n',
+      /^unsupported transfer-encoding$/,
     );
     expectProtocolError('HTTP/1.1 101 Switching Protocols\r\n\r\n', /protocol switch/);
   });

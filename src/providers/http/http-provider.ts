@@ -85,6 +85,27 @@ export interface Dialect {
 
 /** Only the error code of a failed call is read, so its body is cut off early. */
 const ERROR_BODY_BYTES_MAX = 64 * 1024;
+/**
+ * And read for this long at most: the status is the answer, and a body that trickles in must not
+ * hold it (a 503 failing over, a 400 answered) until the request's deadline.
+ */
+const ERROR_BODY_WAIT_MS = 1_000;
+
+/** The error body's text, or null when it is not all in within ERROR_BODY_WAIT_MS. */
+async function errorBodyText(call: UpstreamCall): Promise<string | null> {
+  const reading = call.readAll(ERROR_BODY_BYTES_MAX, true);
+  let timer: ReturnType<typeof setTimeout> | undefined;
+  const late = new Promise<null>((resolve) => {
+    timer = setTimeout(resolve, ERROR_BODY_WAIT_MS, null);
+  });
+  try {
+    return await Promise.race([reading, late]);
+  } finally {
+    clearTimeout(timer);
+    // Given up on: the call's close drops the connection, and this read ends with it or never.
+    reading.catch(() => {});
+  }
+}
 
 /** A 2xx answer: anything else is an error, read by errorFromResponse. */
 function isSuccess(head: ResponseHead): boolean {
@@ -337,13 +358,15 @@ export class HttpProvider implements Provider {
   }
 
   private async errorFromResponse(status: number, call: UpstreamCall): Promise<GatewayError> {
-    // The status is the answer: its body is read against the silence between reads, so a slow
-    // error body stays the error it is (a 400 never fails over), not a timeout.
+    // The status is the answer: its body is read against the silence between reads and for
+    // ERROR_BODY_WAIT_MS at most, so a slow error body stays the error it is (a 400 never fails
+    // over, a 503 does), not a timeout.
     call.answered();
     let code: string | null = null;
     let message = '';
     try {
-      const body = JSON.parse(await call.readAll(ERROR_BODY_BYTES_MAX, true)) as unknown;
+      const text = await errorBodyText(call);
+      const body = text === null ? null : (JSON.parse(text) as unknown);
       if (isRecord(body) || Array.isArray(body)) ({ code, message } = this.dialect.errorOf(body));
     } catch (error) {
       // Abort and timeout still win; an unreadable error body just means no code.

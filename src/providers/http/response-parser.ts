@@ -177,6 +177,7 @@ export class ResponseParser {
         this.parseHead(latin1(bytes, at, end));
         return end;
       }
+      checkStatusPrefix(bytes, at, bytes.length);
       this.keepHeadPart(bytes.subarray(at));
       return bytes.length;
     }
@@ -191,6 +192,7 @@ export class ResponseParser {
     joined.set(bytes.subarray(at), offset);
     const end = findHeadEnd(joined, 0);
     if (end === -1) {
+      checkStatusPrefix(joined, 0, joined.length);
       this.headParts = null;
       this.headBytes = 0;
       this.keepHeadPart(joined);
@@ -265,9 +267,13 @@ export class ResponseParser {
     if (status === 204 || status === 304) {
       bodyBytes = 0;
       this.state = State.Done;
+      // Ends at its head, so whatever a broken upstream still sends after it would be read as the
+      // next request's answer; no API answers a call this way, so the connection goes.
+      this.reusable = false;
     } else if (transferEncoding !== undefined) {
       if (transferEncoding.trim().toLowerCase() !== 'chunked')
-        throw new HttpProtocolError(`unsupported transfer-encoding ${transferEncoding}`);
+        // Not its text: nothing the provider wrote reaches the client (CONTRACT §7).
+        throw new HttpProtocolError('unsupported transfer-encoding');
       // With both, Transfer-Encoding wins and the connection is not reused (RFC 9112 §6.3).
       if (contentLength !== undefined) this.reusable = false;
       this.line = '';
@@ -377,7 +383,22 @@ function parseStatusLine(text: string, end: number): number {
     if (digit < 0 || digit > 9) return -1;
     status = status * 10 + digit;
   }
-  return status;
+  // 000-099 is no status (RFC 9110 §15): read as interim, it would have been waited past.
+  return status < 100 ? -1 : status;
+}
+
+const HTTP_PREFIX = 'HTTP/';
+
+/**
+ * Refuses a head whose first bytes cannot begin a status line, before the rest of it arrives: an
+ * upstream that speaks another protocol (an SSH banner, a TLS alert) is an unusable answer now,
+ * not a timeout later.
+ */
+function checkStatusPrefix(bytes: Uint8Array, at: number, end: number): void {
+  const checked = Math.min(end - at, HTTP_PREFIX.length);
+  for (let i = 0; i < checked; i++)
+    if (bytes[at + i] !== HTTP_PREFIX.charCodeAt(i))
+      throw new HttpProtocolError('malformed status line');
 }
 
 /** The field name from `start` to `end` in lower case, or null when it is not a token. */
