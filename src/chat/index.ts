@@ -228,6 +228,9 @@ const COMPLETION_ERRORS = [
   'upstream_invalid_response',
   'upstream_error',
   'upstream_timeout',
+  // A stream that reaches stream_timeout_ms before its first byte (failover attempts used it up, or
+  // a provider timeout_ms above it) answers a plain 504 with the code its in-stream event has.
+  'stream_timeout',
   'service_unavailable',
 ] as const;
 

@@ -348,6 +348,29 @@ describe('time limits', () => {
     }
   }, 20_000); // Three streams of 3 s.
 
+  test(
+    'a stream that reaches stream_timeout_ms before its first byte answers a plain 504 ' +
+      'stream_timeout, a code its OpenAPI entry lists',
+    async () => {
+      const fake = cleanup.track(startLifecycleUpstream(() => ({ kind: 'silent' })));
+      const t = await server({
+        providers: { fake: { type: 'openai', base_url: fake.url, timeout_ms: 60_000 } },
+        models: { model_03: { provider: 'fake', upstream_model: 'up' } },
+        limits: { stream_timeout_ms: 300 },
+      });
+      const { key } = await t.createKey({ credits: 10 });
+      const response = await post(t, key, chatBody({ stream: true }));
+      expect(response.status).toBe(504);
+      const body = (await response.json()) as any;
+      expect(body.error).toMatchObject({ type: 'timeout_error', code: 'stream_timeout' });
+      const document = (await (await fetch(`${t.baseUrl}/openapi.json`)).json()) as any;
+      const documented = JSON.stringify(
+        document.paths['/api/v1/chat/completions'].post.responses['504'],
+      );
+      expect(documented).toContain('stream_timeout');
+    },
+  );
+
   test('a non-stream call past upstream_timeout_ms is 504 upstream_timeout', async () => {
     const fake = upstream('hang');
     const t = await server(upstreamOverrides(fake, { limits: { upstream_timeout_ms: 150 } }));

@@ -261,6 +261,8 @@ describe('error answers', () => {
       '413': ['invalid_request_error', ['request_too_large']],
       '429': ['rate_limit_error', ['rate_limit_exceeded']],
       ...upstream,
+      // A stream that reaches stream_timeout_ms before its first byte.
+      '504': ['timeout_error', ['upstream_timeout', 'stream_timeout']],
     });
     expect(errorsOf(document.paths['/decision/v1/decide/']!.post!)).toEqual({
       '400': [

@@ -150,6 +150,8 @@ class Connection implements ResponseSink {
     const parser = (this.ownParser ??= new ResponseParser(this));
     parser.reset();
     this.parser = parser;
+    // A kept connection's earlier socket error is not this exchange's.
+    this.lastError = null;
     this.startedAtMs = performance.now();
     const socket = this.socket!;
     const written = socket.write(exchange.requestText);
