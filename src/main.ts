@@ -11,7 +11,7 @@ import {
 } from './admin/cli.ts';
 import { DataDirLock, DataDirLockError } from './admin/lock.ts';
 import { ADMIN_TOKEN_ADVISED_LENGTH, resolveAdminToken } from './admin/token.ts';
-import { ConfigError, loadConfig } from './config/load.ts';
+import { ConfigError, checkProviderKeys, loadConfig } from './config/load.ts';
 import type { Config } from './config/model.ts';
 import { execWithHeapOptions, heapOptionsInEffect } from './ops/heap-growth.ts';
 import { createLogger, type Logger } from './util/log.ts';
@@ -227,6 +227,7 @@ async function main(argv: string[]): Promise<number> {
   let config: Config;
   try {
     config = loadConfig();
+    if (invocation.kind === 'serve') checkProviderKeys(config);
   } catch (error) {
     if (error instanceof ConfigError) {
       process.stderr.write(`tollgate: ${error.message}\n`);

@@ -244,3 +244,22 @@ export function validateConfig(input: unknown): Config {
   }
   return config;
 }
+
+/**
+ * Refuses to serve when a provider's `api_key_env` names a variable that is unset or empty: every
+ * call would go out without a key and come back a 401, which the client would see as a 502 and
+ * pay for under `billing.on_error: "keep"`. Checked when the gateway starts, not by the admin
+ * CLI, which calls no provider.
+ */
+export function checkProviderKeys(config: Config, env: NodeJS.ProcessEnv = process.env): void {
+  for (const [name, provider] of Object.entries(config.providers)) {
+    if (provider.type === 'simulator' || provider.api_key_env === undefined) continue;
+    const value = env[provider.api_key_env];
+    if (value === undefined || value === '')
+      throw new ConfigError(
+        `config field providers.${name}.api_key_env: the environment variable ` +
+          `${provider.api_key_env} is not set (or empty); set it, or drop api_key_env for an ` +
+          'upstream that takes no key',
+      );
+  }
+}

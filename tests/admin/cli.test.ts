@@ -191,6 +191,30 @@ describe('CLI on the log directly (no server running)', () => {
     expect(result.stderr).not.toContain(key.key);
   });
 
+  test(
+    'serve refuses a provider whose api_key_env names an unset variable (exit 78, the field ' +
+      'named); the admin CLI, which calls no provider, still runs',
+    async () => {
+      const dir = dataDir();
+      const path = join(dir, 'config.json');
+      await Bun.write(
+        path,
+        JSON.stringify({
+          providers: {
+            claude: { type: 'anthropic', api_key_env: 'TOLLGATE_TEST_NEVER_SET_KEY' },
+          },
+          models: { model_03: { provider: 'claude', upstream_model: 'claude-x' } },
+        }),
+      );
+      const childEnv = env({ DATA_DIR: join(dir, 'data'), GATEWAY_CONFIG: path, PORT: '0' });
+      const refused = await cli(['serve'], childEnv);
+      expect(refused.code).toBe(78);
+      expect(refused.stderr).toContain('providers.claude.api_key_env');
+      expect(refused.stderr).toContain('TOLLGATE_TEST_NEVER_SET_KEY');
+      expect((await cli(['keys', 'list'], childEnv)).code).toBe(0);
+    },
+  );
+
   test('a bad config stops the CLI with a message naming the field', async () => {
     const result = await cli(['keys', 'list'], env({ DATA_DIR: dataDir(), PORT: 'abc' }));
     expect(result.code).toBe(78);
