@@ -24,16 +24,19 @@ function upstream(act: UpstreamAct['kind'] | ((index: number) => UpstreamAct)): 
   return cleanup.track(startLifecycleUpstream((call) => decide(call.index)));
 }
 
-/** Deployment a (picked first) and b of model_03; `aTimeoutMs` is a's provider timeout_ms. */
+/**
+ * Deployment a (picked first) and b of model_03; `aTimeoutMs` is a's provider timeout_ms, `a.type`
+ * its provider type (openai unless given).
+ */
 async function twoDeployments(
-  a: { url: string },
+  a: { url: string; type?: string },
   b: LifecycleUpstream,
   extra: Record<string, unknown> = {},
   aTimeoutMs = 2_000,
 ): Promise<TestServer> {
   return cleanup.server({
     providers: {
-      a: { type: 'openai', base_url: a.url, timeout_ms: aTimeoutMs },
+      a: { type: a.type ?? 'openai', base_url: a.url, timeout_ms: aTimeoutMs },
       b: { type: 'openai', base_url: b.url, timeout_ms: 2_000 },
     },
     models: {
@@ -467,20 +470,7 @@ for (const [dialect, error, failsOver] of [
       const a = errorInsideUpstream(error);
       const b = upstream('answer');
       const base = dialect === 'gemini' ? `${a.url}/v1beta` : `${a.url}/v1`;
-      const t = await cleanup.server({
-        providers: {
-          a: { type: dialect, base_url: base, timeout_ms: 2_000 },
-          b: { type: 'openai', base_url: b.url, timeout_ms: 2_000 },
-        },
-        models: {
-          model_03: {
-            deployments: [
-              { provider: 'a', upstream_model: 'up-a', weight: A_FIRST },
-              { provider: 'b', upstream_model: 'up-b', weight: 1 },
-            ],
-          },
-        },
-      });
+      const t = await twoDeployments({ url: base, type: dialect }, b);
       const { key } = await t.createKey({ credits: 10 });
       for (const stream of [false, true]) {
         const callsBefore = { a: a.calls, b: b.calls.length };
