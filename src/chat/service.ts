@@ -404,13 +404,16 @@ async function chatWork(run: ChatRun): Promise<Completion<ChatAnswer>> {
     for (const delta of deltas) answer.add(delta, null);
   }
   const { text, finish } = answer;
-  const toolCalls = answer.toolCalls();
   if (!finish) {
     throw new GatewayError(
       'upstream_invalid_response',
       'The provider ended without finishing its answer.',
     );
   }
+  // A call the output limit cut off is no call to run: its arguments are a fragment. A plain answer
+  // leaves it out (a stream has sent it already), and either ends with `stop`, as the provider's
+  // `length` does on the wire (spec 000: stop or tool_calls).
+  const toolCalls = finish.reason === 'length' ? [] : answer.toolCalls();
   const outputCapTokens = chat.maxOutputTokens ?? chat.model.max_output_tokens;
   const promptTokens = finish.usage?.promptTokens ?? providerRequest.promptTokens;
   const completionTokens =
@@ -426,9 +429,7 @@ async function chatWork(run: ChatRun): Promise<Completion<ChatAnswer>> {
     value: {
       content: answer.sawText || toolCalls.length === 0 ? text : null,
       toolCalls,
-      // A call cut off by the output limit is no call to run: its arguments are a fragment. The
-      // provider's `length` is `stop` on the wire (spec 000: stop or tool_calls).
-      finishReason: toolCalls.length > 0 && finish.reason !== 'length' ? 'tool_calls' : 'stop',
+      finishReason: toolCalls.length > 0 ? 'tool_calls' : 'stop',
       usage,
     },
     usage,

@@ -246,14 +246,33 @@ export function validateConfig(input: unknown): Config {
 }
 
 /**
- * Refuses to serve when a provider's `api_key_env` names a variable that is unset or empty: every
- * call would go out without a key and come back a 401, which the client would see as a 502 and
- * pay for under `billing.on_error: "keep"`. Checked when the gateway starts, not by the admin
- * CLI, which calls no provider.
+ * The header field each provider type carries its key in (the dialects' `keyField`; config does
+ * not import providers): a key configured in `headers` stands in for `api_key_env`.
+ */
+const KEY_FIELDS: Record<string, string> = {
+  openai: 'authorization',
+  anthropic: 'x-api-key',
+  gemini: 'x-goog-api-key',
+};
+
+/**
+ * Refuses to serve when a provider some model uses names in `api_key_env` a variable that is unset
+ * or empty, and has no key in its `headers` either: every call would go out without a key and come
+ * back a 401, which the client would see as a 502 and pay for under `billing.on_error: "keep"`.
+ * Checked when the gateway starts, not by the admin CLI, which calls no provider.
  */
 export function checkProviderKeys(config: Config, env: NodeJS.ProcessEnv = process.env): void {
+  const used = new Set<string>();
+  for (const model of Object.values(config.models)) {
+    if (model.provider !== undefined) used.add(model.provider);
+    for (const deployment of model.deployments ?? []) used.add(deployment.provider);
+  }
   for (const [name, provider] of Object.entries(config.providers)) {
-    if (provider.type === 'simulator' || provider.api_key_env === undefined) continue;
+    if (provider.type === 'simulator' || provider.api_key_env === undefined || !used.has(name))
+      continue;
+    const keyField = KEY_FIELDS[provider.type];
+    const headers = Object.keys(provider.headers ?? {}).map((field) => field.toLowerCase());
+    if (keyField !== undefined && headers.includes(keyField)) continue;
     const value = env[provider.api_key_env];
     if (value === undefined || value === '')
       throw new ConfigError(

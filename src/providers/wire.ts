@@ -96,8 +96,19 @@ export function isBlank(text: string | null): boolean {
 }
 
 /**
- * The one user turn an adapter sends when nothing of the conversation has text left (every message
- * was blank or dropped parts, such as images): the APIs refuse an empty conversation, and OpenAI's
- * would answer such a request all the same.
+ * The user turn an adapter sends where leaving out blank messages would change the request: when
+ * nothing of the conversation has text left (every message was blank or dropped parts, such as
+ * images), which the APIs refuse, and when a conversation that ended with the user's turn would
+ * end with the assistant's, which they read as a prefill to continue. OpenAI's would answer such
+ * requests all the same.
  */
 export const EMPTY_CONVERSATION_TEXT = '.';
+
+/** Whether the conversation's last turn (system messages aside) is the model's own. */
+export function endsWithAssistant(messages: readonly ProviderMessage[]): boolean {
+  for (let i = messages.length - 1; i >= 0; i--) {
+    const role = messages[i]!.role;
+    if (role !== 'system') return role === 'assistant';
+  }
+  return false;
+}

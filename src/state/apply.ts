@@ -246,14 +246,15 @@ export class GatewayState {
       // The one rule for an Idempotency-Key whose request ended without an answer.
       if (event.status !== 'completed' && KEY_FREED_WITHOUT_ANSWER[record.service])
         this.idempotency.deleteIfBoundTo(record.keyId, record.idempotencyKey, record.id);
-      // A request that ran past its key's TTL keeps the key as long after its end as a quick one
-      // (the TTL is the records' too: the retry can still read what it ran into).
+      // Its key lives the TTL from its end, as its record does: a request that ran longer than
+      // the TTL keeps its key as long after its end as a quick one.
       else
         this.idempotency.extend(
           record.keyId,
           record.idempotencyKey,
           record.id,
-          event.at_ms + this.limits.requestRecordTtlMs,
+          record.createdAtMs,
+          event.at_ms,
         );
     }
   }

@@ -71,15 +71,24 @@ export class BindingTable {
   }
 
   /**
-   * The request bound to the pair finished at `finishedAtMs`: its binding lives `ttlMs` from then,
-   * if that is later than its expiry (a new object: bindings never change in place).
+   * The request bound to the pair, started at `startedAtMs`, finished at `finishedAtMs`: its
+   * binding now lives its TTL (as its start event set it: the log's, not today's config) from the
+   * finish. Bound again, as the newest: FairSlots judges expiry by the oldest binding, so expiries
+   * must grow in its order (and a new object: bindings never change in place).
    */
-  extend(keyId: string, idempotencyKey: string, requestId: string, expiresAtMs: number): void {
+  extend(
+    keyId: string,
+    idempotencyKey: string,
+    requestId: string,
+    startedAtMs: number,
+    finishedAtMs: number,
+  ): void {
     const slot = this.slotOf.get(idempotencyScope(keyId, idempotencyKey));
     if (slot === undefined) return;
     const binding = this.bindings[slot]!;
-    if (binding.requestId !== requestId || binding.expiresAtMs >= expiresAtMs) return;
-    this.bindings[slot] = { ...binding, expiresAtMs };
+    const expiresAtMs = finishedAtMs + (binding.expiresAtMs - startedAtMs);
+    if (binding.requestId !== requestId || expiresAtMs <= binding.expiresAtMs) return;
+    this.set(keyId, idempotencyKey, { ...binding, expiresAtMs }, finishedAtMs);
   }
 
   /**

@@ -5,7 +5,7 @@ import { mkdtempSync, rmSync, writeFileSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join } from 'node:path';
 import { defaultConfig } from '../../src/config/defaults.ts';
-import { ConfigError, deepMerge, loadConfig } from '../../src/config/load.ts';
+import { ConfigError, checkProviderKeys, deepMerge, loadConfig } from '../../src/config/load.ts';
 import type { SimulatorProviderConfig } from '../../src/config/model.ts';
 import { bearer, chatBody, openTestGateway } from '../support/gateway.ts';
 
@@ -648,5 +648,35 @@ describe('config keys are plain data', () => {
       ttft_ms: 0,
     });
     expect(config.models.model_03!.provider).toBe('__proto__');
+  });
+});
+
+describe('provider keys at serve (checkProviderKeys)', () => {
+  const withProvider = (provider: Record<string, unknown>, used = true) =>
+    loadWith({
+      providers: { up: { type: 'anthropic', ...provider } },
+      ...(used ? { models: { model_03: { provider: 'up', upstream_model: 'x' } } } : {}),
+    });
+
+  test('an api_key_env naming an unset or empty variable stops the start, naming the field', () => {
+    const config = withProvider({ api_key_env: 'UP_KEY' });
+    for (const env of [{}, { UP_KEY: '' }])
+      expect(configError(() => checkProviderKeys(config, env)).message).toContain(
+        'providers.up.api_key_env: the environment variable UP_KEY is not set',
+      );
+    expect(() => checkProviderKeys(config, { UP_KEY: 'sk-1' })).not.toThrow();
+  });
+
+  test('a key in headers stands in for it; a provider no model uses is not checked', () => {
+    const headers = { 'X-Api-Key': 'sk-in-config' };
+    expect(() =>
+      checkProviderKeys(withProvider({ api_key_env: 'UP_KEY', headers }), {}),
+    ).not.toThrow();
+    expect(() =>
+      checkProviderKeys(withProvider({ api_key_env: 'UP_KEY' }, false), {}),
+    ).not.toThrow();
+    // Another header is no key.
+    const other = withProvider({ api_key_env: 'UP_KEY', headers: { 'x-trace': '1' } });
+    expect(() => checkProviderKeys(other, {})).toThrow(ConfigError);
   });
 });

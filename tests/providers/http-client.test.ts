@@ -595,22 +595,41 @@ describe('a host that drops connects', () => {
     },
   );
 
-  test('connects in flight to one origin are bounded: past 256 one fails at once', async () => {
+  test('a burst past the bound to a healthy upstream is served whole: none fails', async () => {
+    const upstream = echoServer();
+    const client = new HttpClient(new URL(upstream.origin));
+    stops.push(() => client.close());
+    const burst = Array.from({ length: 400 }, (_, i) => send(client, `/burst-${i}`));
+    expect(client.openingCount).toBe(256);
+    expect(client.waitingCount).toBe(144);
+    const answers = await Promise.all(burst.map(({ answer }) => answer));
+    expect(answers.map((answer) => answer.status)).toEqual(burst.map(() => 200));
+    expect(answers.map((answer) => JSON.parse(answer.body).path)).toEqual(
+      burst.map((_, i) => `/burst-${i}`),
+    );
+    expect(client.waitingCount).toBe(0);
+    expect(client.openingCount).toBe(0);
+  });
+
+  test('connects in flight to one origin are bounded: past 256 a request waits', async () => {
     const hole = await blackhole();
     stops.push(hole.stop);
     const client = new HttpClient(hole.url);
     stops.push(() => client.close());
-    const pending = Array.from({ length: 257 }, (_, i) => send(client, `/wait-${i}`));
-    for (const { answer } of pending.slice(0, 256)) answer.catch(() => {});
-    const refused = await failure(pending[256]!.answer);
-    expect(refused.kind).toBe('connect');
-    expect(refused.message).toContain('still opening');
+    const pending = Array.from({ length: 258 }, (_, i) => send(client, `/wait-${i}`));
+    for (const { answer } of pending) answer.catch(() => {});
     expect(client.openingCount).toBe(256);
+    expect(client.waitingCount).toBe(2);
+    // A waiting request that gives up leaves the queue (a deadline, a cancel).
+    pending[257]!.exchange.abort();
+    expect(client.waitingCount).toBe(1);
     for (const { exchange } of pending) exchange.abort();
-    // Aborted, they wait for the next requests instead of being opened again.
+    expect(client.waitingCount).toBe(0);
+    // Aborted, the connects wait for the next requests instead of being opened again.
     const next = send(client, '/next');
     next.answer.catch(() => {});
     expect(client.openingCount).toBe(256);
+    expect(client.waitingCount).toBe(0);
     next.exchange.abort();
   });
 });

@@ -454,6 +454,27 @@ describe.each(VENDORS)('$type through the openai SDK', (vendor) => {
     },
   );
 
+  test('a blank last user turn left out does not make the assistant’s turn a prefill', async () => {
+    const s = await setup(vendor, 'text');
+    const messages = [
+      { role: 'user', content: 'Hi' },
+      { role: 'assistant', content: 'Hello!' },
+      { role: 'user', content: '   ' },
+    ];
+    const response = await s.server.request('/api/v1/chat/completions', {
+      method: 'POST',
+      headers: bearer(s.key),
+      body: JSON.stringify({ model: 'model_03', messages }),
+    });
+    expect(response.status).toBe(200);
+    const sent = s.fake.requests.at(-1)!.body;
+    const turns = vendor.type === 'anthropic' ? sent.messages : sent.contents;
+    expect(turns.at(-1).role).toBe('user');
+    expect(turns.map((turn: any) => turn.role)).toEqual(
+      vendor.type === 'anthropic' ? ['user', 'assistant', 'user'] : ['user', 'model', 'user'],
+    );
+  });
+
   test('hang with a short provider timeout_ms → 504 upstream_timeout', async () => {
     const s = await setup(vendor, 'hang', { timeout_ms: 200 });
     const error = await failure(

@@ -194,3 +194,35 @@ describe('BindingTable', () => {
     },
   );
 });
+
+describe('BindingTable: expiry extended at a finish', () => {
+  test('an extended binding becomes the newest: an expired one still goes first', () => {
+    const TTL = 100;
+    const running = new Set<string>();
+    const table = new BindingTable(4, 100, (id) => running.has(id));
+    const bind = (key: string, idem: string, id: string, at: number) =>
+      table.set(key, idem, { requestId: id, fingerprint: 'f', expiresAtMs: at + TTL }, at);
+    bind('A', 'a1', 'rA', 0);
+    bind('B', 'b1', 'rB', 1); // expires at 101
+    table.extend('A', 'a1', 'rA', 0, 50); // rA ends at 50: lives to 150
+    bind('D', 'd1', 'rD1', 60);
+    bind('D', 'd2', 'rD2', 61);
+    bind('E', 'e1', 'rE1', 120); // the table is full: B's expired binding is the one to go
+    expect(table.heldBy('B')).toBe(0);
+    expect(table.get('D', 'd1', 120)?.requestId).toBe('rD1');
+    expect(table.get('A', 'a1', 120)?.expiresAtMs).toBe(150);
+  });
+
+  test('a running request’s binding is neither expired nor the first to make room', () => {
+    const running = new Set(['rA']);
+    const table = new BindingTable(2, 100, (id) => running.has(id));
+    table.set('A', 'a1', { requestId: 'rA', fingerprint: 'f', expiresAtMs: 10 }, 0);
+    table.set('B', 'b1', { requestId: 'rB', fingerprint: 'f', expiresAtMs: 1_000 }, 1);
+    expect(table.get('A', 'a1', 500)?.requestId).toBe('rA');
+    // Full: A's binding is the oldest and past its expiry, but its request runs.
+    table.set('C', 'c1', { requestId: 'rC', fingerprint: 'f', expiresAtMs: 1_000 }, 500);
+    expect(table.get('A', 'a1', 500)?.requestId).toBe('rA');
+    running.delete('rA');
+    expect(table.get('A', 'a1', 500)).toBeUndefined();
+  });
+});

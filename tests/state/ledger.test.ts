@@ -339,20 +339,27 @@ describe('idempotency bindings on finish', () => {
     // Scoped per API key; kept past its expiry while its request runs.
     expect(state.binding('k2', 'idem-chat-1', NOW)).toBeUndefined();
     expect(state.binding('k1', 'idem-chat-1', LATER)?.requestId).toBe('r1');
-    // Once it ends, the binding lives the TTL from its end, if that is later: gone after that.
+    // Once it ends, the binding lives its TTL (as the start event set it) from the end.
     const endMs = LATER + 10;
     step(state, requestFinished('r1', 10, { at_ms: endMs }));
-    const ttlMs = LIMITS.requestRecordTtlMs;
+    const ttlMs = LATER - started('r1', 'chat', 'idem-chat-1').at_ms;
     expect(state.binding('k1', 'idem-chat-1', endMs + ttlMs - 1)?.expiresAtMs).toBe(endMs + ttlMs);
     expect(state.binding('k1', 'idem-chat-1', endMs + ttlMs)).toBeUndefined();
   });
 
-  test('a quick request keeps its binding to the expiry it started with', () => {
-    const state = setup();
-    step(state, started('r1', 'chat', 'idem-chat-2'));
-    step(state, requestFinished('r1', 10, { at_ms: NOW }));
-    expect(state.binding('k1', 'idem-chat-2', LATER - 1)?.expiresAtMs).toBe(LATER);
-    expect(state.binding('k1', 'idem-chat-2', LATER)).toBeUndefined();
+  test('the TTL from the end is the log’s, not the config’s; the binding is the newest', () => {
+    // A state whose config TTL differs from the one the start event was written with.
+    const state = new GatewayState({ ...LIMITS, requestRecordTtlMs: 5 });
+    step(state, keyCreated('k1', 1_000_000));
+    const start = started('r1', 'chat', 'idem-chat-2');
+    step(state, start);
+    step(state, started('r2', 'chat', 'idem-chat-3'));
+    step(state, requestFinished('r1', 10, { at_ms: start.at_ms + 7 }));
+    expect(state.binding('k1', 'idem-chat-2', NOW)?.expiresAtMs).toBe(LATER + 7);
+    expect([...state.idempotency.allEntries()].map(([, binding]) => binding.requestId)).toEqual([
+      'r2',
+      'r1',
+    ]);
   });
 
   test('a decision that ends in error frees its binding', () => {

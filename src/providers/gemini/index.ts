@@ -14,7 +14,12 @@ import {
 } from '../http/answer.ts';
 import type { Dialect, StreamTranslator } from '../http/http-provider.ts';
 import type { Delta, FinishReason, ProviderMessage, ProviderRequest } from '../provider.ts';
-import { EMPTY_CONVERSATION_TEXT, isBlank, TOOL_CALL_ID_CHARS_MAX } from '../wire.ts';
+import {
+  EMPTY_CONVERSATION_TEXT,
+  endsWithAssistant,
+  isBlank,
+  TOOL_CALL_ID_CHARS_MAX,
+} from '../wire.ts';
 
 export const GEMINI_DIALECT: Dialect = {
   path(request) {
@@ -70,7 +75,10 @@ function requestBody(request: ProviderRequest): Record<string, unknown> {
       if (!isBlank(message.content)) system.push(message.content);
     } else appendContent(contents, message, names);
   }
-  if (contents.length === 0)
+  if (
+    contents.length === 0 ||
+    (contents.at(-1)!.role === 'model' && !endsWithAssistant(request.messages))
+  )
     contents.push({ role: 'user', parts: [{ text: EMPTY_CONVERSATION_TEXT }] });
   const body: Record<string, unknown> = { contents };
   if (system.length > 0) body.systemInstruction = { parts: [{ text: system.join('\n\n') }] };

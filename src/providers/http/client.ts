@@ -70,8 +70,9 @@ const IDLE_MAX_DEFAULT = 256;
  * Connects in flight to one origin at most. A connect cannot be closed before it opens (Bun hands
  * no socket until then), and to a host that drops SYNs it stays in SYN-SENT for the kernel's
  * ~130 s: without a bound, requests timing out one after another would each leave a descriptor
- * behind until the process runs out. Past it a call fails at once as a connect failure (which
- * fails over).
+ * behind until the process runs out. Past it a request waits for a connect to end or a connection
+ * to come free (a burst to a healthy upstream opens its connections within a round trip); its own
+ * deadline bounds the wait, and the requests waiting are bounded by the gateway's in-flight limit.
  */
 const CONNECTS_OPENING_MAX = 256;
 
@@ -86,6 +87,8 @@ export class HttpExchange {
    */
   retried = false;
   paused = false;
+  /** The client whose queue this waits in for a connect slot (HttpClient.openFor), if any. */
+  waitingOn: HttpClient | null = null;
 
   constructor(
     /**
@@ -103,6 +106,10 @@ export class HttpExchange {
   abort(): void {
     if (this.finished) return;
     this.finished = true;
+    if (this.waitingOn !== null) {
+      this.waitingOn.stopWaiting(this);
+      return;
+    }
     const connection = this.connection;
     this.connection = null;
     connection?.abandon();
@@ -288,13 +295,15 @@ class Connection implements ResponseSink {
     this.parser = null;
     exchange.connection = null;
     exchange.retried = true;
-    this.client.connect(exchange);
+    this.client.openFor(exchange);
   }
 
   /**
    * Its exchange was aborted. A connection still connecting cannot be closed yet: it waits, without
    * an exchange, for the next request to this origin (or, once open, in the idle pool), so that
-   * connects to a host that does not answer them do not pile up. Otherwise closed.
+   * connects to a host that does not answer them do not pile up. Otherwise closed. (`opening` ends
+   * at `open`, before a TLS handshake and before any request is written: a parked connection has
+   * sent nothing, so no answer meant for an aborted request can reach the one that takes it over.)
    */
   abandon(): void {
     if (this.opening && !this.closed) {
@@ -422,6 +431,8 @@ export class HttpClient {
   private readonly parked: Connection[] = [];
   /** Connects in flight, parked or not. */
   private openingCountValue = 0;
+  /** Exchanges waiting for a connect slot (CONNECTS_OPENING_MAX), oldest first. */
+  private readonly waiting: HttpExchange[] = [];
   private readonly idleMax: number;
   readonly resendWindowMs: number;
   private closed = false;
@@ -453,6 +464,11 @@ export class HttpClient {
     return this.openingCountValue;
   }
 
+  /** Requests waiting for a connect slot right now. */
+  get waitingCount(): number {
+    return this.waiting.length;
+  }
+
   /**
    * Sends a request. `requestText` holds the request line, the header fields, the empty line and
    * the body; `requestBytes` is its length in UTF-8. The handler hears the answer (or the failure).
@@ -473,51 +489,92 @@ export class HttpClient {
       connection.start(exchange);
       return exchange;
     }
-    const parked = this.parked.pop();
-    if (parked !== undefined) {
-      // Its connect goes on for this exchange: `open` sends the request.
-      parked.exchange = exchange;
-      exchange.connection = parked;
-      return exchange;
-    }
-    this.connect(exchange);
+    this.openFor(exchange);
     return exchange;
   }
 
-  /** Opens a new connection for `exchange`; `open` (or `handshake`) sends the request. */
-  connect(exchange: HttpExchange): void {
-    if (this.openingCountValue >= CONNECTS_OPENING_MAX) {
-      queueMicrotask(() => {
-        if (exchange.finished) return; // aborted meanwhile: no callback follows an abort
-        exchange.finished = true;
-        exchange.handler.onError(
-          new HttpClientError(
-            'connect',
-            `${CONNECTS_OPENING_MAX} connections to the upstream are still opening`,
-          ),
-        );
-      });
+  /**
+   * A new connection for `exchange`: a connect an aborted request left (the oldest, the likeliest
+   * to open first), else a connect of its own, or, with CONNECTS_OPENING_MAX in flight, a place in
+   * the queue. `open` (or `handshake`) sends the request.
+   */
+  openFor(exchange: HttpExchange): void {
+    const parked = this.parked.shift();
+    if (parked !== undefined) {
+      parked.exchange = exchange;
+      exchange.connection = parked;
       return;
     }
+    if (this.openingCountValue >= CONNECTS_OPENING_MAX) {
+      exchange.waitingOn = this;
+      this.waiting.push(exchange);
+      return;
+    }
+    this.connect(exchange);
+  }
+
+  /** An aborted exchange leaves the queue (HttpExchange.abort). */
+  stopWaiting(exchange: HttpExchange): void {
+    exchange.waitingOn = null;
+    const at = this.waiting.indexOf(exchange);
+    if (at !== -1) this.waiting.splice(at, 1);
+  }
+
+  /** The oldest exchange waiting for a connection, out of the queue; null when none waits. */
+  private nextWaiting(): HttpExchange | null {
+    const exchange = this.waiting.shift();
+    if (exchange === undefined) return null;
+    exchange.waitingOn = null;
+    return exchange;
+  }
+
+  private connect(exchange: HttpExchange): void {
     const connection = new Connection(this);
     connection.exchange = exchange;
     exchange.connection = connection;
     connection.opening = true;
     this.openingCountValue++;
-    Bun.connect<Connection>({
-      hostname: this.hostname,
-      port: this.port,
-      data: connection,
-      socket: this.handlers,
-      ...(this.tls ? { tls: this.tls } : {}),
-    }).catch(() => {
-      // Reported through `connectError`.
-    });
+    try {
+      Bun.connect<Connection>({
+        hostname: this.hostname,
+        port: this.port,
+        data: connection,
+        socket: this.handlers,
+        ...(this.tls ? { tls: this.tls } : {}),
+      }).catch(() => {
+        // Reported through `connectError`.
+      });
+    } catch (error) {
+      // Refused before any socket (a CA Bun cannot load): no callback will come.
+      connection.opening = false;
+      this.openingCountValue--;
+      exchange.connection = null;
+      connection.closed = true;
+      queueMicrotask(() => {
+        if (exchange.finished) return; // aborted meanwhile: no callback follows an abort
+        exchange.finished = true;
+        exchange.handler.onError(
+          new HttpClientError('connect', (error as Error).message, errorCode(error)),
+        );
+      });
+      return;
+    }
   }
 
   /** A connection whose exchange ended cleanly waits here for the next request. */
   release(connection: Connection): void {
-    if (connection.closed || this.closed || this.idle.length >= this.idleMax) {
+    if (connection.closed || this.closed) {
+      connection.drop();
+      return;
+    }
+    // A request waiting for a connect slot takes it (a kept connection, as one from the pool).
+    const waiter = this.nextWaiting();
+    if (waiter !== null) {
+      connection.reused = true;
+      connection.start(waiter);
+      return;
+    }
+    if (this.idle.length >= this.idleMax) {
       connection.drop();
       return;
     }
@@ -540,13 +597,19 @@ export class HttpClient {
     else this.parked.push(connection);
   }
 
-  /** The connect of `connection` ended, opened or failed: no longer in flight or parked. */
+  /**
+   * The connect of `connection` ended, opened or failed: no longer in flight or parked, and its
+   * slot goes to the oldest request waiting for one.
+   */
   connectEnded(connection: Connection): void {
     if (!connection.opening) return;
     connection.opening = false;
     this.openingCountValue--;
     const at = this.parked.lastIndexOf(connection);
     if (at !== -1) this.parked.splice(at, 1);
+    if (this.closed) return;
+    const waiter = this.nextWaiting();
+    if (waiter !== null) this.connect(waiter);
   }
 
   private takeIdle(): Connection | null {
@@ -568,6 +631,14 @@ export class HttpClient {
     for (const connection of this.idle.splice(0)) connection.drop();
     // Still connecting: `open` sees them closed and ends them there.
     for (const connection of this.parked.splice(0)) connection.drop();
+    for (const exchange of this.waiting.splice(0)) {
+      exchange.waitingOn = null;
+      queueMicrotask(() => {
+        if (exchange.finished) return;
+        exchange.finished = true;
+        exchange.handler.onError(new HttpClientError('connect', 'client closed'));
+      });
+    }
   }
 }
 
