@@ -454,6 +454,26 @@ describe.each(VENDORS)('$type through the openai SDK', (vendor) => {
     },
   );
 
+  test('sampling OpenAI takes is taken: temperature 1.5 with top_p, a blank stop', async () => {
+    const s = await setup(vendor, 'text');
+    const response = await s.server.request('/api/v1/chat/completions', {
+      method: 'POST',
+      headers: bearer(s.key),
+      body: JSON.stringify({
+        model: 'model_03',
+        messages: [{ role: 'user', content: 'Hi' }],
+        temperature: 1.5,
+        top_p: 0.9,
+        stop: [' ', 'END'],
+      }),
+    });
+    expect(response.status).toBe(200);
+    const sent = s.fake.requests.at(-1)!.body;
+    // Anthropic's range is 0-1 and newer models refuse both settings: the temperature, clamped.
+    if (vendor.type === 'anthropic')
+      expect([sent.temperature, sent.top_p, sent.stop_sequences]).toEqual([1, undefined, ['END']]);
+  });
+
   test('a blank last user turn left out does not make the assistant’s turn a prefill', async () => {
     const s = await setup(vendor, 'text');
     const messages = [

@@ -88,6 +88,24 @@ function invalidRequest(request: Request, body: any): Response | undefined {
   if (!Array.isArray(body.messages)) {
     return errorResponse(400, 'invalid_request_error', 'messages: Field required');
   }
+  // The sampling rules the API enforces that OpenAI's does not (its own messages).
+  if (typeof body.temperature === 'number' && (body.temperature < 0 || body.temperature > 1))
+    return errorResponse(400, 'invalid_request_error', 'temperature: range: 0..1');
+  if (body.temperature !== undefined && body.top_p !== undefined)
+    return errorResponse(
+      400,
+      'invalid_request_error',
+      '`temperature` and `top_p` cannot both be specified for this model. Please use only one.',
+    );
+  if (
+    Array.isArray(body.stop_sequences) &&
+    body.stop_sequences.some((stop: unknown) => typeof stop !== 'string' || stop.trim() === '')
+  )
+    return errorResponse(
+      400,
+      'invalid_request_error',
+      'stop_sequences: each stop sequence must contain non-whitespace',
+    );
   for (const [at, message] of body.messages.entries()) {
     if (message?.role !== 'user' && message?.role !== 'assistant') {
       return errorResponse(

@@ -81,10 +81,14 @@ function requestBody(request: ProviderRequest): Record<string, unknown> {
     messages,
   };
   if (system.length > 0) body.system = system.join('\n\n');
-  if (request.temperature !== null) body.temperature = request.temperature;
-  if (request.topP !== null) body.top_p = request.topP;
+  // The Messages API refuses what OpenAI's takes: a temperature over 1 (OpenAI's range is 0-2; 1 is
+  // Anthropic's most random), temperature and top_p together (newer models: "cannot both be
+  // specified"; temperature is the one kept), a stop sequence that is only whitespace.
+  if (request.temperature !== null) body.temperature = Math.min(request.temperature, 1);
+  else if (request.topP !== null) body.top_p = request.topP;
   if (request.topK !== null) body.top_k = request.topK;
-  if (request.stop !== null && request.stop.length > 0) body.stop_sequences = request.stop;
+  const stops = request.stop?.filter((stop) => stop.trim().length > 0);
+  if (stops !== undefined && stops.length > 0) body.stop_sequences = stops;
   if (request.tools !== null && request.tools.length > 0) {
     body.tools = request.tools.map((tool) => ({
       name: tool.function.name,
