@@ -875,6 +875,32 @@ describe('a body near 4 MB of one long word', () => {
   );
 });
 
+describe('one JSON object of many members', () => {
+  test(
+    'is refused before it is parsed: 4,097 members of an ignored field are a 400, 4,096 pass, ' +
+      'and an array of as many strings is no object (99,000 keys held the loop ~100 ms)',
+    async () => {
+      const members = (count: number) =>
+        Object.fromEntries(Array.from({ length: count }, (_, i) => [`key${i}`, 'v']));
+      const over = await post(chatBody({ metadata: members(99_000) }));
+      expect(over.status).toBe(400);
+      expect(((await over.json()) as any).error).toMatchObject({
+        code: 'invalid_request_error',
+        message: 'The JSON body holds an object of more than 4096 members.',
+      });
+      expect((await post(chatBody({ metadata: members(4_097) }))).status).toBe(400);
+      expect((await post(chatBody({ metadata: members(4_096) }))).status).toBe(200);
+      const strings = Array.from({ length: 20_000 }, (_, i) => `s${i}`);
+      expect((await post(chatBody({ metadata: { strings } }))).status).toBe(200);
+      // Nested objects count apart: 64 of 1,000 members each.
+      const many = Object.fromEntries(
+        Array.from({ length: 64 }, (_, i) => [`o${i}`, members(1_000)]),
+      );
+      expect((await post(chatBody({ metadata: many }))).status).toBe(200);
+    },
+  );
+});
+
 describe('JSON nesting limit', () => {
   const nested = (levels: number): unknown => {
     let value: unknown = 'leaf';

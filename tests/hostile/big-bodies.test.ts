@@ -45,7 +45,10 @@ describe('a body built to be slow to parse', () => {
         expect({ shape, status: response.status }).toEqual({ shape, status: 400 });
         const { error } = (await response.json()) as { error: { code: string; message: string } };
         expect(error.code).toBe('invalid_request_error');
-        expect(error.message).toBe('The JSON body holds more than 100000 values.');
+        // A shape of one huge object passes the members' bound first.
+        expect(error.message).toMatch(
+          /^The JSON body holds (more than 100000 values|an object of more than 4096 members)\.$/,
+        );
       }
     },
   );
