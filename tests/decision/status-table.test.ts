@@ -721,6 +721,39 @@ describe('400 invalid_request_error: detail names the question id and the expect
     },
   );
 
+  test(
+    'a record keeps 4,096 characters of labels and levels: longer ones are cut in the lookup ' +
+      '(the 200 has them whole; 64 levels of 13,000 characters made 0.84 MB records)',
+    async () => {
+      const t = gateway();
+      const { key } = await t.createKey({ credits: 10 });
+      const level = (name: string) => `${name} ${'- '.repeat(5_000)}`;
+      const questions = Object.fromEntries(
+        ['__proto__', 'q2', 'q3'].map((id) => [
+          id,
+          { type: 'score', prompt: 'How complete?', criteria: [level('low'), level('high')] },
+        ]),
+      );
+      const response = await post(t, key, decisionBody({ questions }));
+      expect(response.status).toBe(200);
+      const body = (await response.json()) as any;
+      const ids = Object.keys(questions);
+      for (const id of ids) expect([level('low'), level('high')]).toContain(body.answers[id].level);
+      const { body: record } = await lookup(t, key, body.id);
+      expect(Object.keys(record.answers)).toEqual(ids);
+      for (const id of ids) {
+        const kept = record.answers[id];
+        expect(kept.score).toBe(body.answers[id].score);
+        expect(kept.level.length).toBe(Math.floor(4_096 / 3));
+        expect(kept.level.endsWith('…')).toBe(true);
+        expect(body.answers[id].level.startsWith(kept.level.slice(0, -1))).toBe(true);
+      }
+      // Short answers are kept whole.
+      const plain = (await (await post(t, key, decisionBody())).json()) as any;
+      expect((await lookup(t, key, plain.id)).body.answers).toEqual(plain.answers);
+    },
+  );
+
   test('64 questions and 32 labels are accepted (the limits are inclusive)', async () => {
     const t = gateway();
     const { key } = await t.createKey({ credits: 10 });
