@@ -7,6 +7,7 @@ import { createProviders } from './providers/registry.ts';
 import { Router } from './providers/router.ts';
 import { ActorRegistry } from './requests/registry.ts';
 import { StateStore } from './state/store.ts';
+import { ByteBudget } from './util/byte-budget.ts';
 import { IdMap } from './util/id-map.ts';
 import type { Logger } from './util/log.ts';
 
@@ -27,6 +28,8 @@ export interface Gateway {
    * request id; shutdown drops them.
    */
   endingStreams: IdMap<{ drop(): void }>;
+  /** The request body bytes being read at once (limits.max_body_bytes_in_flight; http/body.ts). */
+  bodyBudget: ByteBudget;
   metrics: Metrics;
   /**
    * Called on a broken invariant: the process must not keep serving (main exits; tests may
@@ -76,6 +79,7 @@ export function openGateway(config: Config, logger: Logger, adminToken: string):
     adminToken,
     draining: false,
     endingStreams: new IdMap(),
+    bodyBudget: new ByteBudget(config.limits.max_body_bytes_in_flight),
   };
   gateway.metrics.watchDeployments(() => gateway!.router.deployments());
   return gateway;

@@ -75,7 +75,12 @@ async function readJson<T>(
   check: { Check(v: unknown): v is T; Errors(v: unknown): ValueErrorIterator },
 ): Promise<T> {
   const { limits } = gateway.config;
-  const text = await readBodyText(request, limits.max_body_bytes, limits.request_read_timeout_ms);
+  const text = await readBodyText(
+    request,
+    limits.max_body_bytes,
+    limits.request_read_timeout_ms,
+    gateway.bodyBudget,
+  );
   let json: unknown;
   try {
     json = parseJsonBody(text, limits.max_body_json_values);

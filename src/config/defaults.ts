@@ -72,6 +72,7 @@ export function defaultSettings(): ConfigSettings {
       stream_timeout_ms: 90_000,
       upstream_timeout_ms: 60_000,
       max_body_bytes: 4_194_304,
+      max_body_bytes_in_flight: 268_435_456,
       max_body_json_values: 100_000,
       default_rate_limit_rpm: 600,
       max_messages: 2_048,

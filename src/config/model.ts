@@ -204,6 +204,9 @@ export const ConfigSchema = Type.Object(
         stream_timeout_ms: DurationMs('a stream ends with stream_timeout after this'),
         upstream_timeout_ms: DurationMs('a non-stream call ends with 504 after this'),
         max_body_bytes: PositiveInt('HTTP body limit (413 above)'),
+        max_body_bytes_in_flight: PositiveInt(
+          'request body bytes being read at once, all connections together (503 past it)',
+        ),
         max_body_json_values: PositiveInt(
           'JSON values and members a request body may ' +
             'hold (400 above), checked before it is parsed',

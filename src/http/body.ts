@@ -1,6 +1,8 @@
 // Request bodies: the size limit and the read deadline are enforced while reading (413 or 400
 // before parsing), chunked bodies too; a client that goes away mid-body is a 499, never an internal
 // error.
+
+import type { ByteBudget } from '../util/byte-budget.ts';
 import { GatewayError } from '../util/errors.ts';
 import {
   type FifoTimerEntry,
@@ -19,6 +21,21 @@ const DECODER = new TextDecoder('utf-8');
  * on.
  */
 export const BODY_YIELD_CHARS = 128 * 1024;
+
+/**
+ * The 503 for a body that does not fit `limits.max_body_bytes_in_flight` (the ByteBudget of every
+ * body being read): bodies are read before the key is checked, and each may take the read deadline
+ * to arrive, so 200 connections sending 4 MB bodies one byte short held 860 MB for 10 s. Past the
+ * bound a read is refused at once and the others go on.
+ */
+function overBudget(): GatewayError {
+  return new GatewayError(
+    'service_unavailable',
+    'The gateway is reading as many request bodies as it holds at once; retry shortly.',
+    // The rest of this body is not read: the connection goes with the answer.
+    { headers: { connection: 'close' } },
+  );
+}
 
 function tooLarge(maxBytes: number): GatewayError {
   return new GatewayError(
@@ -67,6 +84,7 @@ export function readBodyText(
   request: Request,
   maxBytes: number,
   timeoutMs: number,
+  budget: ByteBudget,
 ): Promise<string> {
   const declared = request.headers.get('content-length');
   if (declared !== null) {
@@ -74,9 +92,12 @@ export function readBodyText(
     if (Number.isFinite(length) && length > maxBytes) return Promise.reject(tooLarge(maxBytes));
     // A declared length within the limit bounds what HTTP/1.1 reads for this request, so the native
     // reader can take it whole: no JS stream, no chunk list (the common case, and the hot path).
-    if (Number.isFinite(length)) return withDeadline(request.text(), timeoutMs);
+    if (Number.isFinite(length)) {
+      if (!budget.tryTake(length)) return Promise.reject(overBudget());
+      return withDeadline(request.text(), timeoutMs, budget, length);
+    }
   }
-  return readChunked(request, maxBytes, timeoutMs);
+  return readChunked(request, maxBytes, timeoutMs, budget);
 }
 
 /**
@@ -85,8 +106,13 @@ export function readBodyText(
  * runtime timer per request: almost every body is in before its deadline, which is then only
  * unlinked.
  */
-function withDeadline(reading: Promise<string>, timeoutMs: number): Promise<string> {
-  const read = new DeadlineRead(fifoTimersFor(timeoutMs));
+function withDeadline(
+  reading: Promise<string>,
+  timeoutMs: number,
+  budget: ByteBudget,
+  bytes: number,
+): Promise<string> {
+  const read = new DeadlineRead(fifoTimersFor(timeoutMs), budget, bytes);
   reading.then(read.done, read.failed);
   return read.promise;
 }
@@ -103,7 +129,12 @@ class DeadlineRead implements FifoTimerEntry {
   private readonly resolve: (text: string) => void;
   private readonly reject: (error: unknown) => void;
 
-  constructor(private readonly timers: FifoTimers) {
+  constructor(
+    private readonly timers: FifoTimers,
+    private readonly budget: ByteBudget,
+    /** Taken from the budget, given back once: at the end of the read or at its deadline. */
+    private bytes: number,
+  ) {
     // withResolvers, not an executor: one closure and its scope fewer per request.
     const { promise, resolve, reject } = Promise.withResolvers<string>();
     this.promise = promise;
@@ -112,18 +143,26 @@ class DeadlineRead implements FifoTimerEntry {
     timers.arm(this);
   }
 
+  private giveBack(): void {
+    this.budget.give(this.bytes);
+    this.bytes = 0;
+  }
+
   onTimer(): void {
+    this.giveBack();
     this.reject(tooSlow(this.timers.delayMs));
   }
 
   readonly done = (text: string): void => {
     this.timers.cancel(this);
+    this.giveBack();
     if (text.length > BODY_YIELD_CHARS) setImmediate(this.resolve, text);
     else this.resolve(text);
   };
 
   readonly failed = (thrown: unknown): void => {
     this.timers.cancel(this);
+    this.giveBack();
     this.reject(readFailed(thrown));
   };
 }
@@ -131,7 +170,12 @@ class DeadlineRead implements FifoTimerEntry {
 /**
  * A body without a length (chunked): read piece by piece, stopped at the limit or at the deadline.
  */
-async function readChunked(request: Request, maxBytes: number, timeoutMs: number): Promise<string> {
+async function readChunked(
+  request: Request,
+  maxBytes: number,
+  timeoutMs: number,
+  budget: ByteBudget,
+): Promise<string> {
   const body = request.body;
   if (!body) return '';
   const reader = body.getReader();
@@ -143,6 +187,7 @@ async function readChunked(request: Request, maxBytes: number, timeoutMs: number
   }, timeoutMs);
   const chunks: Uint8Array[] = [];
   let totalBytes = 0;
+  let taken = 0;
   try {
     for (;;) {
       let read: Bun.ReadableStreamDefaultReadResult<Uint8Array>;
@@ -160,10 +205,16 @@ async function readChunked(request: Request, maxBytes: number, timeoutMs: number
         void reader.cancel().catch(() => {});
         throw tooLarge(maxBytes);
       }
+      if (!budget.tryTake(value.byteLength)) {
+        void reader.cancel().catch(() => {});
+        throw overBudget();
+      }
+      taken += value.byteLength;
       chunks.push(value);
     }
   } finally {
     clearTimeout(timer);
+    budget.give(taken);
   }
   let text: string;
   if (chunks.length === 1) text = DECODER.decode(chunks[0]);

@@ -5,6 +5,7 @@ import { authenticate } from '../keys/store.ts';
 import type { KeyAccount } from '../state/apply.ts';
 import type { Service } from '../state/events.ts';
 import { type StateStore, unavailableError } from '../state/store.ts';
+import type { ByteBudget } from '../util/byte-budget.ts';
 import { GatewayError } from '../util/errors.ts';
 import type { Logger } from '../util/log.ts';
 import { readBodyText } from './body.ts';
@@ -16,6 +17,7 @@ export interface IntakeContext {
   store: StateStore;
   logger: Logger;
   draining: boolean;
+  bodyBudget: ByteBudget;
   metrics: { requestRefused(service: Service, code: string): void };
   onFatal?: (error: Error) => void;
 }
@@ -47,7 +49,12 @@ export function readRequest(
     );
   }
   const { limits } = ctx.config;
-  return readBodyText(request, limits.max_body_bytes, limits.request_read_timeout_ms);
+  return readBodyText(
+    request,
+    limits.max_body_bytes,
+    limits.request_read_timeout_ms,
+    ctx.bodyBudget,
+  );
 }
 
 /** The account of the request's key for `service` (after `readRequest`), or its 401. */
