@@ -206,6 +206,13 @@ export function validateConfig(input: unknown): Config {
   for (const [name, provider] of Object.entries(settings.providers)) {
     if (provider.type !== 'simulator') checkHttpProvider(name, provider);
   }
+  const { limits } = settings;
+  // Else every body between the two would be a 503 "retry shortly", retried for ever.
+  if (limits.max_body_bytes_in_flight < limits.max_body_bytes)
+    throw new ConfigError(
+      `config field limits.max_body_bytes_in_flight: must be ≥ limits.max_body_bytes ` +
+        `(${limits.max_body_bytes}; got ${limits.max_body_bytes_in_flight})`,
+    );
   for (const [id, model] of Object.entries(settings.models)) {
     if (model.deployments === undefined && model.provider === undefined) {
       throw new ConfigError(`config field models.${id}: needs a provider or deployments`);

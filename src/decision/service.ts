@@ -364,7 +364,13 @@ function recordedAnswers(answers: Record<string, Answer>): Record<string, Answer
     RECORD_ANSWER_CHARS_MIN,
     Math.floor(RECORD_ANSWER_CHARS_MAX / entries.length),
   );
-  const cut = (text: string) => (text.length <= share ? text : `${text.slice(0, share - 1)}…`);
+  const cut = (text: string) => {
+    if (text.length <= share) return text;
+    // Not between the halves of a surrogate pair: a lone half is JSON some decoders refuse.
+    let end = share - 1;
+    if ((text.charCodeAt(end - 1) & 0xfc00) === 0xd800) end--;
+    return `${text.slice(0, end)}…`;
+  };
   // fromEntries: a question id such as "__proto__" stays an own key (CONTRACT §8).
   return Object.fromEntries(
     entries.map(([id, answer]): [string, Answer] => [

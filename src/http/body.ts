@@ -22,6 +22,9 @@ const DECODER = new TextDecoder('utf-8');
  */
 export const BODY_YIELD_CHARS = 128 * 1024;
 
+/** Bodies declaring more than this are read against the ByteBudget, as they arrive. */
+const BUDGETED_FROM_BYTES = 64 * 1024;
+
 /**
  * The 503 for a body that does not fit `limits.max_body_bytes_in_flight` (the ByteBudget of every
  * body being read): bodies are read before the key is checked, and each may take the read deadline
@@ -92,10 +95,11 @@ export function readBodyText(
     if (Number.isFinite(length) && length > maxBytes) return Promise.reject(tooLarge(maxBytes));
     // A declared length within the limit bounds what HTTP/1.1 reads for this request, so the native
     // reader can take it whole: no JS stream, no chunk list (the common case, and the hot path).
-    if (Number.isFinite(length)) {
-      if (!budget.tryTake(length)) return Promise.reject(overBudget());
-      return withDeadline(request.text(), timeoutMs, budget, length);
-    }
+    // Small ones, the hot path, outside the budget: they are bounded by the connections' count.
+    // A larger one is read piece by piece, its bytes taken as they arrive: a declared length is
+    // only a promise (64 connections declaring 4 MiB and sending nothing would hold the budget).
+    if (Number.isFinite(length) && length <= BUDGETED_FROM_BYTES)
+      return withDeadline(request.text(), timeoutMs);
   }
   return readChunked(request, maxBytes, timeoutMs, budget);
 }
@@ -106,13 +110,8 @@ export function readBodyText(
  * runtime timer per request: almost every body is in before its deadline, which is then only
  * unlinked.
  */
-function withDeadline(
-  reading: Promise<string>,
-  timeoutMs: number,
-  budget: ByteBudget,
-  bytes: number,
-): Promise<string> {
-  const read = new DeadlineRead(fifoTimersFor(timeoutMs), budget, bytes);
+function withDeadline(reading: Promise<string>, timeoutMs: number): Promise<string> {
+  const read = new DeadlineRead(fifoTimersFor(timeoutMs));
   reading.then(read.done, read.failed);
   return read.promise;
 }
@@ -129,12 +128,7 @@ class DeadlineRead implements FifoTimerEntry {
   private readonly resolve: (text: string) => void;
   private readonly reject: (error: unknown) => void;
 
-  constructor(
-    private readonly timers: FifoTimers,
-    private readonly budget: ByteBudget,
-    /** Taken from the budget, given back once: at the end of the read or at its deadline. */
-    private bytes: number,
-  ) {
+  constructor(private readonly timers: FifoTimers) {
     // withResolvers, not an executor: one closure and its scope fewer per request.
     const { promise, resolve, reject } = Promise.withResolvers<string>();
     this.promise = promise;
@@ -143,26 +137,18 @@ class DeadlineRead implements FifoTimerEntry {
     timers.arm(this);
   }
 
-  private giveBack(): void {
-    this.budget.give(this.bytes);
-    this.bytes = 0;
-  }
-
   onTimer(): void {
-    this.giveBack();
     this.reject(tooSlow(this.timers.delayMs));
   }
 
   readonly done = (text: string): void => {
     this.timers.cancel(this);
-    this.giveBack();
     if (text.length > BODY_YIELD_CHARS) setImmediate(this.resolve, text);
     else this.resolve(text);
   };
 
   readonly failed = (thrown: unknown): void => {
     this.timers.cancel(this);
-    this.giveBack();
     this.reject(readFailed(thrown));
   };
 }

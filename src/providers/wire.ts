@@ -104,11 +104,11 @@ export function isBlank(text: string | null): boolean {
  */
 export const EMPTY_CONVERSATION_TEXT = '.';
 
-/** Whether the conversation's last turn (system messages aside) is the model's own. */
+/**
+ * Whether the conversation ends with the model's own turn (a prefill it is to continue). A system
+ * message after it does not: OpenAI's model answers anew, and the adapters move system text out of
+ * the turns, so they add a user turn instead.
+ */
 export function endsWithAssistant(messages: readonly ProviderMessage[]): boolean {
-  for (let i = messages.length - 1; i >= 0; i--) {
-    const role = messages[i]!.role;
-    if (role !== 'system') return role === 'assistant';
-  }
-  return false;
+  return messages.at(-1)?.role === 'assistant';
 }

@@ -680,3 +680,13 @@ describe('provider keys at serve (checkProviderKeys)', () => {
     expect(() => checkProviderKeys(other, {})).toThrow(ConfigError);
   });
 });
+
+test('limits.max_body_bytes_in_flight below limits.max_body_bytes is refused, naming both', () => {
+  const error = configError(() =>
+    loadWith({ limits: { max_body_bytes: 4_194_304, max_body_bytes_in_flight: 1_000_000 } }),
+  );
+  expect(error.message).toBe(
+    'config field limits.max_body_bytes_in_flight: must be ≥ limits.max_body_bytes ' +
+      '(4194304; got 1000000)',
+  );
+});

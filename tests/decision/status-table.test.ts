@@ -751,6 +751,25 @@ describe('400 invalid_request_error: detail names the question id and the expect
       // Short answers are kept whole.
       const plain = (await (await post(t, key, decisionBody())).json()) as any;
       expect((await lookup(t, key, plain.id)).body.answers).toEqual(plain.answers);
+      // A cut never splits a surrogate pair (a lone half is JSON strict decoders refuse).
+      const emoji = (await (
+        await post(
+          t,
+          key,
+          decisionBody({
+            questions: {
+              q: {
+                type: 'score',
+                prompt: 'Mood?',
+                criteria: ['😀'.repeat(3_000), '🙁'.repeat(3_000)],
+              },
+            },
+          }),
+        )
+      ).json()) as any;
+      const kept = (await lookup(t, key, emoji.id)).body.answers.q.level as string;
+      expect(kept.endsWith('…')).toBe(true);
+      expect(kept.isWellFormed()).toBe(true);
     },
   );
 

@@ -38,6 +38,7 @@ function chunked(text: string): ReadableStream<Uint8Array> {
 }
 
 const budget = new ByteBudget(Number.POSITIVE_INFINITY);
+const MIB = 1024 * 1024;
 
 describe('a large body is handed on in the next turn of the event loop', () => {
   const small = 'x'.repeat(1024);
@@ -65,41 +66,73 @@ describe('a large body is handed on in the next turn of the event loop', () => {
 });
 
 describe('request bodies being read at once are bounded, all connections together', () => {
-  test('past the bound a body is 503 at once; its bytes come back at its end', async () => {
-    const tight = new ByteBudget(3_000);
-    const body = 'x'.repeat(2_000);
-    // A body that has not all arrived holds its share meanwhile.
-    const pending = Promise.withResolvers<void>();
-    const stream = new ReadableStream<Uint8Array>({
+  const KIB = 1024;
+  const never = () => new Promise<void>(() => {});
+
+  /** A body whose first `firstBytes` arrive at once, the rest when `rest` resolves (or never). */
+  function trickled(firstBytes: number, rest: Promise<void>): ReadableStream<Uint8Array> {
+    let sent = false;
+    return new ReadableStream<Uint8Array>({
       async pull(controller) {
-        controller.enqueue(new TextEncoder().encode(body));
-        await pending.promise;
+        if (!sent) {
+          sent = true;
+          controller.enqueue(new Uint8Array(firstBytes).fill(120));
+          return;
+        }
+        await rest;
         controller.close();
       },
     });
-    const holding = readBodyText(
-      new Request('http://x/', { method: 'POST', body: stream, duplex: 'half' } as RequestInit),
-      4 * 1024 * 1024,
-      10_000,
-      tight,
-    );
-    while (tight.bytes === 0) await new Promise((resolve) => setImmediate(resolve));
-    expect(tight.bytes).toBe(2_000);
-    const refused = await readBodyText(
-      post(body, body.length),
-      4 * 1024 * 1024,
-      10_000,
-      tight,
-    ).then(
+  }
+
+  async function turnsUntilHeld(budget: ByteBudget, bytes: number): Promise<void> {
+    while (budget.bytes < bytes) await new Promise((resolve) => setImmediate(resolve));
+  }
+
+  test('past the bound a body is 503 at once; its bytes come back at its end', async () => {
+    const tight = new ByteBudget(100 * KIB);
+    const release = Promise.withResolvers<void>();
+    const holding = readBodyText(post(trickled(70 * KIB, release.promise)), 4 * MIB, 10_000, tight);
+    await turnsUntilHeld(tight, 70 * KIB);
+    // A declared 70 KiB body is read as it arrives, and its bytes do not fit.
+    const body = 'x'.repeat(70 * KIB);
+    const refused = await readBodyText(post(body, body.length), 4 * MIB, 10_000, tight).then(
       () => null,
       (error: GatewayError) => error,
     );
     expect(refused).toMatchObject({ code: 'service_unavailable', status: 503 });
-    pending.resolve();
-    expect(await holding).toBe(body);
+    release.resolve();
+    expect((await holding).length).toBe(70 * KIB);
     expect(tight.bytes).toBe(0);
-    // With the room back, the same body is read.
-    expect(await readBodyText(post(body, body.length), 4 * 1024 * 1024, 10_000, tight)).toBe(body);
+    expect(await readBodyText(post(body, body.length), 4 * MIB, 10_000, tight)).toBe(body);
+    expect(tight.bytes).toBe(0);
+  });
+
+  test('a declared length is no claim on the budget: only bytes that arrived are', async () => {
+    const tight = new ByteBudget(100 * KIB);
+    // Declares 4 MiB, sends 1 KiB, then nothing: 1 KiB held, not 4 MiB.
+    const stalled = readBodyText(post(trickled(KIB, never()), 4 * MIB), 4 * MIB, 60_000, tight);
+    stalled.catch(() => {});
+    await turnsUntilHeld(tight, KIB);
+    expect(tight.bytes).toBe(KIB);
+    const body = 'y'.repeat(80 * KIB);
+    expect(await readBodyText(post(body, body.length), 4 * MIB, 10_000, tight)).toBe(body);
+  });
+
+  test('every end of a read gives its bytes back: deadline, too large, client gone', async () => {
+    const tight = new ByteBudget(8 * MIB);
+    const late = readBodyText(post(trickled(100 * KIB, never())), 4 * MIB, 50, tight);
+    await expect(late).rejects.toMatchObject({ code: 'invalid_request_error' });
+    const huge = readBodyText(post(trickled(5 * MIB, never())), 4 * MIB, 10_000, tight);
+    await expect(huge).rejects.toMatchObject({ code: 'request_too_large' });
+    const broken = new ReadableStream<Uint8Array>({
+      start(controller) {
+        controller.enqueue(new Uint8Array(100 * KIB));
+        controller.error(new Error('connection reset'));
+      },
+    });
+    const gone = readBodyText(post(broken), 4 * MIB, 10_000, tight);
+    await expect(gone).rejects.toMatchObject({ code: 'request_cancelled' });
     expect(tight.bytes).toBe(0);
   });
 });

@@ -476,23 +476,28 @@ describe.each(VENDORS)('$type through the openai SDK', (vendor) => {
 
   test('a blank last user turn left out does not make the assistant’s turn a prefill', async () => {
     const s = await setup(vendor, 'text');
-    const messages = [
-      { role: 'user', content: 'Hi' },
-      { role: 'assistant', content: 'Hello!' },
+    // Nor does a system message after the assistant's turn (OpenAI's model answers anew).
+    for (const last of [
       { role: 'user', content: '   ' },
-    ];
-    const response = await s.server.request('/api/v1/chat/completions', {
-      method: 'POST',
-      headers: bearer(s.key),
-      body: JSON.stringify({ model: 'model_03', messages }),
-    });
-    expect(response.status).toBe(200);
-    const sent = s.fake.requests.at(-1)!.body;
-    const turns = vendor.type === 'anthropic' ? sent.messages : sent.contents;
-    expect(turns.at(-1).role).toBe('user');
-    expect(turns.map((turn: any) => turn.role)).toEqual(
-      vendor.type === 'anthropic' ? ['user', 'assistant', 'user'] : ['user', 'model', 'user'],
-    );
+      { role: 'system', content: 'Now reply in French.' },
+    ]) {
+      const messages = [
+        { role: 'user', content: 'Hi' },
+        { role: 'assistant', content: 'Hello!' },
+        last,
+      ];
+      const response = await s.server.request('/api/v1/chat/completions', {
+        method: 'POST',
+        headers: bearer(s.key),
+        body: JSON.stringify({ model: 'model_03', messages }),
+      });
+      expect(response.status).toBe(200);
+      const sent = s.fake.requests.at(-1)!.body;
+      const turns = vendor.type === 'anthropic' ? sent.messages : sent.contents;
+      expect(turns.map((turn: any) => turn.role)).toEqual(
+        vendor.type === 'anthropic' ? ['user', 'assistant', 'user'] : ['user', 'model', 'user'],
+      );
+    }
   });
 
   test('hang with a short provider timeout_ms → 504 upstream_timeout', async () => {
