@@ -105,10 +105,17 @@ export function isBlank(text: string | null): boolean {
 export const EMPTY_CONVERSATION_TEXT = '.';
 
 /**
- * Whether the conversation ends with the model's own turn (a prefill it is to continue). A system
- * message after it does not: OpenAI's model answers anew, and the adapters move system text out of
- * the turns, so they add a user turn instead.
+ * Whether the turns an adapter built (`modelRole` is its API's name for the model's) need the
+ * EMPTY_CONVERSATION_TEXT user turn: there are none, or they end with the model's turn where the
+ * conversation did not (a prefill the model would continue). A system message after the
+ * assistant's turn counts as not ending with it: OpenAI's model answers anew, and the adapters
+ * move system text out of the turns.
  */
-export function endsWithAssistant(messages: readonly ProviderMessage[]): boolean {
-  return messages.at(-1)?.role === 'assistant';
+export function needsClosingUserTurn(
+  built: readonly { role: string }[],
+  modelRole: string,
+  messages: readonly ProviderMessage[],
+): boolean {
+  if (built.length === 0) return true;
+  return built[built.length - 1]!.role === modelRole && messages.at(-1)?.role !== 'assistant';
 }

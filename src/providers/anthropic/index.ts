@@ -15,7 +15,7 @@ import {
 } from '../http/answer.ts';
 import type { Dialect, StreamTranslator } from '../http/http-provider.ts';
 import type { Delta, FinishReason, ProviderMessage, ProviderRequest } from '../provider.ts';
-import { EMPTY_CONVERSATION_TEXT, endsWithAssistant, isBlank, toolCallIdAs } from '../wire.ts';
+import { EMPTY_CONVERSATION_TEXT, isBlank, needsClosingUserTurn, toolCallIdAs } from '../wire.ts';
 
 /**
  * The output limit sent when neither the caller nor the gateway gave one: the Messages API
@@ -70,10 +70,7 @@ function requestBody(request: ProviderRequest): Record<string, unknown> {
       if (!isBlank(message.content)) system.push(message.content);
     } else appendMessage(messages, message);
   }
-  if (
-    messages.length === 0 ||
-    (messages.at(-1)!.role === 'assistant' && !endsWithAssistant(request.messages))
-  )
+  if (needsClosingUserTurn(messages, 'assistant', request.messages))
     messages.push({ role: 'user', content: [{ type: 'text', text: EMPTY_CONVERSATION_TEXT }] });
   const body: Record<string, unknown> = {
     model: request.model,

@@ -16,8 +16,8 @@ import type { Dialect, StreamTranslator } from '../http/http-provider.ts';
 import type { Delta, FinishReason, ProviderMessage, ProviderRequest } from '../provider.ts';
 import {
   EMPTY_CONVERSATION_TEXT,
-  endsWithAssistant,
   isBlank,
+  needsClosingUserTurn,
   TOOL_CALL_ID_CHARS_MAX,
 } from '../wire.ts';
 
@@ -75,10 +75,7 @@ function requestBody(request: ProviderRequest): Record<string, unknown> {
       if (!isBlank(message.content)) system.push(message.content);
     } else appendContent(contents, message, names);
   }
-  if (
-    contents.length === 0 ||
-    (contents.at(-1)!.role === 'model' && !endsWithAssistant(request.messages))
-  )
+  if (needsClosingUserTurn(contents, 'model', request.messages))
     contents.push({ role: 'user', parts: [{ text: EMPTY_CONVERSATION_TEXT }] });
   const body: Record<string, unknown> = { contents };
   if (system.length > 0) body.systemInstruction = { parts: [{ text: system.join('\n\n') }] };

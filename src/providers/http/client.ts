@@ -338,6 +338,18 @@ function descriptorShortage(): string | null {
   }
 }
 
+/**
+ * Fails `exchange` with `error` once the caller's code has run (it has not seen the exchange yet),
+ * unless it was aborted meanwhile: no callback follows an abort.
+ */
+function failSoon(exchange: HttpExchange, error: HttpClientError): void {
+  queueMicrotask(() => {
+    if (exchange.finished) return;
+    exchange.finished = true;
+    exchange.handler.onError(error);
+  });
+}
+
 function errorCode(error: unknown): string | null {
   const code = (error as { code?: unknown } | null)?.code;
   return typeof code === 'string' && /^[A-Z0-9_]{1,40}$/.test(code) ? code : null;
@@ -476,11 +488,7 @@ export class HttpClient {
   request(requestText: string, requestBytes: number, handler: ExchangeHandler): HttpExchange {
     const exchange = new HttpExchange(requestText, requestBytes, handler);
     if (this.closed) {
-      queueMicrotask(() => {
-        if (exchange.finished) return; // aborted meanwhile: no callback follows an abort
-        exchange.finished = true;
-        handler.onError(new HttpClientError('connect', 'client closed'));
-      });
+      failSoon(exchange, new HttpClientError('connect', 'client closed'));
       return exchange;
     }
     const connection = this.takeIdle();
@@ -550,13 +558,10 @@ export class HttpClient {
       this.openingCountValue--;
       exchange.connection = null;
       connection.closed = true;
-      queueMicrotask(() => {
-        if (exchange.finished) return; // aborted meanwhile: no callback follows an abort
-        exchange.finished = true;
-        exchange.handler.onError(
-          new HttpClientError('connect', (error as Error).message, errorCode(error)),
-        );
-      });
+      failSoon(
+        exchange,
+        new HttpClientError('connect', (error as Error).message, errorCode(error)),
+      );
       return;
     }
   }
@@ -633,11 +638,7 @@ export class HttpClient {
     for (const connection of this.parked.splice(0)) connection.drop();
     for (const exchange of this.waiting.splice(0)) {
       exchange.waitingOn = null;
-      queueMicrotask(() => {
-        if (exchange.finished) return;
-        exchange.finished = true;
-        exchange.handler.onError(new HttpClientError('connect', 'client closed'));
-      });
+      failSoon(exchange, new HttpClientError('connect', 'client closed'));
     }
   }
 }
