@@ -2,6 +2,7 @@
 // text, stream, tools round trip, usage and exact charge, errors, cancel mid-stream (CONTRACT §7).
 import { describe, expect, test } from 'bun:test';
 import OpenAI, { APIError } from 'openai';
+import { countTextTokens } from '../../src/billing/tokens.ts';
 import { ANTHROPIC_USAGE, startFakeAnthropic } from '../support/fake-anthropic.ts';
 import { GEMINI_THOUGHT_SIGNATURE, GEMINI_USAGE, startFakeGemini } from '../support/fake-gemini.ts';
 import {
@@ -792,3 +793,55 @@ test(
     expect(((await refused.json()) as any).error.code).toBe('upstream_invalid_response');
   },
 );
+
+describe('anthropic: a stop of whitespace, which the API refuses, is cut by the gateway', () => {
+  test.each([false, true])(
+    'stream %p: the answer ends before it, billed for what was sent',
+    async (streamed) => {
+      const s = await setup(VENDORS[0]!, 'text');
+      // ANSWER_TEXT is "Hello there": the API would have stopped at its space.
+      const stop = ['\n', ' ', 'END'];
+      let content: string;
+      let id: string;
+      let usage: OpenAI.CompletionUsage | undefined;
+      if (streamed) {
+        const stream = await s.client.chat.completions.create({
+          model: 'model_03',
+          stream: true,
+          stop,
+          messages: [{ role: 'user', content: 'Say hello.' }],
+        });
+        const chunks = [];
+        for await (const chunk of stream) chunks.push(chunk);
+        content = chunks.map((chunk) => chunk.choices[0]?.delta?.content ?? '').join('');
+        expect(chunks.map((chunk) => chunk.choices[0]?.finish_reason).filter(Boolean)).toEqual([
+          'stop',
+        ]);
+        id = chunks[0]!.id;
+        usage = chunks.at(-1)!.usage ?? undefined;
+      } else {
+        const completion = await s.client.chat.completions.create({
+          model: 'model_03',
+          stop,
+          messages: [{ role: 'user', content: 'Say hello.' }],
+        });
+        content = completion.choices[0]!.message.content!;
+        expect(completion.choices[0]!.finish_reason).toBe('stop');
+        id = completion.id;
+        usage = completion.usage;
+      }
+      expect(content).toBe('Hello');
+      expect(s.fake.requests.at(-1)!.body.stop_sequences).toEqual(['END']);
+      // Anthropic's output_tokens counts what it generated past the stop: the gateway counts what
+      // the client got, and charges that.
+      expect(usage!.completion_tokens).toBe(countTextTokens('Hello'));
+      expect(usage!.completion_tokens).not.toBe(ANTHROPIC_USAGE.output_tokens);
+      const status = await statusOf(s, id);
+      expect(status.request_status).toBe('completed');
+      expect(status.usage).toMatchObject({ completion_tokens: countTextTokens('Hello') });
+      expect(Math.round(status.charged_credits * 1e6)).toBe(
+        usage!.prompt_tokens * INPUT_RATE + usage!.completion_tokens * OUTPUT_RATE,
+      );
+    },
+  );
+});

@@ -32,6 +32,9 @@ export function anthropicDialect(config: Pick<AnthropicProviderConfig, 'version'
     keyValue: (key) => key,
     fields: new Map([['anthropic-version', `anthropic-version: ${config.version}`]]),
     body: requestBody,
+    // Refused in `stop_sequences` ("each stop sequence must contain non-whitespace"), yet the
+    // commonest stop of all is "\n": the gateway cuts the answer at these itself.
+    unsentStops: (request) => request.stop?.filter(isBlank) ?? null,
     streamTranslator: (providerName, contentBytesMax) =>
       new EventTranslator(providerName, contentBytesMax),
     completion: messageToDeltas,
@@ -80,11 +83,12 @@ function requestBody(request: ProviderRequest): Record<string, unknown> {
   if (system.length > 0) body.system = system.join('\n\n');
   // The Messages API refuses what OpenAI's takes: a temperature over 1 (OpenAI's range is 0-2; 1 is
   // Anthropic's most random), temperature and top_p together (newer models: "cannot both be
-  // specified"; temperature is the one kept), a stop sequence that is only whitespace.
+  // specified"; temperature is the one kept), a stop sequence that is only whitespace (cut by the
+  // gateway instead: unsentStops).
   if (request.temperature !== null) body.temperature = Math.min(request.temperature, 1);
   else if (request.topP !== null) body.top_p = request.topP;
   if (request.topK !== null) body.top_k = request.topK;
-  const stops = request.stop?.filter((stop) => stop.trim().length > 0);
+  const stops = request.stop?.filter((stop) => !isBlank(stop));
   if (stops !== undefined && stops.length > 0) body.stop_sequences = stops;
   if (request.tools !== null && request.tools.length > 0) {
     body.tools = request.tools.map((tool) => ({

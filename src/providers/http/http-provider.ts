@@ -19,6 +19,7 @@ import {
   parseJson,
 } from './answer.ts';
 import { HttpClient, type ResponseHead } from './client.ts';
+import { StopCutter } from './stop-cutter.ts';
 import { DELTAS_PER_TURN_MAX, UpstreamCall } from './upstream-call.ts';
 
 export interface HttpProviderOptions {
@@ -74,6 +75,11 @@ export interface Dialect {
   /** Header lines (`name: value`) this protocol always sends, by lower-case name. */
   readonly fields: ReadonlyMap<string, string>;
   body(request: ProviderRequest): unknown;
+  /**
+   * The stop sequences `body` leaves out because the protocol refuses them: the gateway cuts the
+   * answer at them itself (StopCutter). Null or absent: none.
+   */
+  unsentStops?(request: ProviderRequest): readonly string[] | null;
   streamTranslator(providerName: string, contentBytesMax: number): StreamTranslator;
   /** The deltas of a whole JSON answer. */
   completion(answer: unknown, providerName: string): Delta[];
@@ -177,9 +183,9 @@ export class HttpProvider implements Provider {
       const head = await this.send(call, request);
       if (!isSuccess(head)) throw await this.errorFromResponse(head.status, call);
       if (this.bodyKind(call, head) === 'sse') {
-        yield* this.relaySse(call);
+        yield* this.relaySse(call, this.stopCutter(request));
       } else {
-        for (const delta of await this.readCompletion(call)) {
+        for (const delta of this.cutAtStops(request, await this.readCompletion(call))) {
           yield delta;
           call.throwIfAborted();
         }
@@ -204,15 +210,18 @@ export class HttpProvider implements Provider {
         // A server that streams although asked not to: its events, folded into the deltas a JSON
         // answer gives, so what is kept grows with the content, not with the number of events.
         const collector = new DeltaCollector();
-        for await (const delta of this.relaySse(call)) collector.add(delta);
+        for await (const delta of this.relaySse(call, this.stopCutter(request)))
+          collector.add(delta);
         deltas = collector.deltas();
       } else {
         // The usual JSON answer arrives with its head in one read: then its text is there already.
         const text = call.completeBody();
-        deltas =
+        deltas = this.cutAtStops(
+          request,
           text !== null
             ? this.dialect.completion(parseJson(text, this.name), this.name)
-            : await this.readCompletion(call);
+            : await this.readCompletion(call),
+        );
       }
       call.throwIfAborted();
       call.finished = true;
@@ -292,7 +301,19 @@ export class HttpProvider implements Provider {
     return this.lastHeadStart;
   }
 
-  private async *relaySse(call: UpstreamCall): AsyncGenerator<Delta> {
+  /** A cutter for the stops this request's body left out, or null (nearly always). */
+  private stopCutter(request: ProviderRequest): StopCutter | null {
+    const stops = this.dialect.unsentStops?.(request) ?? null;
+    return stops === null || stops.length === 0 ? null : new StopCutter(stops);
+  }
+
+  /** A whole answer's deltas, cut at the stops its body left out. */
+  private cutAtStops(request: ProviderRequest, deltas: Delta[]): Delta[] {
+    const cutter = this.stopCutter(request);
+    return cutter === null ? deltas : cutter.cutDeltas(deltas);
+  }
+
+  private async *relaySse(call: UpstreamCall, cutter: StopCutter | null): AsyncGenerator<Delta> {
     const parser = new SseParser(this.eventBytesMax);
     // The stream's content is bounded, not its raw bytes: SSE framing is about ten times the
     // content it carries, so 16 MiB of raw events would cut off legitimate long answers. What the
@@ -338,7 +359,10 @@ export class HttpProvider implements Provider {
         call.answered();
       }
       if (out.length > 0) relayed = true;
-      for (const delta of out) {
+      // Held back or cut at a stop the provider was not given: its end is a finish of its own.
+      const relay = cutter === null ? out : cutter.cutDeltas(out);
+      if (cutter?.cut) done = true;
+      for (const delta of relay) {
         yield delta;
         call.throwIfAborted();
         // One socket read may hold thousands of tiny events; relaying them all in one go would keep
@@ -353,6 +377,11 @@ export class HttpProvider implements Provider {
     }
     if (!done && !translator.finished) {
       throw invalid(this.name, 'ended the stream without a finish reason');
+    }
+    if (cutter !== null) {
+      if (cutter.cut) return;
+      const held = cutter.release();
+      if (held.length > 0) yield { type: 'text', text: held };
     }
     yield translator.finish();
   }
