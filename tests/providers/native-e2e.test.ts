@@ -844,4 +844,75 @@ describe('anthropic: a stop of whitespace, which the API refuses, is cut by the 
       );
     },
   );
+
+  test('the provider, still generating past the stop, is hung up on at once', async () => {
+    // An answer that never ends: "Hi there", then pings for as long as anyone reads them.
+    let pingsAfterText = 0;
+    const hungUp = Promise.withResolvers<number>();
+    const encoder = new TextEncoder();
+    const event = (type: string, data: object) =>
+      encoder.encode(`event: ${type}\ndata: ${JSON.stringify({ type, ...data })}\n\n`);
+    const upstream = cleanup.track(
+      Bun.serve({
+        port: 0,
+        fetch(request) {
+          request.signal.addEventListener('abort', () => hungUp.resolve(pingsAfterText));
+          const opening = [
+            event('message_start', {
+              message: {
+                id: 'msg_1',
+                type: 'message',
+                role: 'assistant',
+                model: 'vendor-model',
+                content: [],
+                stop_reason: null,
+                usage: { input_tokens: 5, output_tokens: 1 },
+              },
+            }),
+            event('content_block_start', { index: 0, content_block: { type: 'text', text: '' } }),
+            event('content_block_delta', {
+              index: 0,
+              delta: { type: 'text_delta', text: 'Hi there' },
+            }),
+          ];
+          const ping = event('ping', { padding: 'x'.repeat(1024) });
+          return new Response(
+            new ReadableStream({
+              pull(controller) {
+                const next = opening.shift();
+                if (next !== undefined) controller.enqueue(next);
+                else {
+                  pingsAfterText++;
+                  controller.enqueue(ping);
+                }
+              },
+            }),
+            { headers: { 'content-type': 'text/event-stream' } },
+          );
+        },
+      }),
+    );
+    const server = await cleanup.server({
+      providers: { up: { type: 'anthropic', base_url: `http://127.0.0.1:${upstream.port}/v1` } },
+      models: { model_03: { provider: 'up', upstream_model: 'vendor-model' } },
+    });
+    const { key } = await server.createKey({ credits: 1000 });
+    const response = await server.request('/api/v1/chat/completions', {
+      method: 'POST',
+      headers: bearer(key),
+      body: JSON.stringify({
+        model: 'model_03',
+        stream: true,
+        stop: [' '],
+        messages: [{ role: 'user', content: 'hi' }],
+      }),
+    });
+    const body = await response.text();
+    expect(body).toContain('"content":"Hi"');
+    expect(body).toEndWith('data: [DONE]\n\n');
+    // What fills the sockets' buffers is sent before the hang-up reaches it (~4,000 pings, 4 MB);
+    // drained for the rest of the answer instead, the connection read about a second of pings
+    // (~490,000 here) before it was dropped.
+    expect(await hungUp.promise).toBeLessThan(50_000);
+  });
 });

@@ -183,7 +183,11 @@ export class HttpProvider implements Provider {
       const head = await this.send(call, request);
       if (!isSuccess(head)) throw await this.errorFromResponse(head.status, call);
       if (this.bodyKind(call, head) === 'sse') {
-        yield* this.relaySse(call, this.stopCutter(request));
+        const cutter = this.stopCutter(request);
+        yield* this.relaySse(call, cutter);
+        // Cut at a stop, the provider is still generating: its connection is dropped (close), not
+        // drained for the rest of an answer nobody takes.
+        if (cutter?.cut) return;
       } else {
         for (const delta of this.cutAtStops(request, await this.readCompletion(call))) {
           yield delta;
@@ -204,15 +208,19 @@ export class HttpProvider implements Provider {
     const call = new UpstreamCall(this.name, this.silence, signal);
     try {
       let deltas: Delta[];
+      let cut = false;
       const head = await this.send(call, request);
       if (!isSuccess(head)) throw await this.errorFromResponse(head.status, call);
       if (this.bodyKind(call, head) === 'sse') {
         // A server that streams although asked not to: its events, folded into the deltas a JSON
         // answer gives, so what is kept grows with the content, not with the number of events.
         const collector = new DeltaCollector();
-        for await (const delta of this.relaySse(call, this.stopCutter(request)))
-          collector.add(delta);
+        const cutter = this.stopCutter(request);
+        for await (const delta of this.relaySse(call, cutter)) collector.add(delta);
         deltas = collector.deltas();
+        // Cut at a stop, the provider is still generating: its connection is dropped (close), not
+        // drained for the rest of an answer nobody takes.
+        cut = cutter?.cut === true;
       } else {
         // The usual JSON answer arrives with its head in one read: then its text is there already.
         const text = call.completeBody();
@@ -224,7 +232,7 @@ export class HttpProvider implements Provider {
         );
       }
       call.throwIfAborted();
-      call.finished = true;
+      call.finished = !cut;
       return deltas;
     } finally {
       call.close();
