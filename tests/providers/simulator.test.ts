@@ -9,7 +9,11 @@ import type { SimulatorProviderConfig } from '../../src/config/model.ts';
 import type { Delta, ProviderRequest, ToolDefinition } from '../../src/providers/provider.ts';
 import { SIMULATOR_WORDS, SimulatorProvider } from '../../src/providers/simulator/index.ts';
 import { SeededRandom } from '../../src/providers/simulator/random.ts';
-import { smallestInstance, valueForSchema } from '../../src/providers/simulator/schema-value.ts';
+import {
+  SearchBudget,
+  smallestInstance,
+  valueForSchema,
+} from '../../src/providers/simulator/schema-value.ts';
 import { stringForPattern } from '../../src/providers/simulator/string-value.ts';
 
 function stringFor(pattern: string): string | symbol | null {
@@ -765,6 +769,34 @@ function attackSchemas(): Array<{ name: string; schema: unknown }> {
 }
 
 describe('generated work is bounded (CONTRACT §8)', () => {
+  test('the search stops when its time is spent, whatever steps are left', () => {
+    // 1,536 pattern-bearing properties (audit J: ~1.5 µs a step, 30-60 ms of the event loop for
+    // the steps alone). The time is what the event loop's 50 ms is about.
+    const property = (i: number) => ({
+      type: 'object',
+      properties: {
+        a: { type: 'string', pattern: '^[a-z]{3,9}(-[0-9]{2,5}){1,4}$' },
+        b: { type: 'array', items: { type: 'integer', minimum: i }, minItems: 2 },
+      },
+      required: ['a', 'b'],
+    });
+    const schema = () => ({
+      type: 'object',
+      properties: Object.fromEntries(
+        Array.from({ length: 1_536 }, (_, i) => [`p${i}`, property(i)]),
+      ),
+    });
+    // Steps enough for it, and time enough: found.
+    expect(
+      smallestInstance(schema(), ARGUMENTS_BYTES_MAX, new SearchBudget(1e6, 60_000)).fits,
+    ).toBe(true);
+    // The same steps, no time: refused within the first look at the clock.
+    expect(smallestInstance(schema(), ARGUMENTS_BYTES_MAX, new SearchBudget(1e6, -1))).toEqual({
+      fits: false,
+      reason: 'too_complex',
+    });
+  });
+
   for (const { name, schema } of attackSchemas()) {
     test(
       `${name}: the value is at most the byte limit, at once; the smallest instance is found ` +
