@@ -14,7 +14,7 @@ import { CancelAnswerSchema, cancelRequest } from '../requests/cancel.ts';
 import type { RequestRecord } from '../state/records.ts';
 import { GatewayError } from '../util/errors.ts';
 import { newChatRequestId } from '../util/ids.ts';
-import { parseJsonBody } from '../util/json.ts';
+import { JSON_MEMBERS_PARSED_MAX, parseJsonBody } from '../util/json.ts';
 import { quoted } from '../util/validation.ts';
 import { measureChat } from './measure.ts';
 import {
@@ -37,13 +37,6 @@ const PREFIX = '/api/v1';
 const COMPLETIONS_ROUTE = '/chat/completions';
 const COMPLETIONS_PATH = PREFIX + COMPLETIONS_ROUTE;
 const JSON_HEADERS = { 'content-type': 'application/json' };
-/**
- * Object members a chat body may hold in all: it is parsed on the event loop, and ~100,000 keys
- * (an ignored field of one object, or of 95 small ones) held it ~100 ms (CONTRACT §8: 50 at
- * most), refused or not. Room for what a request means: 2,048 messages of a few fields each and
- * 128 tools with their schemas come to ~20,000.
- */
-const CHAT_OBJECT_MEMBERS_MAX = 32_768;
 
 async function completions(
   gateway: Gateway,
@@ -54,10 +47,11 @@ async function completions(
   try {
     const text = await readRequest(gateway, request, 'chat');
     const account = requestAccount(gateway, request, 'chat');
+    // Bounded in members too: a body is parsed on the event loop.
     const json = parseJsonBody(
       text,
       gateway.config.limits.max_body_json_values,
-      CHAT_OBJECT_MEMBERS_MAX,
+      JSON_MEMBERS_PARSED_MAX,
     );
     const chat = validateChatRequest(json, gateway.config);
     const idempotencyKey = parseIdempotencyKey(request.headers.get('idempotency-key'));

@@ -9,6 +9,14 @@ import { GatewayError } from './errors.ts';
 export const JSON_DEPTH_MAX = 256;
 
 /**
+ * Object members a JSON text parsed on the event loop may hold in all. Members with distinct keys
+ * are what JSON.parse is slowest at: ~100,000 (an ignored field of one object, or of 95 small ones)
+ * held it ~100 ms, against CONTRACT §8's 50 at most. Room for what a request means: 2,048 messages
+ * of a few fields each and 128 tools with their schemas come to ~20,000.
+ */
+export const JSON_MEMBERS_PARSED_MAX = 32_768;
+
+/**
  * Bodies shorter than this cannot pass either bound of `scanJson` (each value or level takes 2
  * characters).
  */
@@ -149,36 +157,4 @@ export function countJsonValues(
     }
   }
   return values;
-}
-
-/**
- * Whether objects and arrays in `value` nest more than `levels` deep; iterative, so it cannot
- * overflow.
- */
-export function nestsDeeperThan(value: unknown, levels: number): boolean {
-  if (value === null || typeof value !== 'object') return false;
-  const pending: object[] = [value];
-  const depths: number[] = [1];
-  while (pending.length > 0) {
-    const node = pending.pop()!;
-    const depth = depths.pop()!;
-    if (depth > levels) return true;
-    if (Array.isArray(node)) {
-      for (const item of node) {
-        if (item !== null && typeof item === 'object') {
-          pending.push(item);
-          depths.push(depth + 1);
-        }
-      }
-    } else {
-      for (const key in node) {
-        const item = (node as Record<string, unknown>)[key];
-        if (item !== null && typeof item === 'object') {
-          pending.push(item);
-          depths.push(depth + 1);
-        }
-      }
-    }
-  }
-  return false;
 }

@@ -3,7 +3,7 @@
 import { defaultConfig } from '../../config/defaults.ts';
 import type { SimulatorProviderConfig } from '../../config/model.ts';
 import type { RunSignal } from '../../util/abort.ts';
-import { JSON_DEPTH_MAX, nestsDeeperThan } from '../../util/json.ts';
+import { JSON_DEPTH_MAX, JSON_MEMBERS_PARSED_MAX, scanJson } from '../../util/json.ts';
 import {
   type Delta,
   type FinishReason,
@@ -99,6 +99,8 @@ const TOOL_CALL_ID_CHARS = 24;
 const ID_ALPHABET = 'ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789';
 
 const DEFAULT_ARGUMENTS_BYTES_MAX = defaultConfig().limits.simulator_tool_arguments_bytes;
+/** The values a JSON answer's schema may hold: as many as a request body by default. */
+const SCHEMA_VALUES_MAX = defaultConfig().limits.max_body_json_values;
 
 /**
  * Tokens of a text, counted so that the event loop runs between segments; with `limit`, counting
@@ -236,16 +238,18 @@ function requestedJsonSchema(request: ProviderRequest): unknown {
     if (at < 0) continue;
     const start = at + JSON_SCHEMA_MARKER.length + 1;
     const end = message.content.indexOf('\n', start);
-    let schema: unknown;
+    const text = message.content.slice(start, end < 0 ? undefined : end);
+    // Any caller can write the marker into a system message: its schema is as untrusted as a
+    // tool's, and is parsed within a request body's bounds: nested no deeper (nothing that walks
+    // it can overflow the stack), and of no more values and members (180,000 keys held the event
+    // loop 40-190 ms in JSON.parse). One past them is no schema, as one that does not parse.
+    if (scanJson(text, SCHEMA_VALUES_MAX, JSON_DEPTH_MAX, JSON_MEMBERS_PARSED_MAX) !== null)
+      return undefined;
     try {
-      schema = JSON.parse(message.content.slice(start, end < 0 ? undefined : end));
+      return JSON.parse(text);
     } catch {
       return undefined;
     }
-    // Any caller can write the marker into a system message: its schema is as untrusted as a
-    // tool's, and nested no deeper than a request body may be, so nothing that walks it can
-    // overflow the stack.
-    return nestsDeeperThan(schema, JSON_DEPTH_MAX) ? undefined : schema;
   }
   return undefined;
 }
