@@ -80,39 +80,18 @@ export type SmallestInstance =
   | { fits: false; reason: 'too_large' | 'too_complex' };
 
 /**
- * And the time they may take together. A step's cost depends on what it visits (a pattern is
- * parsed and built: 1,536 patterns took ~1.5 µs a step, 30-60 ms for the steps above), while
- * CONTRACT §8 gives no request 50 ms of the event loop, its body's parse included. An ordinary
- * schema takes a few hundred microseconds; only one that spends most of the steps comes near this.
- */
-const SMALLEST_SEARCH_MS_MAX = 20;
-/** Steps between two looks at the clock (one look: ~40 ns). */
-const CLOCK_CHECK_STEPS = 256;
-
-/**
- * Steps and time the searches of one request may take together (a request may carry 128 tools:
- * each with a budget of its own, they took half a second of the event loop). Made by the caller,
- * passed to each.
+ * Steps the searches of one request may take together (a request may carry 128 tools: each with a
+ * budget of its own, they took half a second of the event loop). Made by the caller, passed to
+ * each. Steps, not time: the simulator is deterministic for a given request (CONTRACT §7), and a
+ * clock would refuse on a busy core a schema it takes on an idle one.
  */
 export class SearchBudget {
-  private readonly deadlineMs: number;
-  private clockCheckAt: number;
+  constructor(public stepsLeft = SMALLEST_STEPS_MAX) {}
 
-  constructor(
-    public stepsLeft = SMALLEST_STEPS_MAX,
-    msMax = SMALLEST_SEARCH_MS_MAX,
-  ) {
-    this.deadlineMs = performance.now() + msMax;
-    this.clockCheckAt = stepsLeft - CLOCK_CHECK_STEPS;
-  }
-
-  /** Takes `count` steps; throws SPENT when the steps or the time are spent. */
+  /** Takes `count` steps; throws SPENT once they are spent. */
   spend(count: number): void {
     this.stepsLeft -= count;
     if (this.stepsLeft < 0) throw SPENT;
-    if (this.stepsLeft > this.clockCheckAt) return;
-    this.clockCheckAt = this.stepsLeft - CLOCK_CHECK_STEPS;
-    if (performance.now() > this.deadlineMs) throw SPENT;
   }
 }
 

@@ -28,6 +28,14 @@ const PLAIN_ATTEMPTS_MAX = 6;
  * its item's pattern once per item, and a hostile pattern repeats a group many times over.
  */
 export const PATTERN_STEPS_PER_STEP = 4;
+/**
+ * What parsing a pattern costs the caller's budget, in its steps: a base and one per so many of
+ * its characters. Parsing it and working out its classes cost ~8-15 µs for a pattern of 30-90
+ * characters, 25-40 steps' worth at ~0.4 µs a step; charged 1 step a visit, 1,536 pattern-bearing
+ * properties held the event loop 30-60 ms within the search's steps (audit J).
+ */
+const PATTERN_PARSE_STEPS = 8;
+const PATTERN_CHARS_PER_STEP = 2;
 
 /**
  * How many code points a node can make, at the least and the most (Infinity when unbounded):
@@ -680,6 +688,8 @@ export function stringForPattern(
   stepsMax: number,
   charge: (steps: number) => void,
 ): string | typeof PATTERN_TOO_LONG | null {
+  if (!parsedByNode.has(node))
+    charge(PATTERN_PARSE_STEPS + Math.ceil(pattern.length / PATTERN_CHARS_PER_STEP));
   const root = parsePattern(node, pattern);
   if (root === null) return null;
   const visitsMax = Math.max(0, stepsMax) * PATTERN_STEPS_PER_STEP;
