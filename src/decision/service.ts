@@ -3,7 +3,7 @@
 import { countAnswerTokens } from '../billing/offload.ts';
 import { costMicro, ratesFor } from '../billing/pricing.ts';
 import type { Config } from '../config/model.ts';
-import type { ProviderRequest } from '../providers/provider.ts';
+import type { Delta, ProviderRequest } from '../providers/provider.ts';
 import type { Router } from '../providers/router.ts';
 import type { Completion, RunPolicy, RunResult } from '../requests/actor.ts';
 import { type Admission, type AdmitContext, admit, type Reservation } from '../requests/admit.ts';
@@ -176,7 +176,7 @@ async function askOnce(
   let text = '';
   let args = '';
   let name: string | null = null;
-  let usage: { promptTokens: number; completionTokens: number } | null = null;
+  let usage: Extract<Delta, { type: 'finish' }>['usage'] = null;
   for (const delta of await gateway.router.complete(decision.modelId, request, signal, attempts)) {
     if (delta.type === 'text') text += delta.text;
     else if (delta.type === 'tool_call') {

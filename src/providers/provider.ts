@@ -49,7 +49,12 @@ export type Delta =
   | {
       type: 'finish';
       reason: FinishReason;
-      usage: { promptTokens: number; completionTokens: number } | null;
+      /**
+       * What the provider reported; null, or a null completion, where it reported none or where its
+       * count covers more than was relayed (an answer the gateway cut at a stop): the gateway then
+       * counts the answer relayed.
+       */
+      usage: { promptTokens: number; completionTokens: number | null } | null;
     };
 
 export interface Provider {

@@ -156,10 +156,12 @@ function sseAnswer(
       } else {
         controller.enqueue(event(choice(role, value.reason)));
         if (wantsUsage && value.usage) {
+          // The simulator reports both counts.
+          const completion = value.usage.completionTokens!;
           const usage = {
             prompt_tokens: value.usage.promptTokens,
-            completion_tokens: value.usage.completionTokens,
-            total_tokens: value.usage.promptTokens + value.usage.completionTokens,
+            completion_tokens: completion,
+            total_tokens: value.usage.promptTokens + completion,
           };
           controller.enqueue(event({ ...CHUNK_BASE, choices: [], usage }));
         }
@@ -201,7 +203,7 @@ async function jsonAnswer(
       if (delta.usage)
         usage = {
           prompt_tokens: delta.usage.promptTokens,
-          completion_tokens: delta.usage.completionTokens,
+          completion_tokens: delta.usage.completionTokens!,
         };
     }
   }

@@ -836,6 +836,8 @@ describe('anthropic: a stop of whitespace, which the API refuses, is cut by the 
       // the client got, and charges that.
       expect(usage!.completion_tokens).toBe(countTextTokens('Hello'));
       expect(usage!.completion_tokens).not.toBe(ANTHROPIC_USAGE.output_tokens);
+      // Its input count stands: the gateway's own estimate is not what Anthropic read.
+      expect(usage!.prompt_tokens).toBe(VENDORS[0]!.usage.prompt);
       const status = await statusOf(s, id);
       expect(status.request_status).toBe('completed');
       expect(status.usage).toMatchObject({ completion_tokens: countTextTokens('Hello') });
@@ -844,6 +846,49 @@ describe('anthropic: a stop of whitespace, which the API refuses, is cut by the 
       );
     },
   );
+
+  test('a whole answer is cut in block order: a tool call before the stop is kept', async () => {
+    const upstream = cleanup.track(
+      Bun.serve({
+        port: 0,
+        fetch: () =>
+          Response.json({
+            id: 'msg_1',
+            type: 'message',
+            role: 'assistant',
+            model: 'vendor-model',
+            content: [
+              { type: 'text', text: 'Checking.' },
+              { type: 'tool_use', id: 'toolu_1', name: 'get_weather', input: { location: 'Oslo' } },
+              { type: 'text', text: 'Done\nmore' },
+            ],
+            stop_reason: 'tool_use',
+            stop_sequence: null,
+            usage: { input_tokens: 5, output_tokens: 30 },
+          }),
+      }),
+    );
+    const server = await cleanup.server({
+      providers: { up: { type: 'anthropic', base_url: `http://127.0.0.1:${upstream.port}/v1` } },
+      models: { model_03: { provider: 'up', upstream_model: 'vendor-model' } },
+    });
+    const { key } = await server.createKey({ credits: 1000 });
+    const client = new OpenAI({ baseURL: `${server.baseUrl}/api/v1`, apiKey: key, maxRetries: 0 });
+    const completion = await client.chat.completions.create({
+      model: 'model_03',
+      stop: '\n',
+      tools: [weatherTool],
+      messages: [{ role: 'user', content: 'Weather in Oslo?' }],
+    });
+    const choice = completion.choices[0]!;
+    expect(choice.message.content).toBe('Checking.Done');
+    expect(choice.message.tool_calls?.map((call: any) => call.function)).toEqual([
+      { name: 'get_weather', arguments: '{"location":"Oslo"}' },
+    ]);
+    expect(choice.finish_reason).toBe('tool_calls');
+    expect(completion.usage?.prompt_tokens).toBe(5);
+    expect(completion.usage?.completion_tokens).not.toBe(30);
+  });
 
   test('the provider, still generating past the stop, is hung up on at once', async () => {
     // An answer that never ends: "Hi there", then pings for as long as anyone reads them.

@@ -18,8 +18,8 @@ function text(value: string): Delta {
 function relay(stops: string[], pieces: string[]): { text: string; deltas: Delta[] } {
   const cutter = new StopCutter(stops);
   const deltas: Delta[] = [];
-  for (const piece of pieces) deltas.push(...cutter.cutDeltas([text(piece)]));
-  if (!cutter.cut) deltas.push(...cutter.cutDeltas([FINISH]));
+  for (const piece of pieces) if (!cutter.cut) deltas.push(...cutter.cutDeltas([text(piece)]));
+  deltas.push(...(cutter.cut ? [cutter.finish(FINISH)] : cutter.cutDeltas([FINISH])));
   const joined = deltas.map((delta) => (delta.type === 'text' ? delta.text : '')).join('');
   return { text: joined, deltas };
 }
@@ -39,11 +39,21 @@ function expected(stops: string[], whole: string): string {
 }
 
 describe('StopCutter', () => {
-  test('a stop inside one read: the text before it, then a finish without usage', () => {
+  test('a stop inside one read: the text before it, then a finish with the prompt count', () => {
     const { text: relayed, deltas } = relay(['\n'], ['Hello\nthere']);
     expect(relayed).toBe('Hello');
-    // The provider's usage counts what it generated past the stop: the gateway counts instead.
-    expect(deltas.at(-1)).toEqual({ type: 'finish', reason: 'stop', usage: null });
+    // The provider's completion count covers what it generated past the stop: the gateway counts
+    // what was relayed instead. Its prompt count stands.
+    expect(deltas.at(-1)).toEqual({
+      type: 'finish',
+      reason: 'stop',
+      usage: { promptTokens: 3, completionTokens: null },
+    });
+    expect(new StopCutter([' ']).finish(undefined)).toEqual({
+      type: 'finish',
+      reason: 'stop',
+      usage: null,
+    });
   });
 
   test('a stop across reads is cut, and what might begin one waits only until it cannot', () => {
@@ -51,9 +61,7 @@ describe('StopCutter', () => {
     expect(cutter.cutDeltas([text('one\n')])).toEqual([text('one')]);
     // Not the stop after all: the held newline goes out with the next text.
     expect(cutter.cutDeltas([text('two\n')])).toEqual([text('\ntwo')]);
-    expect(cutter.cutDeltas([text('\nthree')])).toEqual([
-      { type: 'finish', reason: 'stop', usage: null },
-    ]);
+    expect(cutter.cutDeltas([text('\nthree')])).toEqual([]);
     expect(cutter.cut).toBe(true);
     // Nothing after the stop is relayed.
     expect(cutter.cutDeltas([text('more'), FINISH])).toEqual([]);
@@ -75,10 +83,11 @@ describe('StopCutter', () => {
   test('a stop after a tool call finishes as tool_calls', () => {
     const cutter = new StopCutter([' ']);
     const call: Delta = { type: 'tool_call', index: 0, id: 'c', name: 'f', arguments: '{}' };
-    expect(cutter.cutDeltas([call, text('x y')]).at(-1)).toEqual({
+    expect(cutter.cutDeltas([call, text('x y')])).toEqual([call, text('x')]);
+    expect(cutter.finish(FINISH)).toEqual({
       type: 'finish',
       reason: 'tool_calls',
-      usage: null,
+      usage: { promptTokens: 3, completionTokens: null },
     });
   });
 
@@ -99,15 +108,20 @@ describe('StopCutter', () => {
 
   test('any split of any text gives what a provider honouring the stops would', () => {
     const alphabet = [' ', '\n', '\t', 'a', 'b'];
+    // mulberry32: every bit well mixed (an LCG's low bits repeat, and gave no stop over 2 chars).
     let seed = 7;
     const random = (n: number) => {
-      seed = (seed * 1103515245 + 12345) % 2147483648;
-      return seed % n;
+      seed = (seed + 0x6d2b79f5) | 0;
+      let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
+      t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+      return Math.floor((((t ^ (t >>> 14)) >>> 0) / 4_294_967_296) * n);
     };
+    const lengths = new Set<number>();
     for (let round = 0; round < 2000; round++) {
       const stops = Array.from({ length: 1 + random(3) }, () =>
         Array.from({ length: 1 + random(4) }, () => alphabet[random(3)]).join(''),
       );
+      for (const stop of stops) lengths.add(stop.length);
       const whole = Array.from({ length: random(30) }, () => alphabet[random(5)]).join('');
       const pieces: string[] = [];
       for (let at = 0; at < whole.length; ) {
@@ -121,6 +135,42 @@ describe('StopCutter', () => {
         relayed: expected(stops, whole),
       });
     }
+    expect([...lengths].sort()).toEqual([1, 2, 3, 4]);
+  });
+
+  test('a whole answer (one long text) is cut as its reads would be, whatever the split', () => {
+    // Long texts take a native search (WHOLE_SEARCH_CHARS), short ones the scan: mixed here.
+    let seed = 11;
+    const random = (n: number) => {
+      seed = (seed + 0x6d2b79f5) | 0;
+      let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
+      t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
+      return Math.floor((((t ^ (t >>> 14)) >>> 0) / 4_294_967_296) * n);
+    };
+    const letters = 'abcdefghij';
+    const blanks = [' ', '\n', '\t'];
+    let cut = 0;
+    for (let round = 0; round < 300; round++) {
+      const stops = Array.from({ length: 1 + random(3) }, () =>
+        Array.from({ length: 2 + random(5) }, () => blanks[random(3)]).join(''),
+      );
+      let whole = '';
+      const wholeChars = 2_000 + random(20_000);
+      while (whole.length < wholeChars)
+        whole += random(6) === 0 ? blanks[random(3)] : letters[random(10)];
+      const pieces: string[] = [];
+      for (let at = 0; at < whole.length; ) {
+        const length = random(3) === 0 ? 4_096 + random(8_000) : 1 + random(40);
+        pieces.push(whole.slice(at, at + length));
+        at += length;
+      }
+      const relayed = relay(stops, pieces).text;
+      expect({ stops, relayed }).toEqual({ stops, relayed: expected(stops, whole) });
+      if (relayed.length < whole.length) cut++;
+    }
+    // Both ends of it are met: answers cut, and answers without a stop.
+    expect(cut).toBeGreaterThan(30);
+    expect(cut).toBeLessThan(270);
   });
 
   test('a stop of 200,000 spaces against 200,000 one-space reads stays linear', () => {

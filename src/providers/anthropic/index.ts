@@ -9,7 +9,6 @@ import {
   isRecord,
   TOOL_CALLS_MAX,
   toolArgumentsObject,
-  type Usage,
   upstreamErrorInStream,
   usageFigure,
 } from '../http/answer.ts';
@@ -171,7 +170,6 @@ function messageToDeltas(message: unknown, name: string): Delta[] {
   if (message.type === 'error') throw upstreamErrorInAnswer(name, message);
   if (!Array.isArray(message.content)) throw invalid(name, 'answered without content');
   const deltas: Delta[] = [];
-  let text = '';
   let tools = 0;
   const content = new ContentMeter(name, Number.MAX_SAFE_INTEGER);
   for (const block of message.content) {
@@ -180,7 +178,9 @@ function messageToDeltas(message: unknown, name: string): Delta[] {
     if (block.type === 'text') {
       if (typeof block.text !== 'string')
         throw invalid(name, 'answered with text that is not text');
-      text += block.text;
+      // In the blocks' order (a stop the gateway cuts at must cut what came after it, tool calls
+      // included).
+      if (block.text.length > 0) deltas.push({ type: 'text', text: block.text });
     } else if (block.type === 'tool_use') {
       if (++tools > TOOL_CALLS_MAX)
         throw invalid(name, `made more than ${TOOL_CALLS_MAX} tool calls`);
@@ -190,17 +190,13 @@ function messageToDeltas(message: unknown, name: string): Delta[] {
     }
     // Other blocks (thinking, redacted_thinking, server tools' results) are not chat content.
   }
-  if (text.length > 0) deltas.unshift({ type: 'text', text });
   const usage = isRecord(message.usage) ? message.usage : null;
   const prompt = usage === null ? null : promptTokensOf(usage, name);
   const completion = usage === null ? null : usageFigure(usage.output_tokens, name);
   deltas.push({
     type: 'finish',
     reason: tools > 0 ? 'tool_calls' : finishReasonOf(message.stop_reason),
-    usage:
-      prompt === null || completion === null
-        ? null
-        : { promptTokens: prompt, completionTokens: completion },
+    usage: prompt === null ? null : { promptTokens: prompt, completionTokens: completion },
   });
   return deltas;
 }
@@ -296,8 +292,9 @@ class EventTranslator implements StreamTranslator {
 
   finish(): Delta {
     const reason = this.toolIndexes.size > 0 ? 'tool_calls' : (this.reason ?? 'stop');
-    const usage: Usage | null =
-      this.promptTokens === null || this.completionTokens === null
+    // The input count stands without the output's (the gateway then counts the answer relayed).
+    const usage =
+      this.promptTokens === null
         ? null
         : { promptTokens: this.promptTokens, completionTokens: this.completionTokens };
     return { type: 'finish', reason, usage };

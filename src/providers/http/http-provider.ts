@@ -318,7 +318,10 @@ export class HttpProvider implements Provider {
   /** A whole answer's deltas, cut at the stops its body left out. */
   private cutAtStops(request: ProviderRequest, deltas: Delta[]): Delta[] {
     const cutter = this.stopCutter(request);
-    return cutter === null ? deltas : cutter.cutDeltas(deltas);
+    if (cutter === null) return deltas;
+    const kept = cutter.cutDeltas(deltas);
+    if (cutter.cut) kept.push(cutter.finish(deltas.findLast((delta) => delta.type === 'finish')));
+    return kept;
   }
 
   private async *relaySse(call: UpstreamCall, cutter: StopCutter | null): AsyncGenerator<Delta> {
@@ -387,7 +390,10 @@ export class HttpProvider implements Provider {
       throw invalid(this.name, 'ended the stream without a finish reason');
     }
     if (cutter !== null) {
-      if (cutter.cut) return;
+      if (cutter.cut) {
+        yield cutter.finish(translator.finish());
+        return;
+      }
       const held = cutter.release();
       if (held.length > 0) yield { type: 'text', text: held };
     }
