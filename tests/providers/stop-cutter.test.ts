@@ -3,12 +3,22 @@
 import { describe, expect, test } from 'bun:test';
 import { StopCutter } from '../../src/providers/http/stop-cutter.ts';
 import type { Delta } from '../../src/providers/provider.ts';
+import { SeededRandom } from '../../src/providers/simulator/random.ts';
 
 const FINISH: Delta = {
   type: 'finish',
   reason: 'stop',
   usage: { promptTokens: 3, completionTokens: 9 },
 };
+
+/**
+ * Integers below n from a seeded mulberry32, every bit well mixed (an LCG's low bits repeat, and
+ * drew no stop over two characters).
+ */
+function randomBelow(seed: number): (n: number) => number {
+  const random = new SeededRandom(seed);
+  return (n) => random.integer(0, n - 1);
+}
 
 function text(value: string): Delta {
   return { type: 'text', text: value };
@@ -108,14 +118,7 @@ describe('StopCutter', () => {
 
   test('any split of any text gives what a provider honouring the stops would', () => {
     const alphabet = [' ', '\n', '\t', 'a', 'b'];
-    // mulberry32: every bit well mixed (an LCG's low bits repeat, and gave no stop over 2 chars).
-    let seed = 7;
-    const random = (n: number) => {
-      seed = (seed + 0x6d2b79f5) | 0;
-      let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
-      t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-      return Math.floor((((t ^ (t >>> 14)) >>> 0) / 4_294_967_296) * n);
-    };
+    const random = randomBelow(7);
     const lengths = new Set<number>();
     for (let round = 0; round < 2000; round++) {
       const stops = Array.from({ length: 1 + random(3) }, () =>
@@ -140,13 +143,7 @@ describe('StopCutter', () => {
 
   test('a whole answer (one long text) is cut as its reads would be, whatever the split', () => {
     // Long texts take a native search (WHOLE_SEARCH_CHARS), short ones the scan: mixed here.
-    let seed = 11;
-    const random = (n: number) => {
-      seed = (seed + 0x6d2b79f5) | 0;
-      let t = Math.imul(seed ^ (seed >>> 15), 1 | seed);
-      t = (t + Math.imul(t ^ (t >>> 7), 61 | t)) ^ t;
-      return Math.floor((((t ^ (t >>> 14)) >>> 0) / 4_294_967_296) * n);
-    };
+    const random = randomBelow(11);
     const letters = 'abcdefghij';
     const blanks = [' ', '\n', '\t'];
     let cut = 0;
