@@ -55,7 +55,12 @@ export async function measureLargeDecision(
     body: null,
     fingerprintPath: withFingerprint ? path : null,
     prompt: null,
-    decisionBody: { text, config: { models, tools }, limit: config.decision.context_tokens },
+    decisionBody: {
+      text,
+      config: { models, tools },
+      limit: config.decision.context_tokens,
+      valuesMax: config.limits.max_body_json_values,
+    },
   };
   const owner = { keyId: account.id, signal, logger: gateway.logger };
   // The worker entry (src/count-worker.ts) runs a decision body job as runDecisionBodyJob: its
