@@ -19,6 +19,10 @@ import { WalCorruptionError } from './wal/log.ts';
 
 /** EX_TEMPFAIL: the log could not be written; restart (CONTRACT §8, README "Operating"). */
 const EXIT_LOG_FAILED = 75;
+/** The server could not listen on its host and port (in use, or not an address here). */
+const EXIT_CANNOT_LISTEN = 69;
+/** What Bun.serve throws when it cannot listen. */
+const LISTEN_FAILURES = new Set(['EADDRINUSE', 'EADDRNOTAVAIL', 'EACCES', 'EINVAL']);
 /**
  * Errors of a full or failing disk (not of a wrong path or permission, which a restart does not
  * fix).
@@ -59,7 +63,8 @@ async function serve(config: Config): Promise<number> {
   };
   const running = await startOrExit(gateway, startServer, logger);
   if (typeof running === 'number') return running;
-  lock.recordUrl(running.url);
+  // For the CLI, which asks the running gateway: an address it can connect to.
+  lock.recordUrl(running.localUrl);
   // The event-loop delay in /metrics (tollgate_event_loop_delay_*): the figure §8's 50 ms rule is
   // about.
   gateway.metrics.loopDelay.start();
@@ -122,6 +127,14 @@ async function startOrExit(
         'cannot write the log at start; exiting 75 to be restarted',
       );
       return EXIT_LOG_FAILED;
+    }
+    const code = (error as NodeJS.ErrnoException)?.code;
+    if (code !== undefined && LISTEN_FAILURES.has(code)) {
+      const { host, port } = gateway.config.server;
+      const why = code === 'EADDRINUSE' ? 'the port is in use' : `${code}`;
+      logger.fatal({ host, port, code }, `cannot listen on ${host} port ${port}: ${why}`);
+      process.stderr.write(`tollgate: cannot listen on ${host} port ${port}: ${why}\n`);
+      return EXIT_CANNOT_LISTEN;
     }
     throw error;
   }

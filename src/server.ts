@@ -8,7 +8,10 @@ import { readIdleSeconds } from './http/routes.ts';
 import { finishInterrupted } from './requests/recovery.ts';
 
 export interface RunningServer {
+  /** Where it listens, as the log says it (an IPv6 host in brackets). */
   url: string;
+  /** Where a client on this machine reaches it: a wildcard host is the loopback of its family. */
+  localUrl: string;
   port: number;
   server: ReturnType<typeof Bun.serve>;
   /**
@@ -34,6 +37,11 @@ function withUsableUrl(request: Request): Request {
   return url.charCodeAt(0) === 47 /* '/' */ ? new Request(FALLBACK_ORIGIN + url, request) : request;
 }
 
+/** A host as a URL writes it: an IPv6 address in brackets. */
+function urlHost(host: string): string {
+  return host.includes(':') ? `[${host}]` : host;
+}
+
 export async function startServer(
   gateway: Gateway,
   options: { hostname?: string; port?: number } = {},
@@ -56,6 +64,10 @@ export async function startServer(
     // Errors are ours to render and log. Development mode would also print to stderr the reason a
     // dropped stream was aborted with (chat/sse.ts), once per client that stopped reading.
     development: false,
+    // Bun turns SO_REUSEPORT on by default outside development: a second gateway on the same port
+    // (another data dir) would then start and take part of every client's connections, answering
+    // with its own keys. Off, the second start fails with EADDRINUSE (main.ts: exit 69).
+    reusePort: false,
     // The two inference endpoints are matched by Bun's router and called directly (every other
     // path, and another method on theirs, falls through to the app): Elysia's routing and context
     // are several µs of a request that the trivial proxy does in ~25 (bench/README).
@@ -63,8 +75,11 @@ export async function startServer(
     fetch: (request) => app.handle(withUsableUrl(request)),
   });
   const shutdown = drainThenStop(gateway, server);
+  const host = server.hostname ?? '127.0.0.1';
+  const local = host === '0.0.0.0' ? '127.0.0.1' : host === '::' ? '::1' : host;
   return {
-    url: `http://${server.hostname}:${server.port}`,
+    url: `http://${urlHost(host)}:${server.port}`,
+    localUrl: `http://${urlHost(local)}:${server.port}`,
     port: server.port ?? 0,
     server,
     shutdown,

@@ -290,6 +290,53 @@ describe('CLI against a running server', () => {
       });
     },
   );
+
+  test.each(['::1', '::'])(
+    'HOST=%s: the log gives a bracketed URL, and the CLI reaches the running server',
+    async (host) => {
+      const dir = dataDir();
+      const server = await serve(env({ DATA_DIR: dir, ADMIN_TOKEN: ADMIN, HOST: host }));
+      try {
+        expect(server.url).toBe(`http://[${host}]:${server.port}`);
+        const listed = await cli(
+          ['keys', 'list'],
+          env({ DATA_DIR: dir, ADMIN_TOKEN: ADMIN, HOST: host }),
+        );
+        expect(listed).toMatchObject({ code: 0, stderr: '' });
+        expect(JSON.parse(listed.stdout)).toEqual({ object: 'list', data: [] });
+      } finally {
+        expect(await server.stop()).toBe(0);
+      }
+    },
+  );
+
+  test(
+    'a second gateway on the same port (another data dir) does not start (exit 69): it would ' +
+      'take part of the first one’s connections',
+    async () => {
+      const first = await serve(env({ DATA_DIR: dataDir(), ADMIN_TOKEN: ADMIN }));
+      try {
+        const second = await cli(
+          ['serve'],
+          env({ DATA_DIR: dataDir(), ADMIN_TOKEN: ADMIN, PORT: String(first.port) }),
+        );
+        expect(second.code).toBe(69);
+        expect(second.stderr).toContain(
+          `tollgate: cannot listen on 127.0.0.1 port ${first.port}: the port is in use`,
+        );
+        // Every connection still reaches the first: its admin token is the only one that works.
+        for (let i = 0; i < 8; i++) {
+          const response = await fetch(`${first.url}/admin/v1/keys`, {
+            headers: { authorization: `Bearer ${ADMIN}` },
+          });
+          expect(response.status).toBe(200);
+          await response.text();
+        }
+      } finally {
+        expect(await first.stop()).toBe(0);
+      }
+    },
+  );
 });
 
 describe('generated admin token', () => {
