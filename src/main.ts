@@ -9,7 +9,7 @@ import {
   USAGE,
   UsageError,
 } from './admin/cli.ts';
-import { DataDirLock, DataDirLockError } from './admin/lock.ts';
+import { DataDirError, DataDirLock, DataDirLockError } from './admin/lock.ts';
 import { ADMIN_TOKEN_ADVISED_LENGTH, resolveAdminToken } from './admin/token.ts';
 import { ConfigError, checkProviderKeys, loadConfig } from './config/load.ts';
 import type { Config } from './config/model.ts';
@@ -264,6 +264,10 @@ async function main(argv: string[]): Promise<number> {
     if (error instanceof DataDirLockError) {
       process.stderr.write(`tollgate: ${error.message}\n`);
       return 71; // EX_OSERR
+    }
+    if (error instanceof DataDirError) {
+      process.stderr.write(`tollgate: ${error.message}\n`);
+      return 73; // EX_CANTCREAT
     }
     throw error;
   }

@@ -38,6 +38,11 @@ export class DataDirLockError extends Error {
   override name = 'DataDirLockError';
 }
 
+/** The data dir cannot be made or used (a path under /proc, no permission, a read-only disk). */
+export class DataDirError extends Error {
+  override name = 'DataDirError';
+}
+
 interface Libc {
   flock(fd: number, operation: number): number;
   errno(): number;
@@ -136,7 +141,12 @@ export class DataDirLock {
   private fd = -1;
 
   constructor(dataDir: string) {
-    mkdirSync(dataDir, { recursive: true, mode: 0o700 });
+    try {
+      mkdirSync(dataDir, { recursive: true, mode: 0o700 });
+    } catch (error) {
+      const { code, message } = error as NodeJS.ErrnoException;
+      throw new DataDirError(`cannot create the data dir ${dataDir} (${code ?? message})`);
+    }
     this.path = join(dataDir, 'lock');
   }
 

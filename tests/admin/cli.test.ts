@@ -215,6 +215,17 @@ describe('CLI on the log directly (no server running)', () => {
     },
   );
 
+  test('a data dir that cannot be made stops serve and the CLI in one line (exit 73)', async () => {
+    for (const args of [['serve'], ['keys', 'list']]) {
+      const result = await cli(args, env({ DATA_DIR: '/proc/no-such-dir', PORT: '0' }));
+      expect(result).toEqual({
+        code: 73,
+        stdout: '',
+        stderr: 'tollgate: cannot create the data dir /proc/no-such-dir (ENOENT)\n',
+      });
+    }
+  });
+
   test('a bad config stops the CLI with a message naming the field', async () => {
     const result = await cli(['keys', 'list'], env({ DATA_DIR: dataDir(), PORT: 'abc' }));
     expect(result.code).toBe(78);
