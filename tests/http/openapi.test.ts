@@ -74,7 +74,11 @@ function undocumented(gateway: TestGateway, document: Document): string[] {
   const missing: string[] = [];
   for (const route of gateway.app.routes) {
     const path = route.path.replace(/:([^/]+)/g, '{$1}');
-    const operation = document.paths[path]?.[route.method.toLowerCase()];
+    // The document says every path is also served with (or without) its trailing slash: a route
+    // whose twin is described is described.
+    const twin = path.endsWith('/') ? path.slice(0, -1) : `${path}/`;
+    const method = route.method.toLowerCase();
+    const operation = document.paths[path]?.[method] ?? document.paths[twin]?.[method];
     const described =
       operation !== undefined &&
       typeof operation.summary === 'string' &&
@@ -153,6 +157,17 @@ describe('GET /openapi.json', () => {
     const described = operations(document).map(([method, path]) => `${method} ${path}`);
     for (const route of [...SERVICE_ROUTES, ...ADMIN_ROUTES, ...OPEN_ROUTES])
       expect(described).toContain(route);
+  });
+
+  test('operationIds are unique, as OpenAPI requires', async () => {
+    // /admin and /admin/ were both getAdmin.
+    const document = await fetchDocument(t.gateway());
+    const ids = Object.values(document.paths).flatMap((item) =>
+      Object.values(item).map((operation) => (operation as { operationId?: string }).operationId),
+    );
+    expect(ids.every((id) => typeof id === 'string')).toBe(true);
+    expect(ids.length).toBeGreaterThanOrEqual(15);
+    expect(new Set(ids).size).toBe(ids.length);
   });
 
   test('a route added without a description is caught', async () => {

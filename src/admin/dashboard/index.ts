@@ -107,17 +107,21 @@ export function dashboardController() {
     'x-frame-options': 'DENY',
   };
   const servePage = () => new Response(page, { headers: pageHeaders });
-  return new Elysia({ name: 'dashboard' })
-    .get('/admin', servePage, { detail: PAGE_DOC })
-    .get('/admin/', servePage, { detail: PAGE_DOC })
-    .get(
-      '/admin/assets/:name',
-      ({ params }) => {
-        const asset = assets.get(params.name);
-        if (asset === undefined)
-          throw new GatewayError('not_found', `No dashboard asset ${params.name}.`);
-        return new Response(asset.bytes, { headers: asset.headers });
-      },
-      { detail: ASSET_DOC },
-    );
+  return (
+    new Elysia({ name: 'dashboard' })
+      // One operation in the document: both paths had the same operationId (getAdmin), which
+      // OpenAPI forbids, and the document says every path is also served without its slash.
+      .get('/admin', servePage, { detail: { hide: true } })
+      .get('/admin/', servePage, { detail: PAGE_DOC })
+      .get(
+        '/admin/assets/:name',
+        ({ params }) => {
+          const asset = assets.get(params.name);
+          if (asset === undefined)
+            throw new GatewayError('not_found', `No dashboard asset ${params.name}.`);
+          return new Response(asset.bytes, { headers: asset.headers });
+        },
+        { detail: ASSET_DOC },
+      )
+  );
 }
