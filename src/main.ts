@@ -265,6 +265,11 @@ async function main(argv: string[]): Promise<number> {
       process.stderr.write(`tollgate: ${error.message}\n`);
       return 71; // EX_OSERR
     }
+    if (error instanceof ConfigError) {
+      // The admin token file (admin/token.ts): part of the config, read once the data dir is.
+      process.stderr.write(`tollgate: ${error.message}\n`);
+      return 78;
+    }
     if (error instanceof DataDirError) {
       process.stderr.write(`tollgate: ${error.message}\n`);
       return 73; // EX_CANTCREAT

@@ -1,7 +1,7 @@
 // The CLI as a process: keys and credits on the log directly, through a running server's admin API,
 // and the generated admin token.
 import { afterAll, describe, expect, test } from 'bun:test';
-import { existsSync, readFileSync, statSync } from 'node:fs';
+import { existsSync, mkdirSync, readFileSync, statSync, writeFileSync } from 'node:fs';
 import { join } from 'node:path';
 import { ADMIN, cleanUp, cli, dataDir, env, logLine, serve } from './process.ts';
 
@@ -404,6 +404,19 @@ describe('generated admin token', () => {
       expect([...again.stdout.all, ...again.stderr.all].join('\n')).not.toContain(token);
     },
   );
+
+  test('an empty or oversized token file stops the start (exit 78), naming the file', async () => {
+    for (const content of ['', '  \n', 'x'.repeat(1_025)]) {
+      const dir = dataDir();
+      mkdirSync(dir, { recursive: true });
+      writeFileSync(join(dir, 'admin-token'), content);
+      const result = await cli(['serve'], env({ DATA_DIR: dir, PORT: '0' }));
+      expect(result.code).toBe(78);
+      expect(result.stderr).toContain(
+        `tollgate: ${join(dir, 'admin-token')}: the admin token must be 1-1024 characters`,
+      );
+    }
+  });
 
   test('with ADMIN_TOKEN set, no token file is written', async () => {
     const dir = dataDir();
