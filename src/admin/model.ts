@@ -1,9 +1,9 @@
 // Admin API schemas: the bodies of key creation and top-up, and the rows of the usage and live
 // request lists (the OpenAPI document shows them; the views are typed by them).
 import { type Static, type TSchema, Type } from '@sinclair/typebox';
-import { KeyViewSchema } from '../keys/model.ts';
+import { CREDITS_MAX, KeyViewSchema } from '../keys/model.ts';
 
-const Credits = Type.Number({ minimum: 0, maximum: 9_000_000_000 });
+const Credits = Type.Number({ minimum: 0, maximum: CREDITS_MAX });
 
 export const CreateKeySchema = Type.Object(
   {

@@ -6,6 +6,14 @@ import { ServiceSchema } from '../state/events.ts';
 /** Credits as JSON numbers: µcr / 1e6 (CONTRACT §3). */
 const Credits = Type.Number({ minimum: 0 });
 
+/**
+ * The most credits a key may be given in all, and in one request: below 2^33 credits a double is
+ * finer than 1 µcr, so µcr / 1e6 shows every amount exactly; past it 9e9 + 0.000001 read
+ * 9000000000.000002.
+ */
+export const CREDITS_MAX = 2 ** 33 - 1;
+export const CREDITS_ADDED_MICRO_MAX = 2 ** 33 * 1_000_000 - 1;
+
 export const KeyViewSchema = Type.Object({
   id: Type.String({ description: 'key_…' }),
   name: Type.String(),

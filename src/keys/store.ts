@@ -7,7 +7,7 @@ import type { Service } from '../state/events.ts';
 import type { StateStore } from '../state/store.ts';
 import { GatewayError } from '../util/errors.ts';
 import { newKeyId, randomBase62, sha256Hex } from '../util/ids.ts';
-import type { KeyView } from './model.ts';
+import { CREDITS_ADDED_MICRO_MAX, type KeyView } from './model.ts';
 
 export const KEY_PREFIX = 'tg-';
 const KEY_RANDOM_CHARS = 43; // ≈ 256 bits of base62
@@ -117,10 +117,13 @@ export async function creditKey(
 ): Promise<KeyAccount> {
   const account = findKey(store, id);
   // The param names the pocket that would overflow.
-  if (!Number.isSafeInteger(account.creditsAddedMicro + creditsMicro))
-    throw new GatewayError('invalid_request_error', 'the top-up would overflow the balance', {
-      param: 'credits',
-    });
+  if (account.creditsAddedMicro + creditsMicro > CREDITS_ADDED_MICRO_MAX)
+    throw new GatewayError(
+      'invalid_request_error',
+      `the top-up would take the key past ${CREDITS_ADDED_MICRO_MAX / 1_000_000} credits in ` +
+        'all, the most its balances show exactly',
+      { param: 'credits' },
+    );
   if (!Number.isSafeInteger(account.tokensAdded + tokens))
     throw new GatewayError('invalid_request_error', 'the top-up would overflow the token wallet', {
       param: 'tokens',

@@ -265,9 +265,9 @@ describe('bad bodies → 400 invalid_request_error naming the field', () => {
     },
     {
       name: 'credits over their maximum',
-      body: { name: 'x', credits: 9_000_000_001 },
+      body: { name: 'x', credits: 8_589_934_592 },
       param: 'credits',
-      message: 'credits must be ≤ 9000000000',
+      message: 'credits must be ≤ 8589934591',
     },
     {
       name: 'credits as a string',
@@ -518,12 +518,12 @@ describe('POST /admin/v1/keys/<id>/credits', () => {
   test('a top-up that would overflow is 400 naming the pocket: tokens or credits', async () => {
     const { id } = await create({
       name: 'full',
-      credits: 9_000_000_000,
+      credits: 8_589_934_591,
       token_wallet: Number.MAX_SAFE_INTEGER,
     });
     for (const [body, param] of [
       [{ tokens: 5 }, 'tokens'],
-      [{ credits: 9_000_000_000 }, 'credits'],
+      [{ credits: 1 }, 'credits'],
     ] as const) {
       const response = await admin(`/keys/${id}/credits`, 'POST', body);
       expect(response.status).toBe(400);
@@ -532,8 +532,14 @@ describe('POST /admin/v1/keys/<id>/credits', () => {
     }
     // Nothing was added.
     expect(await (await admin(`/keys/${id}`)).json()).toEqual(
-      view({ id, name: 'full', credits: 9_000_000_000, tokenWallet: Number.MAX_SAFE_INTEGER }),
+      view({ id, name: 'full', credits: 8_589_934_591, tokenWallet: Number.MAX_SAFE_INTEGER }),
     );
+    // Up to the last µcr below 2^33 credits, where every amount still shows exactly (audit N:
+    // 9e9 + 0.000001 read 9000000000.000002).
+    expect((await admin(`/keys/${id}/credits`, 'POST', { credits: 0.999999 })).status).toBe(200);
+    const text = await (await admin(`/keys/${id}`)).text();
+    expect(text).toContain('"credits":8589934591.999999');
+    expect((await admin(`/keys/${id}/credits`, 'POST', { credits: 0.000001 })).status).toBe(400);
   });
 
   test('a top-up of 0.000001 credits adds exactly 1 µcr', async () => {
