@@ -55,12 +55,7 @@ export async function measureLargeDecision(
     body: null,
     fingerprintPath: withFingerprint ? path : null,
     prompt: null,
-    decisionBody: {
-      text,
-      config: { models, tools },
-      limit: config.decision.context_tokens,
-      valuesMax: config.limits.max_body_json_values,
-    },
+    decisionBody: { text, config: { models, tools }, limit: config.decision.context_tokens },
   };
   const owner = { keyId: account.id, signal, logger: gateway.logger };
   // The worker entry (src/count-worker.ts) runs a decision body job as runDecisionBodyJob: its

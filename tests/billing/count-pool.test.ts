@@ -237,7 +237,7 @@ describe('the count worker', () => {
       body: null,
       fingerprintPath: '/decision/v1/decide/',
       prompt: null,
-      decisionBody: { text: body, config: decisionConfig, limit: 32_000, valuesMax: 100_000 },
+      decisionBody: { text: body, config: decisionConfig, limit: 32_000 },
     };
     const result = await pool.run(job, owner('key_a'));
     const decision = validateDecisionRequest(json, config);
