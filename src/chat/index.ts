@@ -9,6 +9,7 @@ import { describeRoute } from '../http/openapi.ts';
 import { liftIdle, type NativeRoutes, nativePost, settleIdle } from '../http/routes.ts';
 import { parseIdempotencyKey } from '../idempotency/store.ts';
 import { authenticate, microToCredits } from '../keys/store.ts';
+import { attemptView } from '../providers/router.ts';
 import { statusUrl } from '../requests/admit.ts';
 import { CancelAnswerSchema, cancelRequest } from '../requests/cancel.ts';
 import type { RequestRecord } from '../state/records.ts';
@@ -184,7 +185,7 @@ function statusView(gateway: Gateway, record: RequestRecord): ChatRequestStatus 
     reserved_credits: microToCredits(record.hold.credits_micro),
     charged_credits: microToCredits(record.charge.credits_micro),
     error_code: record.errorCode,
-    attempts: [...gateway.registry.attemptsOf(record)],
+    attempts: gateway.registry.attemptsOf(record).map(attemptView),
   };
 }
 

@@ -15,7 +15,7 @@ import {
   type ToolDefinition,
   ToolSchema,
 } from '../providers/wire.ts';
-import { AttemptSchema, RequestStatusSchema, UsageSchema } from '../state/events.ts';
+import { AttemptViewSchema, RequestStatusSchema, UsageSchema } from '../state/events.ts';
 import { assert } from '../util/assert.ts';
 import { GatewayError } from '../util/errors.ts';
 import { countJsonValues, DEPTH_PASSED, JSON_DEPTH_MAX } from '../util/json.ts';
@@ -512,6 +512,6 @@ export const ChatRequestStatusSchema = Type.Object({
   reserved_credits: Type.Number({ minimum: 0 }),
   charged_credits: Type.Number({ minimum: 0 }),
   error_code: Nullable(Type.String()),
-  attempts: Type.Array(AttemptSchema),
+  attempts: Type.Array(AttemptViewSchema),
 });
 export type ChatRequestStatus = Static<typeof ChatRequestStatusSchema>;

@@ -11,6 +11,7 @@ import { describeRoute } from '../http/openapi.ts';
 import { type NativeRoutes, nativePost } from '../http/routes.ts';
 import { parseIdempotencyKey } from '../idempotency/store.ts';
 import { authenticate, microToCredits } from '../keys/store.ts';
+import { attemptView } from '../providers/router.ts';
 import type { KeyAccount } from '../state/apply.ts';
 import type { RequestRecord } from '../state/records.ts';
 import { GatewayError } from '../util/errors.ts';
@@ -143,7 +144,7 @@ function lookupView(gateway: Gateway, record: RequestRecord): DecisionLookup {
     answers: record.answers as DecisionLookup['answers'],
     usage: record.usage,
     charged: { tokens: record.charge.tokens, credits: microToCredits(record.charge.credits_micro) },
-    attempts: [...gateway.registry.attemptsOf(record)],
+    attempts: gateway.registry.attemptsOf(record).map(attemptView),
   };
 }
 

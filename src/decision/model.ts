@@ -2,7 +2,7 @@
 // what was expected.
 import { type Static, type TSchema, Type } from '@sinclair/typebox';
 import type { Config, ModelConfig } from '../config/model.ts';
-import { AttemptSchema, RequestStatusSchema, UsageSchema } from '../state/events.ts';
+import { AttemptViewSchema, RequestStatusSchema, UsageSchema } from '../state/events.ts';
 import { GatewayError } from '../util/errors.ts';
 import { quoted } from '../util/validation.ts';
 
@@ -290,6 +290,6 @@ export const DecisionLookupSchema = Type.Object({
   answers: Nullable(Type.Record(Type.String(), DecisionAnswerSchema)),
   usage: Nullable(UsageSchema),
   charged: ChargedSchema,
-  attempts: Type.Array(AttemptSchema),
+  attempts: Type.Array(AttemptViewSchema),
 });
 export type DecisionLookup = Static<typeof DecisionLookupSchema>;

@@ -4,7 +4,7 @@
 // request's status record; a deployment that keeps failing is skipped for a cooldown.
 import type { Config } from '../config/model.ts';
 import { type AbortKind, AbortReason, statusForAbort } from '../requests/actor.ts';
-import type { Attempt } from '../state/events.ts';
+import type { Attempt, AttemptView } from '../state/events.ts';
 import type { RunSignal } from '../util/abort.ts';
 import { AssertionError, assert } from '../util/assert.ts';
 import { GatewayError } from '../util/errors.ts';
@@ -237,6 +237,7 @@ export class Router {
       latency_ms: 0,
     };
     attempts.push(attempt);
+    runningSince.set(attempt, performance.now());
     return attempt;
   }
 
@@ -249,6 +250,7 @@ export class Router {
     signal: RunSignal,
   ): void {
     attempt.latency_ms = Math.round(performance.now() - startedMs);
+    runningSince.delete(attempt);
     const wasProbe = deployment.probing;
     deployment.probing = false;
     const stoppedBy = signal.aborted ? failedByAbort(signal.reason) : null;
@@ -278,6 +280,23 @@ export class Router {
     }
     deployment.attemptsByOutcome[attempt.outcome]++;
   }
+}
+
+/** When each attempt still running began (performance.now()); settled ones are not in it. */
+const runningSince = new WeakMap<Attempt, number>();
+
+/**
+ * An attempt as a lookup shows it: one still running is `in_progress`, with its latency so far
+ * (its own fields say `ok` and 0 until it settles).
+ */
+export function attemptView(attempt: Attempt): AttemptView {
+  const since = runningSince.get(attempt);
+  if (since === undefined) return attempt;
+  return {
+    ...attempt,
+    outcome: 'in_progress',
+    latency_ms: Math.round(performance.now() - since),
+  };
 }
 
 /**

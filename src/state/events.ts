@@ -83,6 +83,24 @@ export const AttemptSchema = Type.Object({
   latency_ms: Count,
 });
 
+/**
+ * An attempt as a lookup shows it: one still running is `in_progress`, its latency so far. Never
+ * logged (the log's attempts are all settled: AttemptSchema).
+ */
+export const AttemptViewSchema = Type.Object({
+  provider: AttemptSchema.properties.provider,
+  upstream_model: AttemptSchema.properties.upstream_model,
+  outcome: Type.Union([
+    Type.Literal('ok'),
+    Type.Literal('error'),
+    Type.Literal('cancelled'),
+    Type.Literal('in_progress'),
+  ]),
+  error_code: AttemptSchema.properties.error_code,
+  latency_ms: Count,
+});
+export type AttemptView = Static<typeof AttemptViewSchema>;
+
 export const RequestFinishedSchema = Type.Object({
   type: Type.Literal('request.finished'),
   request_id: Id,

@@ -142,6 +142,31 @@ describe('status', () => {
     expect(body.error.code).toBe('request_already_completed');
     expect(body.request_status).toBe('completed');
   });
+
+  test('a running request shows its attempt in_progress, then as it ended', async () => {
+    const fake = upstream('gated');
+    const t = await server(upstreamOverrides(fake));
+    const { key } = await t.createKey({ credits: 10 });
+    const headers = { 'idempotency-key': 'running-attempt-01' };
+    const original = post(t, key, chatBody(), headers);
+    await fake.nextCall.promise;
+    const id = ((await (await post(t, key, chatBody(), headers)).json()) as any).request_id;
+    const running = await status(t, key, id);
+    expect(running.body.request_status).toBe('in_progress');
+    // Not an `ok` of 0 ms while the provider still holds it (audit O).
+    expect(running.body.attempts).toEqual([
+      {
+        provider: expect.any(String),
+        upstream_model: expect.any(String),
+        outcome: 'in_progress',
+        error_code: null,
+        latency_ms: expect.any(Number),
+      },
+    ]);
+    fake.gate.resolve();
+    expect((await original).status).toBe(200);
+    expect((await status(t, key, id)).body.attempts).toMatchObject([{ outcome: 'ok' }]);
+  });
 });
 
 describe('cancel', () => {

@@ -1004,13 +1004,25 @@ describe('409 Idempotency-Key collisions', () => {
     // nobody can look up helps no one).
     expect(response.headers.get('x-request-id')).toBe(body.request_id);
     expect(await balances(t, keyId)).toEqual(during);
-    expect((await lookup(t, key, body.request_id)).body.status).toBe('in_progress');
+    const running = (await lookup(t, key, body.request_id)).body;
+    expect(running.status).toBe('in_progress');
+    // The attempt the upstream holds is shown as running, not as an `ok` of 0 ms (audit O).
+    expect(running.attempts).toEqual([
+      {
+        provider: expect.any(String),
+        upstream_model: expect.any(String),
+        outcome: 'in_progress',
+        error_code: null,
+        latency_ms: expect.any(Number),
+      },
+    ]);
 
     release.resolve();
     const done = await original;
     expect(done.status).toBe(200);
     expect(((await done.json()) as any).id).toBe(body.request_id);
     expect(fake.calls).toBe(1);
+    expect((await lookup(t, key, body.request_id)).body.attempts[0].outcome).toBe('ok');
   });
 
   test(
