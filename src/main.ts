@@ -23,6 +23,12 @@ const EXIT_LOG_FAILED = 75;
 const EXIT_CANNOT_LISTEN = 69;
 /** What Bun.serve throws when it cannot listen. */
 const LISTEN_FAILURES = new Set(['EADDRINUSE', 'EADDRNOTAVAIL', 'EACCES', 'EINVAL']);
+const LISTEN_REASONS: Record<string, string> = {
+  EADDRINUSE: 'the port is in use',
+  EADDRNOTAVAIL: 'the host is not an address of this machine',
+  EACCES: 'no permission (ports below 1024 need CAP_NET_BIND_SERVICE)',
+  EINVAL: 'the host does not resolve to an address here',
+};
 /**
  * Errors of a full or failing disk (not of a wrong path or permission, which a restart does not
  * fix).
@@ -128,10 +134,10 @@ async function startOrExit(
       );
       return EXIT_LOG_FAILED;
     }
-    const code = (error as NodeJS.ErrnoException)?.code;
-    if (code !== undefined && LISTEN_FAILURES.has(code)) {
+    const { code, syscall } = (error ?? {}) as NodeJS.ErrnoException;
+    if (code !== undefined && syscall === 'listen' && LISTEN_FAILURES.has(code)) {
       const { host, port } = gateway.config.server;
-      const why = code === 'EADDRINUSE' ? 'the port is in use' : `${code}`;
+      const why = LISTEN_REASONS[code] ?? code;
       logger.fatal({ host, port, code }, `cannot listen on ${host} port ${port}: ${why}`);
       process.stderr.write(`tollgate: cannot listen on ${host} port ${port}: ${why}\n`);
       return EXIT_CANNOT_LISTEN;

@@ -37,11 +37,6 @@ function withUsableUrl(request: Request): Request {
   return url.charCodeAt(0) === 47 /* '/' */ ? new Request(FALLBACK_ORIGIN + url, request) : request;
 }
 
-/** A host as a URL writes it: an IPv6 address in brackets. */
-function urlHost(host: string): string {
-  return host.includes(':') ? `[${host}]` : host;
-}
-
 export async function startServer(
   gateway: Gateway,
   options: { hostname?: string; port?: number } = {},
@@ -75,11 +70,14 @@ export async function startServer(
     fetch: (request) => app.handle(withUsableUrl(request)),
   });
   const shutdown = drainThenStop(gateway, server);
-  const host = server.hostname ?? '127.0.0.1';
-  const local = host === '0.0.0.0' ? '127.0.0.1' : host === '::' ? '::1' : host;
+  // Bun's own URL: an IPv6 host bracketed once and canonical, whether HOST was `::1` or `[::1]`.
+  const url = new URL(String(server.url));
+  const listening = url.origin;
+  if (url.hostname === '0.0.0.0') url.hostname = '127.0.0.1';
+  else if (url.hostname === '[::]') url.hostname = '[::1]';
   return {
-    url: `http://${urlHost(host)}:${server.port}`,
-    localUrl: `http://${urlHost(local)}:${server.port}`,
+    url: listening,
+    localUrl: url.origin,
     port: server.port ?? 0,
     server,
     shutdown,

@@ -13,7 +13,7 @@ import {
   unlinkSync,
   writeSync,
 } from 'node:fs';
-import { join } from 'node:path';
+import { dirname, join } from 'node:path';
 import { assert } from '../util/assert.ts';
 
 /** flock(2) operations: the same values on Linux, macOS and the BSDs. */
@@ -155,7 +155,16 @@ export class DataDirLock {
     assert(this.fd < 0, 'the data dir lock is already held by this process');
     const { flock, errno, wouldBlock } = loadLibc();
     for (let attempt = 0; attempt < ACQUIRE_ATTEMPTS_MAX; attempt++) {
-      const fd = openSync(this.path, constants.O_RDWR | constants.O_CREAT, 0o600);
+      let fd: number;
+      try {
+        fd = openSync(this.path, constants.O_RDWR | constants.O_CREAT, 0o600);
+      } catch (error) {
+        // A data dir that exists but cannot be written (no permission, a read-only disk).
+        const { code, message } = error as NodeJS.ErrnoException;
+        throw new DataDirError(
+          `cannot use the data dir ${dirname(this.path)} (${code ?? message})`,
+        );
+      }
       let kept = false;
       try {
         if (flock(fd, LOCK_EX | LOCK_NB) !== 0) {

@@ -32,7 +32,7 @@ export function resolveAdminToken(config: Config, create: boolean): AdminToken |
     if (token.length === 0 || token.length > ADMIN_TOKEN_CHARS_MAX)
       throw new ConfigError(
         `${path}: the admin token must be 1-${ADMIN_TOKEN_CHARS_MAX} characters, got ` +
-          `${token.length}; write one in, or remove the file to have one generated`,
+          `${token.length}; write one in, or remove the file for \`serve\` to generate one`,
       );
     return { token, path, generated: false };
   }

@@ -117,7 +117,8 @@ export async function creditKey(
 ): Promise<KeyAccount> {
   const account = findKey(store, id);
   // The param names the pocket that would overflow.
-  if (account.creditsAddedMicro + creditsMicro > CREDITS_ADDED_MICRO_MAX)
+  // Only credits added count: a key given more before this bound may still take tokens.
+  if (creditsMicro > 0 && account.creditsAddedMicro + creditsMicro > CREDITS_ADDED_MICRO_MAX)
     throw new GatewayError(
       'invalid_request_error',
       `the top-up would take the key past ${CREDITS_ADDED_MICRO_MAX / 1_000_000} credits in ` +

@@ -3,6 +3,7 @@
 import { afterAll, beforeAll, describe, expect, test } from 'bun:test';
 import { createHash } from 'node:crypto';
 import { rmSync } from 'node:fs';
+import { topUp } from '../../src/state/commands.ts';
 import { ADMIN_TOKEN, bearer, openTestGateway, type TestGateway } from '../support/gateway.ts';
 
 let t: TestGateway;
@@ -514,6 +515,16 @@ describe('POST /admin/v1/keys/<id>/credits', () => {
       );
     },
   );
+
+  test('a key given credits past 2^33 earlier still takes tokens, not credits', async () => {
+    const { id } = await create({ name: 'older', credits: 8_000_000_000 });
+    // What an older gateway (bound 9e9) may have logged: written as it was, past the API's check.
+    await topUp(t.gateway.store, id, 1_000_000_000 * 1_000_000, 0, Date.now());
+    expect((await admin(`/keys/${id}/credits`, 'POST', { tokens: 5 })).status).toBe(200);
+    const refused = await admin(`/keys/${id}/credits`, 'POST', { credits: 1 });
+    expect(refused.status).toBe(400);
+    expect(((await refused.json()) as any).error.param).toBe('credits');
+  });
 
   test('a top-up that would overflow is 400 naming the pocket: tokens or credits', async () => {
     const { id } = await create({

@@ -223,6 +223,16 @@ describe('CLI on the log directly (no server running)', () => {
         stdout: '',
         stderr: 'tollgate: cannot create the data dir /proc/no-such-dir (ENOENT)\n',
       });
+      // One that exists but cannot be used (here its lock path is a directory; for a non-root
+      // user, no write permission does the same).
+      const dir = dataDir();
+      mkdirSync(join(dir, 'lock'), { recursive: true });
+      const unusable = await cli(args, env({ DATA_DIR: dir, PORT: '0' }));
+      expect(unusable).toEqual({
+        code: 73,
+        stdout: '',
+        stderr: `tollgate: cannot use the data dir ${dir} (EISDIR)\n`,
+      });
     }
   });
 
@@ -302,13 +312,13 @@ describe('CLI against a running server', () => {
     },
   );
 
-  test.each(['::1', '::'])(
+  test.each(['::1', '::', '[::1]'])(
     'HOST=%s: the log gives a bracketed URL, and the CLI reaches the running server',
     async (host) => {
       const dir = dataDir();
       const server = await serve(env({ DATA_DIR: dir, ADMIN_TOKEN: ADMIN, HOST: host }));
       try {
-        expect(server.url).toBe(`http://[${host}]:${server.port}`);
+        expect(server.url).toBe(`http://[${host.replace(/[[\]]/g, '')}]:${server.port}`);
         const listed = await cli(
           ['keys', 'list'],
           env({ DATA_DIR: dir, ADMIN_TOKEN: ADMIN, HOST: host }),
