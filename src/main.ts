@@ -263,26 +263,27 @@ async function main(argv: string[]): Promise<number> {
       openDirectAdmin,
     );
   } catch (error) {
-    if (error instanceof WalCorruptionError) {
-      process.stderr.write(`tollgate: ${error.message}\n`);
-      return 74;
-    }
-    if (error instanceof DataDirLockError) {
-      process.stderr.write(`tollgate: ${error.message}\n`);
-      return 71; // EX_OSERR
-    }
-    if (error instanceof ConfigError) {
-      // The admin token file (admin/token.ts): part of the config, read once the data dir is.
-      process.stderr.write(`tollgate: ${error.message}\n`);
-      return 78;
-    }
-    if (error instanceof DataDirError) {
-      process.stderr.write(`tollgate: ${error.message}\n`);
-      return 73; // EX_CANTCREAT
+    for (const [kind, status] of STOPPING_ERRORS) {
+      if (!(error instanceof kind)) continue;
+      process.stderr.write(`tollgate: ${(error as Error).message}\n`);
+      return status;
     }
     throw error;
   }
 }
+
+/**
+ * Errors that stop a command with one line and an exit status (README "Operating"); anything else
+ * is a bug and keeps its stack.
+ */
+const STOPPING_ERRORS: ReadonlyArray<readonly [abstract new (...args: never[]) => Error, number]> =
+  [
+    [WalCorruptionError, 74], // EX_IOERR: damaged in a way a crash cannot explain
+    [DataDirLockError, 71], // EX_OSERR: no libc flock
+    // The admin token file (admin/token.ts): part of the config, read once the data dir is.
+    [ConfigError, 78], // EX_CONFIG
+    [DataDirError, 73], // EX_CANTCREAT
+  ];
 
 const code = await main(process.argv.slice(2));
 if (code >= 0) process.exit(code);
